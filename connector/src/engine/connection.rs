@@ -1,0 +1,605 @@
+//! The per-connection state machine: protocol headers, SASL, OPEN/CLOSE, timers, and dispatch of
+//! frames to the session and link logic (`session.rs`, `link.rs`).
+//!
+//! Sans-IO: bytes come in through [`Connection::handle_input`], bytes go out through
+//! [`Connection::poll_transmit`], the application reads [`Event`]s with [`Connection::poll_event`]
+//! and answers with commands. Time is passed in; nothing here reads a clock or touches a socket.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use fe2o3_amqp_types::performatives::{Close, Open};
+use fe2o3_amqp_types::primitives::{Array, Symbol};
+use fe2o3_amqp_types::sasl::{SaslCode, SaslMechanisms, SaslOutcome};
+
+use super::auth::{sanitize_client_id, Authenticator, Identity, MAX_INITIAL_RESPONSE};
+use super::codec::{self, decode_performative, decode_sasl, Performative, SaslFrame};
+use super::error::{AmqpError, Condition};
+use super::event::Event;
+use super::frame::{split_frame, write_frame, RawFrame, TYPE_AMQP, TYPE_SASL};
+use super::link::Link;
+use super::session::{PendingDisposition, Session};
+use super::LinkId;
+
+/// Smallest max-frame-size AMQP allows (CONN-8).
+pub const MIN_MAX_FRAME_SIZE: u32 = 512;
+/// The container-id the server announces (CONN-7).
+pub const SERVER_CONTAINER_ID: &str = "KubeMQ";
+/// Largest SASL frame read; a bigger initial response than 16 KiB fails authentication (SASL-8)
+/// as long as its frame fits here, and anything larger drops the connection.
+pub const MAX_SASL_FRAME: u32 = 64 * 1024;
+
+/// Protocol header of the AMQP layer.
+pub const HEADER_AMQP: [u8; 8] = *b"AMQP\x00\x01\x00\x00";
+/// Protocol header of the SASL layer.
+pub const HEADER_SASL: [u8; 8] = *b"AMQP\x03\x01\x00\x00";
+/// Protocol header of the TLS layer (only on the TLS listener).
+pub const HEADER_TLS: [u8; 8] = *b"AMQP\x02\x01\x00\x00";
+
+/// Limits and policies of the engine, derived from the connector configuration.
+#[derive(Clone)]
+pub struct EngineConfig {
+    /// Upper bound of the negotiated frame size (CFG-4).
+    pub max_frame_size: u32,
+    /// Reassembly cap and advertised link max-message-size (CFG-5).
+    pub max_message_size: u64,
+    /// Sessions per connection (CFG-6), 1..=65535.
+    pub session_max: u32,
+    /// Links per session (CFG-7).
+    pub max_links_per_session: u32,
+    /// Inbound idle limit (CFG-9); `None` disables it.
+    pub idle_timeout: Option<Duration>,
+    /// From accept until OPEN, including SASL; a peer that takes longer is dropped.
+    pub handshake_timeout: Duration,
+    /// How long to wait for the client's CLOSE after ours before dropping the socket.
+    pub close_timeout: Duration,
+    /// SASL policy.
+    pub authenticator: Arc<dyn Authenticator>,
+}
+
+impl std::fmt::Debug for EngineConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineConfig")
+            .field("max_frame_size", &self.max_frame_size)
+            .field("max_message_size", &self.max_message_size)
+            .field("session_max", &self.session_max)
+            .field("max_links_per_session", &self.max_links_per_session)
+            .field("idle_timeout", &self.idle_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which listener accepted the connection; `2 1 0 0` is only valid on TLS (CONN-1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// Plain TCP.
+    Plain,
+    /// TLS terminated by the driver before any byte reaches the engine.
+    Tls,
+}
+
+/// Which protocol headers are acceptable next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum HeaderStage {
+    /// First header of the connection.
+    Initial,
+    /// After the TLS header was echoed.
+    AfterTls,
+    /// After a successful SASL outcome: only the AMQP header.
+    AfterSasl,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum State {
+    Header(HeaderStage),
+    Sasl,
+    Opening,
+    Open,
+    CloseSent,
+    Closed,
+}
+
+/// One AMQP connection, server side.
+pub struct Connection {
+    pub(super) cfg: Arc<EngineConfig>,
+    transport: Transport,
+    admission: Option<AmqpError>,
+    pub(super) state: State,
+    pub(super) out: BytesMut,
+    pub(super) events: VecDeque<Event>,
+    pub(super) now: Instant,
+    /// The negotiated frame size, both directions (CONN-8); 512 until OPEN.
+    pub(super) max_frame: u32,
+    channel_max: u16,
+    identity: Option<Identity>,
+    pub(super) sessions: HashMap<u16, Session>,
+    pub(super) links: HashMap<LinkId, Link>,
+    pub(super) next_link_id: LinkId,
+    last_recv: Instant,
+    last_sent: Instant,
+    peer_idle: Option<Duration>,
+    handshake_deadline: Instant,
+    close_deadline: Option<Instant>,
+    closed_event_sent: bool,
+    pub(super) pending_disposition: Option<PendingDisposition>,
+}
+
+impl Connection {
+    /// A new server connection waiting for the client's protocol header.
+    ///
+    /// `admission` is `Some` when the connection is to be refused at OPEN (CONN-15).
+    pub fn new(cfg: Arc<EngineConfig>, transport: Transport, admission: Option<AmqpError>, now: Instant) -> Self {
+        let handshake_deadline = now + cfg.handshake_timeout;
+        Connection {
+            cfg,
+            transport,
+            admission,
+            state: State::Header(HeaderStage::Initial),
+            out: BytesMut::with_capacity(1024),
+            events: VecDeque::new(),
+            now,
+            max_frame: MIN_MAX_FRAME_SIZE,
+            channel_max: 0,
+            identity: None,
+            sessions: HashMap::new(),
+            links: HashMap::new(),
+            next_link_id: 1,
+            last_recv: now,
+            last_sent: now,
+            peer_idle: None,
+            handshake_deadline,
+            close_deadline: None,
+            closed_event_sent: false,
+            pending_disposition: None,
+        }
+    }
+
+    /// Consumes every complete header and frame at the front of `buf`.
+    pub fn handle_input(&mut self, now: Instant, buf: &mut BytesMut) {
+        self.now = now;
+        if !buf.is_empty() {
+            self.last_recv = now;
+        }
+        loop {
+            match self.state {
+                State::Closed => {
+                    buf.clear();
+                    break;
+                }
+                State::Header(stage) => {
+                    if buf.len() < 8 {
+                        break;
+                    }
+                    let header = buf.split_to(8);
+                    self.on_header(stage, &header);
+                }
+                _ => match split_frame(buf, self.inbound_limit()) {
+                    Ok(None) => break,
+                    Ok(Some(frame)) => self.on_frame(frame),
+                    Err(e) => {
+                        buf.clear();
+                        self.protocol_failure(AmqpError::new(Condition::DecodeError, e.to_string()));
+                    }
+                },
+            }
+        }
+        self.flush_disposition();
+    }
+
+    /// Appends everything the engine wants to send to `buf`.
+    pub fn poll_transmit(&mut self, buf: &mut BytesMut) {
+        self.flush_disposition();
+        if self.out.is_empty() {
+            return;
+        }
+        self.last_sent = self.now;
+        if buf.is_empty() {
+            std::mem::swap(buf, &mut self.out);
+        } else {
+            buf.extend_from_slice(&self.out);
+            self.out.clear();
+        }
+    }
+
+    /// Whether output is waiting.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty() || self.pending_disposition_exists()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// When [`Connection::handle_timeout`] must be called next.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.state {
+            State::Header(_) | State::Sasl | State::Opening => Some(self.handshake_deadline),
+            State::Open => {
+                let idle = self.cfg.idle_timeout.map(|d| self.last_recv + d);
+                let beat = self.peer_idle.map(|d| self.last_sent + d / 2);
+                match (idle, beat) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                }
+            }
+            State::CloseSent => self.close_deadline,
+            State::Closed => None,
+        }
+    }
+
+    /// Runs the timers due at `now`: handshake deadline, idle timeout, heartbeats, close wait.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.now = now;
+        match self.state {
+            State::Header(_) | State::Sasl | State::Opening => {
+                if now >= self.handshake_deadline {
+                    tracing::debug!("handshake not completed in time; dropping the connection");
+                    self.finish(None);
+                }
+            }
+            State::Open => {
+                if let Some(idle) = self.cfg.idle_timeout {
+                    if now >= self.last_recv + idle {
+                        // CONN-11.
+                        self.close(now, Some(AmqpError::new(Condition::ResourceLimitExceeded, "idle timeout expired")));
+                        return;
+                    }
+                }
+                if let Some(peer) = self.peer_idle {
+                    if now >= self.last_sent + peer / 2 {
+                        // CONN-12: an empty frame keeps the client's idle timer from firing.
+                        write_frame(&mut self.out, TYPE_AMQP, 0, |_| {});
+                        self.last_sent = now;
+                    }
+                }
+            }
+            State::CloseSent => {
+                if self.close_deadline.is_some_and(|d| now >= d) {
+                    self.finish(None);
+                }
+            }
+            State::Closed => {}
+        }
+    }
+
+    /// Whether the connection is over: once output is flushed, the socket can be closed.
+    pub fn is_closed(&self) -> bool {
+        self.state == State::Closed
+    }
+
+    /// Whether OPEN has been exchanged and no CLOSE yet.
+    pub fn is_open(&self) -> bool {
+        self.state == State::Open
+    }
+
+    /// The connection's ClientID, once open.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// The negotiated max-frame-size.
+    pub fn max_frame_size(&self) -> u32 {
+        self.max_frame
+    }
+
+    /// Sends CLOSE (with `error`), ending every session and link, and waits a bounded time for
+    /// the client's CLOSE. Before OPEN it simply drops the connection.
+    pub fn close(&mut self, now: Instant, error: Option<AmqpError>) {
+        self.now = now;
+        match self.state {
+            State::Open => {
+                self.teardown(error.clone());
+                self.write_close(error.clone());
+                self.state = State::CloseSent;
+                self.close_deadline = Some(now + self.cfg.close_timeout);
+                self.emit_closed(error);
+            }
+            State::Opening => self.refuse_open(error.unwrap_or_else(|| AmqpError::bare(Condition::ConnectionForced))),
+            State::Header(_) | State::Sasl => self.finish(error),
+            State::CloseSent | State::Closed => {}
+        }
+    }
+
+    /// Graceful shutdown: CLOSE `amqp:connection:forced` (CONN-16).
+    pub fn shutdown(&mut self, now: Instant) {
+        self.close(now, Some(AmqpError::bare(Condition::ConnectionForced)));
+    }
+
+    /// The socket is gone: end everything without writing (Q-32 teardown still happens).
+    pub fn transport_lost(&mut self) {
+        if self.state != State::Closed {
+            self.finish(None);
+        }
+    }
+
+    fn inbound_limit(&self) -> u32 {
+        match self.state {
+            State::Sasl => MAX_SASL_FRAME,
+            State::Opening => self.cfg.max_frame_size.max(MIN_MAX_FRAME_SIZE),
+            _ => self.max_frame,
+        }
+    }
+
+    fn on_header(&mut self, stage: HeaderStage, header: &[u8]) {
+        let tls_ok = stage == HeaderStage::Initial && self.transport == Transport::Tls;
+        if header == HEADER_SASL && stage != HeaderStage::AfterSasl {
+            self.out.extend_from_slice(&HEADER_SASL);
+            let mechanisms: Vec<Symbol> = self
+                .cfg
+                .authenticator
+                .mechanisms(self.transport == Transport::Tls)
+                .into_iter()
+                .map(Symbol::from)
+                .collect();
+            codec::write_sasl_mechanisms(
+                &mut self.out,
+                &SaslMechanisms {
+                    sasl_server_mechanisms: Array::from(mechanisms),
+                },
+            );
+            self.state = State::Sasl;
+        } else if header == HEADER_AMQP && (stage == HeaderStage::AfterSasl || self.cfg.authenticator.allows_bare()) {
+            self.out.extend_from_slice(&HEADER_AMQP);
+            self.state = State::Opening;
+        } else if header == HEADER_TLS && tls_ok {
+            self.out.extend_from_slice(&HEADER_TLS);
+            self.state = State::Header(HeaderStage::AfterTls);
+        } else {
+            // CONN-2: answer with the header we prefer, then close. SASL is always offered, so the
+            // SASL header is the one every client can continue with (OP-LINK-2, docs/decisions.md).
+            tracing::debug!(header = ?header, "unsupported protocol header");
+            let preferred = if stage == HeaderStage::AfterSasl { HEADER_AMQP } else { HEADER_SASL };
+            self.out.extend_from_slice(&preferred);
+            self.finish(None);
+        }
+    }
+
+    fn on_frame(&mut self, frame: RawFrame) {
+        match self.state {
+            State::Sasl => self.on_sasl_frame(frame),
+            State::Opening => self.on_opening_frame(frame),
+            State::Open => self.on_open_frame(frame),
+            State::CloseSent => {
+                if frame.frame_type == TYPE_AMQP
+                    && !frame.body.is_empty()
+                    && matches!(decode_performative(&frame.body), Ok(Performative::Close(_)))
+                {
+                    self.finish(None);
+                }
+            }
+            State::Header(_) | State::Closed => {}
+        }
+    }
+
+    fn on_sasl_frame(&mut self, frame: RawFrame) {
+        let outcome = if frame.frame_type != TYPE_SASL || frame.body.is_empty() {
+            Err("expected a SASL frame".to_string())
+        } else {
+            match decode_sasl(&frame.body) {
+                Ok(SaslFrame::Init(init)) => {
+                    let response = init.initial_response.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                    let mech = init.mechanism.as_str();
+                    let offered = self.cfg.authenticator.mechanisms(self.transport == Transport::Tls);
+                    if !offered.contains(&mech) {
+                        Err(format!("mechanism {mech:?} not offered"))
+                    } else if response.len() > MAX_INITIAL_RESPONSE {
+                        // SASL-8.
+                        Err(format!("initial response of {} bytes exceeds 16 KiB", response.len()))
+                    } else {
+                        self.cfg.authenticator.authenticate(mech, response).map_err(|f| f.0)
+                    }
+                }
+                Ok(SaslFrame::Other(code)) => Err(format!("unexpected SASL frame 0x{code:x}")),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        match outcome {
+            Ok(identity) => {
+                tracing::debug!(mechanism = identity.mechanism, "SASL authentication succeeded");
+                self.identity = Some(identity);
+                codec::write_sasl_outcome(
+                    &mut self.out,
+                    &SaslOutcome {
+                        code: SaslCode::Ok,
+                        additional_data: None,
+                    },
+                );
+                self.state = State::Header(HeaderStage::AfterSasl);
+            }
+            Err(reason) => {
+                // ERR-4 / SASL-11: only the outcome code goes on the wire; the reason is logged.
+                tracing::info!(reason = %reason, "SASL authentication failed");
+                codec::write_sasl_outcome(
+                    &mut self.out,
+                    &SaslOutcome {
+                        code: SaslCode::Auth,
+                        additional_data: None,
+                    },
+                );
+                self.finish(None);
+            }
+        }
+    }
+
+    fn on_opening_frame(&mut self, frame: RawFrame) {
+        if frame.frame_type != TYPE_AMQP {
+            return self.refuse_open(AmqpError::new(Condition::DecodeError, "SASL frame after the AMQP header"));
+        }
+        if frame.body.is_empty() {
+            return;
+        }
+        let open = match decode_performative(&frame.body) {
+            Ok(Performative::Open(open)) => open,
+            Ok(Performative::Close(_)) => {
+                // A client may give up before OPEN; answer in kind.
+                return self.refuse_open(AmqpError::bare(Condition::NotAllowed));
+            }
+            Ok(_) => return self.refuse_open(AmqpError::new(Condition::NotAllowed, "expected open")),
+            Err(e) => return self.refuse_open(AmqpError::new(Condition::DecodeError, e.to_string())),
+        };
+        self.on_open(*open);
+    }
+
+    fn on_open(&mut self, open: Open) {
+        if open.container_id.is_empty() {
+            // CONN-5.
+            return self.refuse_open(AmqpError::new(Condition::InvalidField, "open.container-id is required"));
+        }
+        if let Some(err) = self.admission.take() {
+            // CONN-15.
+            return self.refuse_open(err);
+        }
+        let client_max = open.max_frame_size.0;
+        self.max_frame = client_max.min(self.cfg.max_frame_size).max(MIN_MAX_FRAME_SIZE);
+        let ours = u16::try_from(self.cfg.session_max.saturating_sub(1)).unwrap_or(u16::MAX);
+        self.channel_max = open.channel_max.0.min(ours);
+        self.peer_idle = open.idle_time_out.filter(|ms| *ms > 0).map(|ms| Duration::from_millis(u64::from(ms)));
+        self.write_server_open();
+        self.state = State::Open;
+        let sanitized = sanitize_client_id(&open.container_id);
+        let client_id = match self.identity.as_ref().and_then(|i| i.client_id.clone()) {
+            Some(id) => id,
+            None => sanitized,
+        };
+        tracing::debug!(client_id = %client_id, hostname = ?open.hostname, max_frame = self.max_frame, "connection open");
+        self.events.push_back(Event::Opened {
+            client_id,
+            container_id: open.container_id,
+            hostname: open.hostname,
+        });
+    }
+
+    fn write_server_open(&mut self) {
+        // CONN-7: exactly container-id, max-frame-size, channel-max, idle-time-out.
+        let idle = self.cfg.idle_timeout.map(|d| {
+            let half = d.as_millis() / 2;
+            u32::try_from(half).unwrap_or(u32::MAX)
+        });
+        let open = Open {
+            container_id: SERVER_CONTAINER_ID.to_string(),
+            hostname: None,
+            max_frame_size: self.max_frame.into(),
+            channel_max: self.channel_max.into(),
+            idle_time_out: idle.filter(|ms| *ms > 0),
+            outgoing_locales: None,
+            incoming_locales: None,
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        codec::write_amqp(&mut self.out, 0, &open, &[]);
+    }
+
+    /// OPEN then CLOSE with `err`, before the connection was open (CONN-5, CONN-15).
+    fn refuse_open(&mut self, err: AmqpError) {
+        tracing::debug!(error = %err, "refusing the connection at open");
+        self.write_server_open();
+        self.write_close(Some(err.clone()));
+        self.state = State::CloseSent;
+        self.close_deadline = Some(self.now + self.cfg.close_timeout);
+        self.emit_closed(Some(err));
+    }
+
+    fn on_open_frame(&mut self, frame: RawFrame) {
+        if frame.frame_type != TYPE_AMQP {
+            return self.protocol_failure(AmqpError::new(Condition::DecodeError, "SASL frame after open"));
+        }
+        if frame.body.is_empty() {
+            return; // heartbeat
+        }
+        let perf = match decode_performative(&frame.body) {
+            Ok(p) => p,
+            Err(e) => return self.protocol_failure(AmqpError::new(Condition::DecodeError, e.to_string())),
+        };
+        let ch = frame.channel;
+        match perf {
+            Performative::Open(_) => {
+                // CONN-13.
+                self.protocol_failure(AmqpError::new(Condition::NotAllowed, "unexpected second open"))
+            }
+            Performative::Close(close) => self.on_close(close),
+            Performative::Begin(begin) => self.on_begin(ch, begin),
+            Performative::End(end) => self.on_end(ch, end),
+            Performative::Attach(a) => self.on_attach(ch, a),
+            Performative::Detach(d) => self.on_detach(ch, d),
+            Performative::Flow(f) => self.on_flow(ch, f),
+            Performative::Transfer(t, payload) => self.on_transfer(ch, t, payload),
+            Performative::Disposition(d) => self.on_disposition(ch, d),
+        }
+    }
+
+    fn on_close(&mut self, close: Close) {
+        // CONN-17: every session and link ends, then we answer CLOSE and drop the socket.
+        let err = close.error.as_ref().map(wire_to_error);
+        tracing::debug!(error = ?err, "client closed the connection");
+        self.teardown(err.clone());
+        self.write_close(None);
+        self.finish(err);
+    }
+
+    /// A connection-level protocol error: CLOSE with it.
+    pub(super) fn protocol_failure(&mut self, err: AmqpError) {
+        match self.state {
+            State::Open => {
+                tracing::info!(error = %err, "closing the connection on a protocol error");
+                self.close(self.now, Some(err));
+            }
+            State::Opening => self.refuse_open(err),
+            State::Header(_) | State::Sasl | State::CloseSent | State::Closed => self.finish(Some(err)),
+        }
+    }
+
+    fn write_close(&mut self, error: Option<AmqpError>) {
+        self.flush_disposition();
+        let close = Close {
+            error: error.map(|e| e.to_wire()),
+        };
+        codec::write_amqp(&mut self.out, 0, &close, &[]);
+    }
+
+    /// Ends all sessions and links with their teardown consequences.
+    fn teardown(&mut self, error: Option<AmqpError>) {
+        let channels: Vec<u16> = self.sessions.keys().copied().collect();
+        for ch in channels {
+            self.drop_session(ch, error.clone());
+        }
+    }
+
+    /// Final state: everything torn down, `Closed` emitted once.
+    fn finish(&mut self, error: Option<AmqpError>) {
+        self.teardown(error.clone());
+        self.state = State::Closed;
+        self.emit_closed(error);
+    }
+
+    fn emit_closed(&mut self, error: Option<AmqpError>) {
+        if !self.closed_event_sent {
+            self.closed_event_sent = true;
+            self.events.push_back(Event::Closed { error });
+        }
+    }
+
+    /// The channel-max we advertised.
+    pub(super) fn channel_max(&self) -> u16 {
+        self.channel_max
+    }
+}
+
+/// Our view of an error the client sent; conditions outside our 13 are kept as internal errors
+/// with the original symbol in the description, since they are only ever logged.
+pub(super) fn wire_to_error(e: &fe2o3_amqp_types::definitions::Error) -> AmqpError {
+    let sym = match serde_amqp::to_value(&e.condition) {
+        Ok(serde_amqp::Value::Symbol(s)) => s.0,
+        _ => format!("{:?}", e.condition),
+    };
+    match Condition::from_symbol(&sym) {
+        Some(c) => AmqpError {
+            condition: c,
+            description: e.description.clone(),
+        },
+        None => AmqpError::new(Condition::InternalError, format!("{sym}: {}", e.description.clone().unwrap_or_default())),
+    }
+}

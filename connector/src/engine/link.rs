@@ -1,0 +1,745 @@
+//! Links: ATTACH checks and replies (LINK-*), DETACH, link credit and drain (FLOW-*), inbound
+//! reassembly and outbound fragmentation of transfers (XFER-*), and settlement both ways.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::{Bytes, BytesMut};
+use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
+use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
+use serde_bytes::ByteBuf;
+
+use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame};
+use super::connection::{wire_to_error, Connection};
+use super::error::{AmqpError, Condition};
+use super::event::{CommandError, Delivery, Event};
+use super::frame::{write_frame, HEADER_LEN, TYPE_AMQP};
+use super::serial;
+use super::session::LinkFlow;
+use super::LinkId;
+
+/// Longest delivery tag accepted (AMQP allows 32 bytes).
+pub const MAX_TAG_LEN: usize = 32;
+
+/// Where a link is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// ATTACH received; the application has not answered.
+    Attaching,
+    /// Reply ATTACH sent.
+    Attached,
+    /// We sent DETACH; the client's DETACH frees the handle.
+    DetachSent,
+}
+
+/// The server's side of the link.
+#[derive(Debug)]
+enum Side {
+    /// The client produces: we receive, grant credit and reassemble.
+    Receiver(ReceiverState),
+    /// The client consumes: we send within its credit.
+    Sender(SenderState),
+}
+
+#[derive(Debug, Default)]
+struct ReceiverState {
+    /// Credit window refilled to (FLOW-1).
+    window: u32,
+    partial: Option<Partial>,
+    /// Deliveries handed to the application and not yet settled by it: id → client wants a
+    /// disposition (it sent the delivery unsettled).
+    in_flight: HashMap<u32, bool>,
+}
+
+#[derive(Debug)]
+struct Partial {
+    id: u32,
+    tag: Bytes,
+    settled: bool,
+    buf: BytesMut,
+    first: Option<Bytes>,
+}
+
+#[derive(Debug, Default)]
+struct SenderState {
+    drain: bool,
+    /// Unsettled deliveries sent on this link: delivery-id → application token.
+    unsettled: BTreeMap<u32, u64>,
+}
+
+/// One link.
+#[derive(Debug)]
+pub(super) struct Link {
+    channel: u16,
+    handle: u32,
+    name: String,
+    client_role: Role,
+    phase: Phase,
+    /// The application accepted it, so it gets exactly one `LinkClosed`.
+    accepted: bool,
+    delivery_count: u32,
+    credit: u32,
+    side: Side,
+    /// The client's ATTACH, kept until the reply echoes its terminus.
+    request: Option<Box<Attach>>,
+}
+
+/// What the application decides when it accepts a link.
+#[derive(Debug, Clone, Copy)]
+pub struct LinkAccept {
+    /// For server-receiver links: the credit window granted and kept topped up (FLOW-1).
+    pub credit_window: u32,
+}
+
+impl Connection {
+    pub(super) fn on_attach(&mut self, ch: u16, frame: AttachFrame) {
+        let handle_max = self.cfg.max_links_per_session.saturating_sub(1);
+        let max_links = self.cfg.max_links_per_session as usize;
+        let (name, handle, role) = match &frame {
+            AttachFrame::Full(a) => (a.name.clone(), a.handle.0, a.role.clone()),
+            AttachFrame::Head { name, handle, role, .. } => (name.clone(), *handle, role.clone()),
+        };
+        let Some(s) = self.live_session(ch) else { return };
+        if handle > handle_max || s.by_handle.contains_key(&handle) {
+            // SESS-5.
+            let why = if handle > handle_max { "handle exceeds handle-max" } else { "handle in use" };
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, why));
+        }
+        let live_links = s.names.len();
+        let duplicate = s.names.contains(&(is_sender(&role), name.clone()));
+        let id = self.next_link_id;
+        self.next_link_id += 1;
+        let side = if is_sender(&role) {
+            Side::Receiver(ReceiverState::default())
+        } else {
+            Side::Sender(SenderState::default())
+        };
+        let mut link = Link {
+            channel: ch,
+            handle,
+            name: name.clone(),
+            client_role: role.clone(),
+            phase: Phase::Attaching,
+            accepted: false,
+            delivery_count: 0,
+            credit: 0,
+            side,
+            request: None,
+        };
+        let refusal = match frame {
+            AttachFrame::Head { coordinator: true, .. } => {
+                Some(AmqpError::new(Condition::NotImplemented, "transactions are not supported"))
+            }
+            AttachFrame::Head { .. } => Some(AmqpError::new(Condition::InvalidField, "attach carries an invalid field")),
+            AttachFrame::Full(a) => {
+                let r = if a.rcv_settle_mode == ReceiverSettleMode::Second {
+                    // LINK-2 step 1.
+                    Some(AmqpError::bare(Condition::NotImplemented))
+                } else if duplicate {
+                    // LINK-2 step 2.
+                    Some(AmqpError::new(Condition::NotAllowed, "duplicate link name"))
+                } else if live_links >= max_links {
+                    // LINK-2 step 3.
+                    Some(AmqpError::new(Condition::ResourceLimitExceeded, "link limit of the session reached"))
+                } else if a.unsettled.as_ref().is_some_and(|u| !u.is_empty()) {
+                    // LINK-7 / OP-LINK-3: offering unsettled state is an attempt to resume.
+                    Some(AmqpError::new(Condition::NotAllowed, "link re-attach not supported"))
+                } else {
+                    None
+                };
+                link.request = Some(a);
+                r
+            }
+        };
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.by_handle.insert(handle, id);
+            if refusal.is_none() {
+                s.names.insert((is_sender(&role), name));
+            }
+        }
+        let attach = link.request.clone();
+        self.links.insert(id, link);
+        match refusal {
+            Some(err) => {
+                let _ = self.refuse_link(id, err);
+            }
+            None => {
+                if let Some(attach) = attach {
+                    self.events.push_back(Event::AttachRequested { link: id, attach });
+                }
+            }
+        }
+    }
+
+    /// Accepts a link the application was asked about: reply ATTACH (LINK-4), and for a
+    /// server-receiver link the initial credit (FLOW-1).
+    pub fn accept_link(&mut self, id: LinkId, accept: LinkAccept) -> Result<(), CommandError> {
+        let max_message_size = self.cfg.max_message_size;
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attaching {
+            return Err(CommandError::NoLink);
+        }
+        link.phase = Phase::Attached;
+        link.accepted = true;
+        let request = link.request.take();
+        let (ch, handle) = (link.channel, link.handle);
+        let server_sends = matches!(link.side, Side::Sender(_));
+        if let Side::Receiver(r) = &mut link.side {
+            r.window = accept.credit_window.max(1);
+            link.credit = r.window;
+        }
+        let credit = link.credit;
+        let reply = reply_attach(link, request, max_message_size, false);
+        self.write_perf(ch, &reply);
+        if !server_sends {
+            self.write_session_flow(
+                ch,
+                Some(LinkFlow {
+                    handle,
+                    delivery_count: 0,
+                    credit,
+                    drain: false,
+                }),
+            );
+        }
+        tracing::debug!(link = id, channel = ch, handle, "link attached");
+        Ok(())
+    }
+
+    /// Refuses a link: a reply ATTACH with a null terminus, then DETACH (closed) with `err`
+    /// (LINK-5, and the specification's form of OP-LINK-1).
+    pub fn refuse_link(&mut self, id: LinkId, err: AmqpError) -> Result<(), CommandError> {
+        let max_message_size = self.cfg.max_message_size;
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attaching {
+            return Err(CommandError::NoLink);
+        }
+        tracing::debug!(link = id, name = %link.name, error = %err, "refusing link");
+        let request = link.request.take();
+        let reply = reply_attach(link, request, max_message_size, true);
+        let ch = link.channel;
+        self.write_perf(ch, &reply);
+        self.send_detach(id, Some(err));
+        Ok(())
+    }
+
+    /// Detaches an attached link with an optional error (closed = true).
+    pub fn detach(&mut self, id: LinkId, err: Option<AmqpError>) -> Result<(), CommandError> {
+        let link = self.links.get(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attached {
+            return Err(CommandError::NoLink);
+        }
+        self.send_detach(id, err);
+        Ok(())
+    }
+
+    /// Writes DETACH(closed) for a link and retires it; its handle stays taken until the client's
+    /// DETACH arrives.
+    fn send_detach(&mut self, id: LinkId, err: Option<AmqpError>) {
+        let Some(link) = self.links.get(&id) else { return };
+        let (ch, handle) = (link.channel, link.handle);
+        let detach = Detach {
+            handle: handle.into(),
+            closed: true,
+            error: err.as_ref().map(|e| e.to_wire()),
+        };
+        self.write_perf(ch, &detach);
+        self.retire_link(id, err);
+        if let Some(link) = self.links.get_mut(&id) {
+            link.phase = Phase::DetachSent;
+        }
+    }
+
+    /// Ends a link's life as the application sees it: the name is free again, its unsettled
+    /// deliveries are reported once. The link object itself may live on until the
+    /// handle is released.
+    fn retire_link(&mut self, id: LinkId, err: Option<AmqpError>) {
+        let Some(link) = self.links.get_mut(&id) else { return };
+        if link.phase == Phase::DetachSent {
+            return;
+        }
+        let accepted = link.accepted;
+        link.accepted = false;
+        let ch = link.channel;
+        let key = (is_sender(&link.client_role), link.name.clone());
+        let unsettled: Vec<(u32, u64)> = match &mut link.side {
+            Side::Sender(s) => std::mem::take(&mut s.unsettled).into_iter().collect(),
+            Side::Receiver(r) => {
+                r.in_flight.clear();
+                r.partial = None;
+                Vec::new()
+            }
+        };
+        link.phase = Phase::DetachSent;
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.names.remove(&key);
+            for (delivery_id, _) in &unsettled {
+                s.out_unsettled.remove(delivery_id);
+            }
+        }
+        if accepted {
+            self.events.push_back(Event::LinkClosed {
+                link: id,
+                unsettled: unsettled.into_iter().map(|(_, t)| t).collect(),
+                error: err,
+            });
+        }
+    }
+
+    /// Removes a link entirely (its session is gone or the client's DETACH released the handle).
+    pub(super) fn drop_link(&mut self, id: LinkId, err: Option<AmqpError>) {
+        self.retire_link(id, err);
+        if let Some(link) = self.links.remove(&id) {
+            if let Some(s) = self.sessions.get_mut(&link.channel) {
+                s.by_handle.remove(&link.handle);
+            }
+        }
+    }
+
+    pub(super) fn on_detach(&mut self, ch: u16, detach: Detach) {
+        let Some(s) = self.live_session(ch) else { return };
+        let Some(&id) = s.by_handle.get(&detach.handle.0) else {
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "detach of an unattached handle"));
+        };
+        let Some(link) = self.links.get(&id) else { return };
+        let phase = link.phase;
+        let err = detach.error.as_ref().map(wire_to_error);
+        match phase {
+            Phase::DetachSent => self.drop_link(id, None),
+            Phase::Attaching => {
+                // The client gave up before we answered: answer, then confirm its detach.
+                let _ = self.refuse_link(id, AmqpError::bare(Condition::NotAllowed));
+                self.drop_link(id, None);
+            }
+            Phase::Attached => {
+                // LINK-6: every client DETACH is final; we answer closed = true.
+                tracing::debug!(link = id, error = ?err, "client detached link");
+                self.retire_link(id, err);
+                self.send_detach(id, None);
+                self.drop_link(id, None);
+            }
+        }
+    }
+
+    pub(super) fn on_flow(&mut self, ch: u16, flow: Flow) {
+        if self.live_session(ch).is_none() {
+            return;
+        }
+        self.on_session_flow(ch, &flow);
+        let Some(handle) = flow.handle else { return };
+        let Some(&id) = self.sessions.get(&ch).and_then(|s| s.by_handle.get(&handle.0)) else {
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "flow for an unattached handle"));
+        };
+        let Some(link) = self.links.get_mut(&id) else { return };
+        if link.phase != Phase::Attached {
+            return;
+        }
+        if let Side::Sender(s) = &mut link.side {
+            // FLOW-3; a FLOW without delivery-count counts from the initial 0 (OP-LINK-7).
+            let peer_count = flow.delivery_count.unwrap_or(0);
+            let limit = peer_count.wrapping_add(flow.link_credit.unwrap_or(0));
+            link.credit = if serial::lt(link.delivery_count, limit) {
+                limit.wrapping_sub(link.delivery_count)
+            } else {
+                0
+            };
+            s.drain = flow.drain;
+            self.events.push_back(Event::Credit {
+                link: id,
+                credit: link.credit,
+                drain: flow.drain,
+            });
+        }
+        if flow.echo {
+            self.write_link_flow(id);
+        }
+    }
+
+    fn write_link_flow(&mut self, id: LinkId) {
+        let Some(link) = self.links.get(&id) else { return };
+        let drain = matches!(&link.side, Side::Sender(s) if s.drain);
+        let lf = LinkFlow {
+            handle: link.handle,
+            delivery_count: link.delivery_count,
+            credit: link.credit,
+            drain,
+        };
+        self.write_session_flow(link.channel, Some(lf));
+    }
+
+    /// Completes a drain (FLOW-5): the unused credit is spent by advancing delivery-count and the
+    /// client gets FLOW(link-credit = 0, drain = true).
+    pub fn drain_done(&mut self, id: LinkId) -> Result<(), CommandError> {
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attached {
+            return Err(CommandError::NoLink);
+        }
+        let Side::Sender(s) = &mut link.side else { return Err(CommandError::WrongRole) };
+        if !s.drain {
+            return Ok(());
+        }
+        link.delivery_count = link.delivery_count.wrapping_add(link.credit);
+        link.credit = 0;
+        self.write_link_flow(id);
+        if let Some(Link { side: Side::Sender(s), .. }) = self.links.get_mut(&id) {
+            s.drain = false;
+        }
+        Ok(())
+    }
+
+    /// Credit a server-sender link has now.
+    pub fn credit(&self, id: LinkId) -> u32 {
+        self.links.get(&id).filter(|l| l.phase == Phase::Attached).map_or(0, |l| l.credit)
+    }
+
+    /// Deliveries sent on a server-sender link that the client has not settled (FLOW-7).
+    pub fn unsettled_count(&self, id: LinkId) -> usize {
+        match self.links.get(&id).map(|l| &l.side) {
+            Some(Side::Sender(s)) => s.unsettled.len(),
+            _ => 0,
+        }
+    }
+
+    /// Sends one message on a server-sender link within its credit, fragmented to the frame size
+    /// (XFER-3). `token` comes back in `Settled` or `LinkClosed`. Returns the delivery-id.
+    pub fn send(&mut self, id: LinkId, tag: &[u8], payload: &[u8], settled: bool, token: u64) -> Result<u32, CommandError> {
+        if !self.is_open() {
+            return Err(CommandError::Closed);
+        }
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attached {
+            return Err(CommandError::NoLink);
+        }
+        let Side::Sender(s) = &mut link.side else { return Err(CommandError::WrongRole) };
+        if link.credit == 0 {
+            // FLOW-3: never beyond credit.
+            return Err(CommandError::NoCredit);
+        }
+        link.credit -= 1;
+        link.delivery_count = link.delivery_count.wrapping_add(1);
+        let (ch, handle) = (link.channel, link.handle);
+        let session = self.sessions.get_mut(&ch).ok_or(CommandError::NoLink)?;
+        let delivery_id = session.next_delivery_id;
+        session.next_delivery_id = delivery_id.wrapping_add(1);
+        if !settled {
+            s.unsettled.insert(delivery_id, token);
+            session.out_unsettled.insert(delivery_id, id);
+        }
+        self.write_transfers(ch, handle, delivery_id, tag, payload, settled);
+        Ok(delivery_id)
+    }
+
+    fn write_transfers(&mut self, ch: u16, handle: u32, delivery_id: u32, tag: &[u8], payload: &[u8], settled: bool) {
+        self.flush_disposition();
+        let mut first = Transfer {
+            handle: handle.into(),
+            delivery_id: Some(delivery_id),
+            delivery_tag: Some(ByteBuf::from(tag.to_vec())),
+            message_format: Some(0),
+            settled: Some(settled),
+            more: true,
+            rcv_settle_mode: None,
+            state: None,
+            resume: false,
+            aborted: false,
+            batchable: false,
+        };
+        let mut perf = BytesMut::new();
+        codec::encode_into(&mut perf, &first);
+        let room = (self.max_frame as usize).saturating_sub(HEADER_LEN + perf.len()).max(1);
+        let mut rest = payload;
+        let mut is_first = true;
+        loop {
+            let n = rest.len().min(room);
+            let more = n < rest.len();
+            let chunk = &rest[..n];
+            rest = &rest[n..];
+            let frame_perf = if is_first {
+                first.more = more;
+                first.clone()
+            } else {
+                Transfer {
+                    handle: handle.into(),
+                    delivery_id: None,
+                    delivery_tag: None,
+                    message_format: None,
+                    settled: None,
+                    more,
+                    rcv_settle_mode: None,
+                    state: None,
+                    resume: false,
+                    aborted: false,
+                    batchable: false,
+                }
+            };
+            is_first = false;
+            self.write_transfer_frame(ch, &frame_perf, chunk);
+            if !more {
+                break;
+            }
+        }
+    }
+
+    /// One TRANSFER frame, sent now if the client's incoming window allows, queued otherwise.
+    fn write_transfer_frame(&mut self, ch: u16, perf: &Transfer, chunk: &[u8]) {
+        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        if s.remote_incoming_window > 0 && s.blocked.is_empty() {
+            s.remote_incoming_window -= 1;
+            s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
+            write_frame(&mut self.out, TYPE_AMQP, ch, |b| {
+                codec::encode_into(b, perf);
+                b.extend_from_slice(chunk);
+            });
+        } else {
+            let mut frame = BytesMut::new();
+            write_frame(&mut frame, TYPE_AMQP, ch, |b| {
+                codec::encode_into(b, perf);
+                b.extend_from_slice(chunk);
+            });
+            s.blocked.push_back(frame.freeze());
+        }
+    }
+
+    pub(super) fn on_transfer(&mut self, ch: u16, t: Transfer, payload: Bytes) {
+        if self.live_session(ch).is_none() || !self.take_incoming_window(ch) {
+            return;
+        }
+        let Some(&id) = self.sessions.get(&ch).and_then(|s| s.by_handle.get(&t.handle.0)) else {
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "transfer on an unattached handle"));
+        };
+        let max_message_size = self.cfg.max_message_size;
+        let Some(link) = self.links.get_mut(&id) else { return };
+        match link.phase {
+            Phase::DetachSent => return, // in flight when we detached
+            Phase::Attaching => {
+                return self.send_detach(id, Some(AmqpError::new(Condition::NotAllowed, "transfer before the link was attached")));
+            }
+            Phase::Attached => {}
+        }
+        let credit = link.credit;
+        let Side::Receiver(r) = &mut link.side else {
+            return self.send_detach(id, Some(AmqpError::new(Condition::NotAllowed, "transfer on a link where the client receives")));
+        };
+        // Start or continue the delivery, checking what must not change between frames.
+        let problem = match &mut r.partial {
+            None => {
+                if credit == 0 {
+                    Some(AmqpError::new(Condition::NotAllowed, "transfer exceeds link credit"))
+                } else {
+                    match (t.delivery_id, &t.delivery_tag) {
+                        (Some(did), Some(tag)) if tag.len() <= MAX_TAG_LEN => {
+                            r.partial = Some(Partial {
+                                id: did,
+                                tag: Bytes::copy_from_slice(tag),
+                                settled: t.settled.unwrap_or(false),
+                                buf: BytesMut::new(),
+                                first: None,
+                            });
+                            None
+                        }
+                        (Some(_), Some(_)) => Some(AmqpError::new(Condition::InvalidField, "delivery-tag longer than 32 bytes")),
+                        _ => Some(AmqpError::new(Condition::NotAllowed, "first transfer of a delivery lacks delivery-id or delivery-tag")),
+                    }
+                }
+            }
+            Some(p) => {
+                if t.delivery_id.is_some_and(|d| d != p.id) || t.delivery_tag.as_ref().is_some_and(|g| g.as_slice() != &p.tag[..]) {
+                    Some(AmqpError::new(Condition::NotAllowed, "delivery-id or tag changed within a multi-frame delivery"))
+                } else {
+                    p.settled |= t.settled.unwrap_or(false);
+                    None
+                }
+            }
+        };
+        if let Some(err) = problem {
+            return self.send_detach(id, Some(err));
+        }
+        let Some(p) = r.partial.as_mut() else { return };
+        if t.aborted {
+            // An aborted delivery is discarded but has used its credit.
+            r.partial = None;
+            link.credit -= 1;
+            link.delivery_count = link.delivery_count.wrapping_add(1);
+            return;
+        }
+        let held = p.first.as_ref().map_or(0, |f| f.len()) + p.buf.len();
+        if (held as u64).saturating_add(payload.len() as u64) > max_message_size {
+            // XFER-2: the client learns of the failed send, then the link is detached.
+            let (did, settled) = (p.id, p.settled);
+            r.partial = None;
+            let err = AmqpError::new(Condition::MessageSizeExceeded, format!("message exceeds max-message-size {max_message_size}"));
+            if !settled {
+                let state = DeliveryState::Rejected(Rejected { error: Some(err.to_wire()) });
+                self.queue_disposition(ch, Role::Receiver, did, Some(state));
+            }
+            return self.send_detach(id, Some(err));
+        }
+        // Keep a single-frame payload as is; copy only when a second frame arrives.
+        match (&p.first, p.buf.is_empty()) {
+            (None, true) => p.first = Some(payload),
+            (Some(f), true) => {
+                p.buf.reserve(f.len() + payload.len());
+                p.buf.extend_from_slice(f);
+                p.buf.extend_from_slice(&payload);
+                p.first = None;
+            }
+            _ => p.buf.extend_from_slice(&payload),
+        }
+        if t.more {
+            return;
+        }
+        let Some(p) = r.partial.take() else { return };
+        let body = match p.first {
+            Some(f) => f,
+            None => p.buf.freeze(),
+        };
+        link.credit -= 1;
+        link.delivery_count = link.delivery_count.wrapping_add(1);
+        r.in_flight.insert(p.id, !p.settled);
+        self.events.push_back(Event::Delivery(Delivery {
+            link: id,
+            delivery_id: p.id,
+            tag: p.tag,
+            settled: p.settled,
+            payload: body,
+        }));
+        self.refill_credit(id);
+    }
+
+    /// FLOW-1: top the credit back up to the window once it fell below half, but only while fewer
+    /// than a window of deliveries wait for the application (the backend's confirmation).
+    fn refill_credit(&mut self, id: LinkId) {
+        let Some(link) = self.links.get_mut(&id) else { return };
+        if link.phase != Phase::Attached {
+            return;
+        }
+        let Side::Receiver(r) = &link.side else { return };
+        if link.credit > (r.window - 1) / 2 || r.in_flight.len() >= r.window as usize {
+            return;
+        }
+        link.credit = r.window;
+        self.write_link_flow(id);
+    }
+
+    /// Settles a delivery received on a server-receiver link: sends the DISPOSITION with `state`
+    /// unless the client pre-settled it. Must be called once per `Event::Delivery`.
+    pub fn settle(&mut self, id: LinkId, delivery_id: u32, state: DeliveryState) -> Result<(), CommandError> {
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if link.phase != Phase::Attached {
+            return Err(CommandError::NoLink);
+        }
+        let Side::Receiver(r) = &mut link.side else { return Err(CommandError::WrongRole) };
+        let wants = r.in_flight.remove(&delivery_id).ok_or(CommandError::NoDelivery)?;
+        let ch = link.channel;
+        if wants {
+            self.queue_disposition(ch, Role::Receiver, delivery_id, Some(state));
+        }
+        self.refill_credit(id);
+        Ok(())
+    }
+
+    pub(super) fn on_disposition(&mut self, ch: u16, d: DispositionFrame) {
+        if self.live_session(ch).is_none() {
+            return;
+        }
+        if d.role == Role::Sender {
+            // About deliveries the client sent us: we settle those first (rcv-settle-mode first),
+            // so there is nothing for us to do.
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let terminal = d.state.as_ref().is_some_and(DeliveryOutcome::is_terminal);
+        if !d.settled && !terminal {
+            return;
+        }
+        // Walk only the unsettled ids inside the range; a wrapped range is two spans.
+        let ids: Vec<(u32, LinkId)> = if d.first <= d.last {
+            s.out_unsettled.range(d.first..=d.last).map(|(k, v)| (*k, *v)).collect()
+        } else {
+            s.out_unsettled.range(d.first..).chain(s.out_unsettled.range(..=d.last)).map(|(k, v)| (*k, *v)).collect()
+        };
+        let state = if d.settled { None } else { d.state.as_ref().and_then(outcome_to_state) };
+        for (delivery_id, link_id) in ids {
+            if let Some(s) = self.sessions.get_mut(&ch) {
+                s.out_unsettled.remove(&delivery_id);
+            }
+            let token = match self.links.get_mut(&link_id).map(|l| &mut l.side) {
+                Some(Side::Sender(snd)) => snd.unsettled.remove(&delivery_id),
+                _ => None,
+            };
+            if let Some(token) = token {
+                self.events.push_back(Event::Settled {
+                    link: link_id,
+                    token,
+                    state: d.state.clone(),
+                });
+            }
+            if !d.settled {
+                // A terminal state without settling: settle it on the client's behalf.
+                self.queue_disposition(ch, Role::Sender, delivery_id, state.clone());
+            }
+        }
+    }
+}
+
+fn is_sender(role: &Role) -> bool {
+    matches!(role, Role::Sender)
+}
+
+/// The reply ATTACH: LINK-4's fields, or for a refusal the same with a null terminus on our side.
+fn reply_attach(link: &Link, request: Option<Box<Attach>>, max_message_size: u64, refuse: bool) -> Attach {
+    let server_sends = matches!(link.side, Side::Sender(_));
+    let (snd_settle_mode, mut source, mut target) = match request {
+        Some(a) => {
+            let mode = if a.snd_settle_mode == SenderSettleMode::Settled {
+                SenderSettleMode::Settled
+            } else {
+                SenderSettleMode::Unsettled
+            };
+            (mode, a.source, a.target)
+        }
+        None => (SenderSettleMode::Unsettled, None, None),
+    };
+    if refuse {
+        if server_sends {
+            source = None;
+        } else {
+            target = None;
+        }
+    }
+    Attach {
+        name: link.name.clone(),
+        handle: link.handle.into(),
+        role: if server_sends { Role::Sender } else { Role::Receiver },
+        snd_settle_mode,
+        rcv_settle_mode: ReceiverSettleMode::First,
+        source,
+        target,
+        unsettled: None,
+        incomplete_unsettled: false,
+        initial_delivery_count: server_sends.then_some(0),
+        max_message_size: Some(max_message_size),
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+/// A delivery state to echo back when settling on the client's behalf.
+fn outcome_to_state(o: &DeliveryOutcome) -> Option<DeliveryState> {
+    use fe2o3_amqp_types::messaging::{Accepted, Modified, Released};
+    Some(match o {
+        DeliveryOutcome::Accepted => DeliveryState::Accepted(Accepted {}),
+        DeliveryOutcome::Rejected(e) => DeliveryState::Rejected(Rejected { error: e.clone() }),
+        DeliveryOutcome::Released => DeliveryState::Released(Released {}),
+        DeliveryOutcome::Modified {
+            delivery_failed,
+            undeliverable_here,
+        } => DeliveryState::Modified(Modified {
+            delivery_failed: Some(*delivery_failed),
+            undeliverable_here: Some(*undeliverable_here),
+            message_annotations: None,
+        }),
+        DeliveryOutcome::Received | DeliveryOutcome::Unknown(_) => return None,
+    })
+}

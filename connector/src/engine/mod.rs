@@ -1,0 +1,27 @@
+//! The AMQP 1.0 server protocol engine, sans-IO.
+//!
+//! Bytes in, bytes and [`Event`]s out, commands back: no sockets, no tokio, no clock. Read in the
+//! order a frame travels: [`frame`] cuts frames, [`validate`] checks their structure, [`codec`]
+//! decodes performatives, [`Connection`] (with `session.rs` and `link.rs`) runs the state
+//! machines, [`event`] is what the application sees.
+
+pub mod auth;
+pub mod codec;
+mod connection;
+pub mod error;
+pub mod event;
+pub mod frame;
+mod link;
+pub mod serial;
+mod session;
+pub mod validate;
+
+pub use auth::{Authenticator, Identity, NoAuth};
+pub use codec::DeliveryOutcome;
+pub use connection::{
+    Connection, EngineConfig, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS, MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
+};
+pub use error::{AmqpError, Condition, ALL_CONDITIONS};
+pub use event::{CommandError, Delivery, Event, LinkId};
+pub use link::LinkAccept;
+pub use session::SESSION_WINDOW;

@@ -1,0 +1,270 @@
+//! Sessions: BEGIN/END, the incoming and outgoing transfer windows (SESS-*), session FLOW, and
+//! the session-scoped delivery-id maps that route DISPOSITION ranges to links.
+//!
+//! The server uses the client's channel number as its own for each session: channels are then
+//! bounded by the channel-max we advertised, and SESS-2's cap falls out of it.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+
+use bytes::Bytes;
+use fe2o3_amqp_types::definitions::Role;
+use fe2o3_amqp_types::messaging::DeliveryState;
+use fe2o3_amqp_types::performatives::{Begin, Disposition, End, Flow};
+
+use super::codec;
+use super::connection::Connection;
+use super::connection::{wire_to_error, State};
+use super::error::{AmqpError, Condition};
+use super::LinkId;
+
+/// The session windows the server advertises (SESS-1), in transfer frames.
+pub const SESSION_WINDOW: u32 = 2048;
+
+/// One session, keyed by channel.
+#[derive(Debug)]
+pub(super) struct Session {
+    /// We sent END (with an error) or refused the BEGIN; waiting for the client's END.
+    pub ending: bool,
+    pub next_incoming_id: u32,
+    /// Transfer frames the client may still send before we re-advertise.
+    pub incoming_window: u32,
+    pub next_outgoing_id: u32,
+    pub remote_incoming_window: u32,
+    pub next_delivery_id: u32,
+    pub by_handle: HashMap<u32, LinkId>,
+    /// Names of live links, per client role (LINK-8).
+    pub names: HashSet<(bool, String)>,
+    /// Deliveries we sent and the client has not settled: delivery-id → link.
+    pub out_unsettled: BTreeMap<u32, LinkId>,
+    /// Encoded TRANSFER frames waiting for the client's incoming window to open.
+    pub blocked: VecDeque<Bytes>,
+}
+
+/// A pending outgoing DISPOSITION range, extended while contiguous settlements share a state.
+#[derive(Debug)]
+pub(super) struct PendingDisposition {
+    pub channel: u16,
+    pub role: Role,
+    pub first: u32,
+    pub last: u32,
+    pub state: Option<DeliveryState>,
+}
+
+impl Connection {
+    pub(super) fn on_begin(&mut self, ch: u16, begin: Begin) {
+        if begin.remote_channel.is_some() {
+            // We never send BEGIN first, so this answers nothing.
+            return self.protocol_failure(AmqpError::new(Condition::NotAllowed, "begin with remote-channel from a client"));
+        }
+        if let Some(s) = self.sessions.get(&ch) {
+            if s.ending {
+                return;
+            }
+            // SESS-3: our channel equals theirs, so this END ends the live session too.
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "channel already has a live session"));
+        }
+        let live = self.sessions.values().filter(|s| !s.ending).count();
+        let refuse = ch > self.channel_max() || live >= self.cfg.session_max as usize;
+        let session = Session {
+            ending: refuse,
+            next_incoming_id: begin.next_outgoing_id,
+            incoming_window: SESSION_WINDOW,
+            next_outgoing_id: 0,
+            remote_incoming_window: begin.incoming_window,
+            next_delivery_id: 0,
+            by_handle: HashMap::new(),
+            names: HashSet::new(),
+            out_unsettled: BTreeMap::new(),
+            blocked: VecDeque::new(),
+        };
+        self.sessions.insert(ch, session);
+        let reply = Begin {
+            remote_channel: Some(ch),
+            next_outgoing_id: 0,
+            incoming_window: SESSION_WINDOW,
+            outgoing_window: SESSION_WINDOW,
+            handle_max: self.cfg.max_links_per_session.saturating_sub(1).into(),
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        self.write_perf(ch, &reply);
+        if refuse {
+            // SESS-2.
+            let end = End {
+                error: Some(AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached").to_wire()),
+            };
+            self.write_perf(ch, &end);
+        }
+    }
+
+    pub(super) fn on_end(&mut self, ch: u16, end: End) {
+        let Some(s) = self.sessions.get(&ch) else {
+            return self.protocol_failure(AmqpError::new(Condition::NotAllowed, format!("end on channel {ch} without a session")));
+        };
+        let was_ending = s.ending;
+        let err = end.error.as_ref().map(wire_to_error);
+        self.drop_session(ch, err);
+        if !was_ending {
+            // SESS-6: answer without error; the channel is free again.
+            self.write_perf(ch, &End { error: None });
+        }
+    }
+
+    /// Sends END with `err` and ends every link of the session; the client's END completes it.
+    pub(super) fn end_session(&mut self, ch: u16, err: AmqpError) {
+        tracing::info!(channel = ch, error = %err, "ending session");
+        let links: Vec<LinkId> = self.sessions.get(&ch).map(|s| s.by_handle.values().copied().collect()).unwrap_or_default();
+        for id in links {
+            self.drop_link(id, Some(err.clone()));
+        }
+        if let Some(s) = self.sessions.get_mut(&ch) {
+            s.ending = true;
+            s.blocked.clear();
+            s.out_unsettled.clear();
+            s.names.clear();
+        }
+        self.write_perf(ch, &End { error: Some(err.to_wire()) });
+    }
+
+    /// Removes a session and ends its links, writing nothing.
+    pub(super) fn drop_session(&mut self, ch: u16, err: Option<AmqpError>) {
+        if let Some(s) = self.sessions.remove(&ch) {
+            for id in s.by_handle.values() {
+                self.drop_link(*id, err.clone());
+            }
+        }
+    }
+
+    /// The session for a frame on `ch`, or `None` after handling the error or an ending session.
+    pub(super) fn live_session(&mut self, ch: u16) -> Option<&mut Session> {
+        match self.sessions.get(&ch) {
+            None => {
+                self.protocol_failure(AmqpError::new(Condition::NotAllowed, format!("frame on channel {ch} without a session")));
+                None
+            }
+            Some(s) if s.ending => None,
+            Some(_) => self.sessions.get_mut(&ch),
+        }
+    }
+
+    /// Accounts one incoming TRANSFER frame against the session window (SESS-4); false when the
+    /// session was ended for a violation.
+    pub(super) fn take_incoming_window(&mut self, ch: u16) -> bool {
+        let Some(s) = self.sessions.get_mut(&ch) else { return false };
+        if s.incoming_window == 0 {
+            self.end_session(ch, AmqpError::new(Condition::WindowViolation, "transfer beyond the session incoming window"));
+            return false;
+        }
+        s.incoming_window -= 1;
+        s.next_incoming_id = s.next_incoming_id.wrapping_add(1);
+        if s.incoming_window < SESSION_WINDOW / 2 {
+            // SESS-4: replenish before the client runs out.
+            s.incoming_window = SESSION_WINDOW;
+            self.write_session_flow(ch, None);
+        }
+        true
+    }
+
+    /// Session-level part of a client FLOW: the client's incoming window for our transfers.
+    pub(super) fn on_session_flow(&mut self, ch: u16, flow: &Flow) {
+        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let next_in = flow.next_incoming_id.unwrap_or(0);
+        s.remote_incoming_window = next_in.wrapping_add(flow.incoming_window).wrapping_sub(s.next_outgoing_id);
+        if s.remote_incoming_window > flow.incoming_window {
+            // The client's next-incoming-id is ahead of what we sent: trust only its window.
+            s.remote_incoming_window = flow.incoming_window;
+        }
+        self.flush_blocked(ch);
+        if flow.handle.is_none() && flow.echo {
+            self.write_session_flow(ch, None);
+        }
+    }
+
+    /// Sends blocked TRANSFER frames while the client's incoming window allows.
+    pub(super) fn flush_blocked(&mut self, ch: u16) {
+        self.flush_disposition();
+        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        while s.remote_incoming_window > 0 {
+            let Some(frame) = s.blocked.pop_front() else { break };
+            s.remote_incoming_window -= 1;
+            s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
+            self.out.extend_from_slice(&frame);
+        }
+    }
+
+    /// Writes a FLOW with the session fields and, for a link, its link fields.
+    pub(super) fn write_session_flow(&mut self, ch: u16, link: Option<LinkFlow>) {
+        let Some(s) = self.sessions.get(&ch) else { return };
+        let flow = Flow {
+            // SESS-7: always carry next-incoming-id.
+            next_incoming_id: Some(s.next_incoming_id),
+            incoming_window: s.incoming_window,
+            next_outgoing_id: s.next_outgoing_id,
+            outgoing_window: SESSION_WINDOW,
+            handle: link.as_ref().map(|l| l.handle.into()),
+            delivery_count: link.as_ref().map(|l| l.delivery_count),
+            link_credit: link.as_ref().map(|l| l.credit),
+            available: None,
+            drain: link.as_ref().is_some_and(|l| l.drain),
+            echo: false,
+            properties: None,
+        };
+        self.write_perf(ch, &flow);
+    }
+
+    /// Queues a settled DISPOSITION for one delivery, merged with a contiguous pending range.
+    pub(super) fn queue_disposition(&mut self, ch: u16, role: Role, id: u32, state: Option<DeliveryState>) {
+        if let Some(p) = &mut self.pending_disposition {
+            if p.channel == ch && p.role == role && p.state == state && p.last.wrapping_add(1) == id {
+                p.last = id;
+                return;
+            }
+        }
+        self.flush_disposition();
+        self.pending_disposition = Some(PendingDisposition {
+            channel: ch,
+            role,
+            first: id,
+            last: id,
+            state,
+        });
+    }
+
+    pub(super) fn pending_disposition_exists(&self) -> bool {
+        self.pending_disposition.is_some()
+    }
+
+    /// Writes the pending DISPOSITION range, if any; every other frame write calls this first so
+    /// frames leave in the order they were produced.
+    pub(super) fn flush_disposition(&mut self) {
+        if let Some(p) = self.pending_disposition.take() {
+            if matches!(self.state, State::Open) {
+                let d = Disposition {
+                    role: p.role,
+                    first: p.first,
+                    last: (p.last != p.first).then_some(p.last),
+                    settled: true,
+                    state: p.state,
+                    batchable: false,
+                };
+                codec::write_amqp(&mut self.out, p.channel, &d, &[]);
+            }
+        }
+    }
+
+    /// Writes a performative after any pending DISPOSITION.
+    pub(super) fn write_perf<T: serde::Serialize>(&mut self, ch: u16, perf: &T) {
+        self.flush_disposition();
+        codec::write_amqp(&mut self.out, ch, perf, &[]);
+    }
+}
+
+/// Link fields of an outgoing FLOW.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LinkFlow {
+    pub handle: u32,
+    pub delivery_count: u32,
+    pub credit: u32,
+    pub drain: bool,
+}
