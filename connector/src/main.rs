@@ -1,1 +1,90 @@
-fn main() {}
+//! The connector binary: reads the settings, binds the plain listener and serves until SIGTERM or
+//! Ctrl-C, then closes every connection with `amqp:connection:forced`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use connector::config::Cli;
+use connector::driver::{serve, RefuseLinks, ServeOptions};
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .init();
+    let cli = Cli::parse();
+    let settings = match cli.settings(|k| std::env::var(k).ok()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.print_config {
+        match serde_yaml::to_string(&settings) {
+            Ok(y) => print!("{y}"),
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        return ExitCode::SUCCESS;
+    }
+    if !settings.enable {
+        tracing::info!("Enable is false: no listener is bound (CFG-18)");
+        return ExitCode::SUCCESS;
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        if settings.port == 0 {
+            tracing::error!("the plain listener is disabled and TLS is not available in this build yet");
+            return ExitCode::from(2);
+        }
+        let addr = SocketAddr::new(settings.bind_address, settings.port);
+        let listener = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "cannot bind the AMQP listener");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(%addr, "AMQP 1.0 listener ready");
+        let cfg = Arc::new(settings.engine_config_no_auth());
+        let opts = ServeOptions {
+            max_connections: settings.max_connections,
+            shutdown_grace: Duration::from_secs(10),
+        };
+        serve(listener, cfg, opts, Arc::new(RefuseLinks), shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

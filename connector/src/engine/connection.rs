@@ -185,6 +185,9 @@ impl Connection {
                 },
             }
         }
+        if self.state == State::Open {
+            self.replenish_windows();
+        }
         self.flush_disposition();
     }
 

@@ -100,12 +100,16 @@ impl Connection {
             AttachFrame::Head { name, handle, role, .. } => (name.clone(), *handle, role.clone()),
         };
         let Some(s) = self.live_session(ch) else { return };
-        if handle > handle_max || s.by_handle.contains_key(&handle) {
-            // SESS-5.
-            let why = if handle > handle_max { "handle exceeds handle-max" } else { "handle in use" };
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, why));
-        }
         let live_links = s.names.len();
+        if s.by_handle.contains_key(&handle) {
+            // SESS-5.
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "handle in use"));
+        }
+        if handle > handle_max && live_links < max_links {
+            // Past handle-max without being at the cap: the client ignored our BEGIN. At the cap,
+            // LINK-2 step 3 below answers it at link level instead.
+            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "handle exceeds handle-max"));
+        }
         let duplicate = s.names.contains(&(is_sender(&role), name.clone()));
         let id = self.next_link_id;
         self.next_link_id += 1;

@@ -25,3 +25,6 @@ pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId};
 pub use link::LinkAccept;
 pub use session::SESSION_WINDOW;
+
+#[cfg(test)]
+mod tests;

@@ -158,12 +158,25 @@ impl Connection {
         }
         s.incoming_window -= 1;
         s.next_incoming_id = s.next_incoming_id.wrapping_add(1);
-        if s.incoming_window < SESSION_WINDOW / 2 {
-            // SESS-4: replenish before the client runs out.
-            s.incoming_window = SESSION_WINDOW;
+        true
+    }
+
+    /// SESS-4: after a batch of input, re-advertise every incoming window that fell below half.
+    /// Done per batch, not per frame: a client can only rely on a FLOW it has received, so frames
+    /// pipelined past the window within one batch are a real violation.
+    pub(super) fn replenish_windows(&mut self) {
+        let low: Vec<u16> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| !s.ending && s.incoming_window < SESSION_WINDOW / 2)
+            .map(|(ch, _)| *ch)
+            .collect();
+        for ch in low {
+            if let Some(s) = self.sessions.get_mut(&ch) {
+                s.incoming_window = SESSION_WINDOW;
+            }
             self.write_session_flow(ch, None);
         }
-        true
     }
 
     /// Session-level part of a client FLOW: the client's incoming window for our transfers.

@@ -1,0 +1,88 @@
+//! One connection's task: socket ⇄ engine ⇄ handler, until the engine says the connection is over.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::Handler;
+use crate::engine::{AmqpError, Connection, EngineConfig, Transport};
+
+/// Reading stops while this much output waits for the client, so a client that does not read
+/// cannot make the server buffer without bound.
+const MAX_PENDING_WRITE: usize = 4 * 1024 * 1024;
+/// Spare room kept in the read buffer before each read.
+const READ_CHUNK: usize = 8 * 1024;
+/// How long the last bytes (a CLOSE) may take to leave once the connection is over.
+const FINAL_FLUSH: Duration = Duration::from_secs(2);
+
+/// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
+/// `shutdown` closes it with `amqp:connection:forced` (CONN-16).
+pub async fn run_connection<H: Handler>(
+    stream: TcpStream,
+    cfg: Arc<EngineConfig>,
+    admission: Option<AmqpError>,
+    mut handler: H,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let (mut rd, mut wr) = stream.into_split();
+    let mut engine = Connection::new(cfg, Transport::Plain, admission, Instant::now().into_std());
+    let mut rbuf = BytesMut::new();
+    let mut wbuf = BytesMut::new();
+    let mut shutting_down = *shutdown.borrow();
+    if shutting_down {
+        return;
+    }
+    loop {
+        while let Some(ev) = engine.poll_event() {
+            handler.on_event(&mut engine, ev);
+        }
+        engine.poll_transmit(&mut wbuf);
+        if engine.is_closed() {
+            break;
+        }
+        if rbuf.capacity() - rbuf.len() < READ_CHUNK {
+            rbuf.reserve(READ_CHUNK);
+        }
+        let deadline = engine.poll_timeout().map(Instant::from_std);
+        tokio::select! {
+            r = rd.read_buf(&mut rbuf), if wbuf.len() < MAX_PENDING_WRITE => match r {
+                Ok(0) | Err(_) => engine.transport_lost(),
+                Ok(_) => engine.handle_input(Instant::now().into_std(), &mut rbuf),
+            },
+            r = wr.write_buf(&mut wbuf), if !wbuf.is_empty() => {
+                if r.is_err() {
+                    engine.transport_lost();
+                }
+            }
+            _ = sleep_until_opt(deadline) => engine.handle_timeout(Instant::now().into_std()),
+            _ = poll_fn(|cx| handler.poll_ready(cx)) => handler.on_ready(&mut engine),
+            r = shutdown.changed(), if !shutting_down => {
+                shutting_down = true;
+                if r.is_ok() {
+                    engine.shutdown(Instant::now().into_std());
+                }
+            }
+        }
+    }
+    while let Some(ev) = engine.poll_event() {
+        handler.on_event(&mut engine, ev);
+    }
+    if !wbuf.is_empty() {
+        let _ = tokio::time::timeout(FINAL_FLUSH, wr.write_all(&wbuf)).await;
+    }
+    let _ = wr.shutdown().await;
+}
+
+async fn sleep_until_opt(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
