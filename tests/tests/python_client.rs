@@ -1,0 +1,51 @@
+//! Interop with python-qpid-proton (PyPI) over real sockets, against the test-only in-memory node.
+//! The client is installed by `tests/run.sh`; a missing client fails these tests loudly.
+
+use std::process::Command;
+use std::time::Duration;
+
+use interop_tests::TestServer;
+
+fn run(scenario: &str) {
+    let server = TestServer::start_default();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/interop.py");
+    let out = Command::new("python3")
+        .args([script, scenario, &server.url()])
+        .output()
+        .expect("python3 must be installed (tests/run.sh installs python-qpid-proton)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "scenario {scenario} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+    std::thread::sleep(Duration::from_millis(10));
+}
+
+/// Send, receive with credit, accept, release and redelivery.
+#[test]
+fn proton_basic() {
+    run("basic");
+}
+
+/// Multi-frame messages at max-frame-size 4096 (XFER-1, XFER-3).
+#[test]
+fn proton_large() {
+    run("large");
+}
+
+/// Pre-settled produce and consume.
+#[test]
+fn proton_presettled() {
+    run("presettled");
+}
+
+/// Drain completes with credit 0 after what was available (FLOW-5).
+#[test]
+fn proton_drain() {
+    run("drain");
+}
+
+/// 200 links on one session.
+#[test]
+fn proton_many_links() {
+    run("many_links");
+}
