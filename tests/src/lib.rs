@@ -7,6 +7,8 @@
 //! names a FIFO of messages; released or modified messages go back to its front; unsettled
 //! messages of a closed link are returned.
 
+pub mod raw;
+
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

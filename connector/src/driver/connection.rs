@@ -17,7 +17,7 @@ use crate::engine::{AmqpError, Connection, EngineConfig, Transport};
 /// cannot make the server buffer without bound.
 const MAX_PENDING_WRITE: usize = 4 * 1024 * 1024;
 /// Spare room kept in the read buffer before each read.
-const READ_CHUNK: usize = 8 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 

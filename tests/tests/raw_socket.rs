@@ -1,0 +1,327 @@
+//! Raw-socket tests over a real connection to the driver: one per error condition the engine can
+//! trigger, plus idle timeout against a silent peer and shutdown. Each cites its rule.
+
+use std::time::Duration;
+
+use connector::config::Settings;
+use connector::engine::codec::Performative;
+use connector::engine::{HEADER_AMQP, HEADER_SASL};
+use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{Source, Target, TargetArchetype};
+use fe2o3_amqp_types::performatives::{Attach, Begin, Open, Transfer};
+use interop_tests::raw::{condition, description, RawPeer, Received};
+use interop_tests::TestServer;
+use serde_bytes::ByteBuf;
+
+const WAIT: Duration = Duration::from_secs(3);
+
+fn open(container: &str) -> Open {
+    Open {
+        container_id: container.into(),
+        hostname: None,
+        max_frame_size: 65536.into(),
+        channel_max: 100.into(),
+        idle_time_out: None,
+        outgoing_locales: None,
+        incoming_locales: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn begin() -> Begin {
+    Begin {
+        remote_channel: None,
+        next_outgoing_id: 0,
+        incoming_window: 5000,
+        outgoing_window: 5000,
+        handle_max: 1000.into(),
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn attach_sender(name: &str, handle: u32) -> Attach {
+    Attach {
+        name: name.into(),
+        handle: handle.into(),
+        role: Role::Sender,
+        snd_settle_mode: SenderSettleMode::Unsettled,
+        rcv_settle_mode: ReceiverSettleMode::First,
+        source: Some(Box::new(Source::builder().address("raw").build())),
+        target: Some(Box::new(TargetArchetype::Target(Target::builder().address("queues/raw").build()))),
+        unsettled: None,
+        incomplete_unsettled: false,
+        initial_delivery_count: Some(0),
+        max_message_size: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    }
+}
+
+fn transfer(handle: u32, id: u32, tag: &[u8], more: bool) -> Transfer {
+    Transfer {
+        handle: handle.into(),
+        delivery_id: Some(id),
+        delivery_tag: Some(ByteBuf::from(tag.to_vec())),
+        message_format: Some(0),
+        settled: Some(false),
+        more,
+        rcv_settle_mode: None,
+        state: None,
+        resume: false,
+        aborted: false,
+        batchable: false,
+    }
+}
+
+/// Header + OPEN (+ BEGIN) on a fresh socket, with the replies consumed.
+fn session(server: &TestServer) -> RawPeer {
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("raw"), &[]);
+    p.frame(0, &begin(), &[]);
+    let got = p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Begin(_))));
+    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Begin(_)))), "{got:?}");
+    p
+}
+
+fn conditions(got: &[Received]) -> Vec<String> {
+    got.iter().filter_map(condition).collect()
+}
+
+fn expect(p: &mut RawPeer, cond: &str) -> Vec<Received> {
+    let got = p.read_until(WAIT, |r| condition(r).is_some());
+    assert_eq!(conditions(&got), [cond], "{got:?}");
+    got
+}
+
+/// CONN-2: an unsupported header gets our SASL header back and the socket closes.
+#[test]
+fn conn_2_unsupported_header() {
+    let server = TestServer::start_default();
+    let mut p = RawPeer::connect(server.addr);
+    p.write(b"AMQP\x00\x00\x09\x01");
+    let (got, closed) = p.read_all(WAIT);
+    assert!(matches!(got[..], [Received::Header(h)] if h == HEADER_SASL), "{got:?}");
+    assert!(closed);
+}
+
+/// CONN-5: empty container-id → CLOSE `amqp:invalid-field`.
+#[test]
+fn conn_5_invalid_field() {
+    let server = TestServer::start_default();
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open(""), &[]);
+    let got = expect(&mut p, "amqp:invalid-field");
+    assert_eq!(got.iter().find_map(description).as_deref(), Some("open.container-id is required"));
+}
+
+/// CONN-13: a second OPEN → CLOSE `amqp:not-allowed`.
+#[test]
+fn conn_13_not_allowed() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    p.frame(0, &open("again"), &[]);
+    expect(&mut p, "amqp:not-allowed");
+}
+
+/// CONN-18: a corrupt frame → CLOSE `amqp:decode-error`, then the socket closes.
+#[test]
+fn conn_18_decode_error() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    p.write(&[0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff, 0xff, 0xff, 0, 0]);
+    expect(&mut p, "amqp:decode-error");
+    let (_, closed) = p.read_all(Duration::from_secs(5));
+    assert!(closed, "socket closed after the close wait");
+}
+
+/// CONN-11: a silent raw peer is closed with `amqp:resource-limit-exceeded` after
+/// IdleTimeoutSeconds; the advertised idle-time-out is half of it (CONN-10).
+#[test]
+fn conn_11_idle_timeout_silent_peer() {
+    let settings = Settings {
+        idle_timeout_seconds: 1,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("silent"), &[]);
+    let got = p.read_until(WAIT, |r| condition(r).is_some());
+    let idle = got.iter().find_map(|r| match r {
+        Received::Frame(_, Performative::Open(o)) => o.idle_time_out,
+        _ => None,
+    });
+    assert_eq!(idle, Some(500));
+    assert_eq!(conditions(&got), ["amqp:resource-limit-exceeded"]);
+    assert_eq!(got.iter().find_map(description).as_deref(), Some("idle timeout expired"));
+}
+
+/// CONN-15: over MaxConnections → OPEN then CLOSE `amqp:resource-limit-exceeded`.
+#[test]
+fn conn_15_max_connections() {
+    let settings = Settings {
+        max_connections: 1,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let _first = session(&server);
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("second"), &[]);
+    let got = expect(&mut p, "amqp:resource-limit-exceeded");
+    assert!(got.iter().any(|r| matches!(r, Received::Frame(0, Performative::Open(o)) if o.container_id == "KubeMQ")));
+}
+
+/// CONN-16: shutdown closes every connection with `amqp:connection:forced`.
+#[test]
+fn conn_16_shutdown_forced() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    let stopper = std::thread::spawn(move || server.shutdown());
+    expect(&mut p, "amqp:connection:forced");
+    p.frame(0, &fe2o3_amqp_types::performatives::Close { error: None }, &[]);
+    stopper.join().unwrap();
+}
+
+/// SESS-2: a BEGIN beyond SessionMax → END `amqp:resource-limit-exceeded`.
+#[test]
+fn sess_2_session_limit() {
+    let settings = Settings {
+        session_max: 1,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = session(&server);
+    p.frame(1, &begin(), &[]);
+    expect(&mut p, "amqp:resource-limit-exceeded");
+}
+
+/// SESS-5: a TRANSFER on an unattached handle → END `amqp:session:errant-link`.
+#[test]
+fn sess_5_errant_link() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    p.frame(0, &transfer(7, 0, b"t", false), b"\x00\x53\x77\x40");
+    expect(&mut p, "amqp:session:errant-link");
+}
+
+/// SESS-4: transfers pipelined past the session window → END `amqp:session:window-violation`.
+#[test]
+fn sess_4_window_violation() {
+    // Link credit above the burst, so only the session window can be exceeded.
+    let settings = Settings {
+        max_unsettled_per_link: 5000,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("w", 0), &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    // The whole burst goes out in one write, so it reaches the server before any FLOW of ours
+    // could have reached us: frame 2049 is a real violation, not a race we lost.
+    let mut burst = Vec::new();
+    for i in 0..2100u32 {
+        let mut t = transfer(0, i, &[(i % 251) as u8], false);
+        t.settled = Some(true);
+        t.message_format = None;
+        burst.extend(interop_tests::raw::frame_bytes(0, &t, b"\x00\x53\x77\x40"));
+    }
+    assert!(burst.len() < 64 * 1024, "burst of {} bytes fits one read", burst.len());
+    p.write(&burst);
+    expect(&mut p, "amqp:session:window-violation");
+}
+
+/// LINK-2: `rcv-settle-mode = second` → DETACH `amqp:not-implemented`.
+#[test]
+fn link_2_second_not_implemented() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    let mut a = attach_sender("s", 0);
+    a.rcv_settle_mode = ReceiverSettleMode::Second;
+    p.frame(0, &a, &[]);
+    expect(&mut p, "amqp:not-implemented");
+}
+
+/// LINK-2: a duplicate live link name → DETACH `amqp:not-allowed`, `duplicate link name`.
+#[test]
+fn link_2_duplicate_name() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("dup", 0), &[]);
+    p.frame(0, &attach_sender("dup", 1), &[]);
+    let got = expect(&mut p, "amqp:not-allowed");
+    assert_eq!(got.iter().find_map(description).as_deref(), Some("duplicate link name"));
+}
+
+/// LINK-2 step 3: over MaxLinksPerSession → DETACH `amqp:resource-limit-exceeded`.
+#[test]
+fn link_2_link_limit() {
+    let settings = Settings {
+        max_links_per_session: 1,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("a", 0), &[]);
+    p.frame(0, &attach_sender("b", 1), &[]);
+    expect(&mut p, "amqp:resource-limit-exceeded");
+}
+
+/// XFER-2: one byte over MaxMessageSize → rejected, then DETACH
+/// `amqp:link:message-size-exceeded`.
+#[test]
+fn xfer_2_message_size_exceeded() {
+    let settings = Settings {
+        max_message_size: 100,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("big", 0), &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    p.frame(0, &transfer(0, 0, b"a", true), &[0x40; 60]);
+    p.frame(0, &transfer(0, 0, b"a", false), &[0x40; 41]);
+    let got = expect(&mut p, "amqp:link:message-size-exceeded");
+    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Disposition(d)) if d.settled)));
+}
+
+/// A delivery tag over 32 bytes → DETACH `amqp:invalid-field`.
+#[test]
+fn long_delivery_tag_invalid_field() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("tag", 0), &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    p.frame(0, &transfer(0, 0, &[1; 40], false), b"\x00\x53\x77\x40");
+    expect(&mut p, "amqp:invalid-field");
+}
+
+/// RefuseLinks, the binary's handler until a pattern exists, refuses with not-implemented
+/// (LINK-5: prompt ATTACH + DETACH).
+#[test]
+fn refuse_links_handler_not_implemented() {
+    use connector::driver::{serve, RefuseLinks, ServeOptions};
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cfg = std::sync::Arc::new(Settings::default().engine_config_no_auth());
+    let opts = ServeOptions { max_connections: 10, shutdown_grace: Duration::from_secs(1) };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let handle = rt.spawn(serve(listener, cfg, opts, std::sync::Arc::new(RefuseLinks), async { let _ = rx.await; }));
+    let mut p = RawPeer::connect(addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("refused"), &[]);
+    p.frame(0, &begin(), &[]);
+    p.frame(0, &attach_sender("x", 0), &[]);
+    let got = expect(&mut p, "amqp:not-implemented");
+    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Attach(_)))));
+    let _ = tx.send(());
+    rt.block_on(handle).unwrap();
+}
