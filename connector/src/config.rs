@@ -19,21 +19,66 @@ struct Field {
 }
 
 const FIELDS: [Field; 15] = [
-    Field { key: "Enable", env: "CONNECTORS_AMQP10_ENABLE" },
-    Field { key: "Port", env: "CONNECTORS_AMQP10_PORT" },
-    Field { key: "TlsPort", env: "CONNECTORS_AMQP10_TLS_PORT" },
-    Field { key: "MaxFrameSize", env: "CONNECTORS_AMQP10_MAX_FRAME_SIZE" },
-    Field { key: "MaxMessageSize", env: "CONNECTORS_AMQP10_MAX_MESSAGE_SIZE" },
-    Field { key: "SessionMax", env: "CONNECTORS_AMQP10_SESSION_MAX" },
-    Field { key: "MaxLinksPerSession", env: "CONNECTORS_AMQP10_MAX_LINKS_PER_SESSION" },
-    Field { key: "MaxConnections", env: "CONNECTORS_AMQP10_MAX_CONNECTIONS" },
-    Field { key: "IdleTimeoutSeconds", env: "CONNECTORS_AMQP10_IDLE_TIMEOUT_SECONDS" },
-    Field { key: "DefaultPattern", env: "CONNECTORS_AMQP10_DEFAULT_PATTERN" },
-    Field { key: "GetBatchSize", env: "CONNECTORS_AMQP10_GET_BATCH_SIZE" },
-    Field { key: "MaxUnsettledPerLink", env: "CONNECTORS_AMQP10_MAX_UNSETTLED_PER_LINK" },
-    Field { key: "DefaultRpcTimeoutSeconds", env: "CONNECTORS_AMQP10_DEFAULT_RPC_TIMEOUT_SECONDS" },
-    Field { key: "RpcMaxPending", env: "CONNECTORS_AMQP10_RPC_MAX_PENDING" },
-    Field { key: "BindAddress", env: "CONNECTORS_AMQP10_BIND_ADDRESS" },
+    Field {
+        key: "Enable",
+        env: "CONNECTORS_AMQP10_ENABLE",
+    },
+    Field {
+        key: "Port",
+        env: "CONNECTORS_AMQP10_PORT",
+    },
+    Field {
+        key: "TlsPort",
+        env: "CONNECTORS_AMQP10_TLS_PORT",
+    },
+    Field {
+        key: "MaxFrameSize",
+        env: "CONNECTORS_AMQP10_MAX_FRAME_SIZE",
+    },
+    Field {
+        key: "MaxMessageSize",
+        env: "CONNECTORS_AMQP10_MAX_MESSAGE_SIZE",
+    },
+    Field {
+        key: "SessionMax",
+        env: "CONNECTORS_AMQP10_SESSION_MAX",
+    },
+    Field {
+        key: "MaxLinksPerSession",
+        env: "CONNECTORS_AMQP10_MAX_LINKS_PER_SESSION",
+    },
+    Field {
+        key: "MaxConnections",
+        env: "CONNECTORS_AMQP10_MAX_CONNECTIONS",
+    },
+    Field {
+        key: "IdleTimeoutSeconds",
+        env: "CONNECTORS_AMQP10_IDLE_TIMEOUT_SECONDS",
+    },
+    Field {
+        key: "DefaultPattern",
+        env: "CONNECTORS_AMQP10_DEFAULT_PATTERN",
+    },
+    Field {
+        key: "GetBatchSize",
+        env: "CONNECTORS_AMQP10_GET_BATCH_SIZE",
+    },
+    Field {
+        key: "MaxUnsettledPerLink",
+        env: "CONNECTORS_AMQP10_MAX_UNSETTLED_PER_LINK",
+    },
+    Field {
+        key: "DefaultRpcTimeoutSeconds",
+        env: "CONNECTORS_AMQP10_DEFAULT_RPC_TIMEOUT_SECONDS",
+    },
+    Field {
+        key: "RpcMaxPending",
+        env: "CONNECTORS_AMQP10_RPC_MAX_PENDING",
+    },
+    Field {
+        key: "BindAddress",
+        env: "CONNECTORS_AMQP10_BIND_ADDRESS",
+    },
 ];
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
@@ -111,12 +156,17 @@ pub type RawValues = BTreeMap<String, String>;
 /// Reads the YAML file's values: a flat map of the field names above (unknown keys are errors,
 /// so a typo cannot silently fall back to a default).
 pub fn read_yaml(text: &str) -> Result<RawValues, ConfigError> {
-    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| ConfigError(vec![format!("config file: {e}")]))?;
+    let value: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|e| ConfigError(vec![format!("config file: {e}")]))?;
     let mut out = RawValues::new();
     let map = match value {
         serde_yaml::Value::Null => return Ok(out),
         serde_yaml::Value::Mapping(m) => m,
-        _ => return Err(ConfigError(vec!["config file: expected a mapping of setting names to values".into()])),
+        _ => {
+            return Err(ConfigError(vec![
+                "config file: expected a mapping of setting names to values".into(),
+            ]))
+        }
     };
     let mut errors = Vec::new();
     for (k, v) in map {
@@ -133,7 +183,9 @@ pub fn read_yaml(text: &str) -> Result<RawValues, ConfigError> {
             serde_yaml::Value::Number(n) => n.to_string(),
             serde_yaml::Value::Bool(b) => b.to_string(),
             other => {
-                errors.push(format!("config file: {key} must be a scalar, got {other:?}"));
+                errors.push(format!(
+                    "config file: {key} must be a scalar, got {other:?}"
+                ));
                 continue;
             }
         };
@@ -186,11 +238,13 @@ impl Settings {
             match v.parse::<i128>() {
                 Ok(n) if n >= min && n <= max => Some(n),
                 Ok(n) => {
-                    errors.push(if max == i128::from(u32::MAX) || max == i128::from(i64::MAX) {
-                        format!("{k} must be at least {min} (and at most {max}), got {n}")
-                    } else {
-                        format!("{k} must be between {min} and {max}, got {n}")
-                    });
+                    errors.push(
+                        if max == i128::from(u32::MAX) || max == i128::from(i64::MAX) {
+                            format!("{k} must be at least {min} (and at most {max}), got {n}")
+                        } else {
+                            format!("{k} must be between {min} and {max}, got {n}")
+                        },
+                    );
                     None
                 }
                 Err(_) => {
@@ -229,7 +283,10 @@ impl Settings {
             if PATTERNS.contains(&v.as_str()) {
                 s.default_pattern = v;
             } else {
-                errors.push(format!("DefaultPattern must be one of {}, got {v:?}", PATTERNS.join(", ")));
+                errors.push(format!(
+                    "DefaultPattern must be one of {}, got {v:?}",
+                    PATTERNS.join(", ")
+                ));
             }
         }
         if let Some(n) = int("GetBatchSize", 1, 1024, &mut errors) {
@@ -272,7 +329,8 @@ impl Settings {
             max_message_size: self.max_message_size,
             session_max: self.session_max,
             max_links_per_session: self.max_links_per_session,
-            idle_timeout: (self.idle_timeout_seconds > 0).then(|| Duration::from_secs(u64::from(self.idle_timeout_seconds))),
+            idle_timeout: (self.idle_timeout_seconds > 0)
+                .then(|| Duration::from_secs(u64::from(self.idle_timeout_seconds))),
             handshake_timeout: Duration::from_secs(30),
             close_timeout: Duration::from_secs(2),
             authenticator,
@@ -288,7 +346,11 @@ impl Settings {
 /// The command line: every setting as a flag (which beats its environment variable), plus the
 /// config file and a dry-run switch.
 #[derive(Debug, clap::Parser)]
-#[command(name = "kubemq-amqp-connector", version, about = "AMQP 1.0 connector for KubeMQ")]
+#[command(
+    name = "kubemq-amqp-connector",
+    version,
+    about = "AMQP 1.0 connector for KubeMQ"
+)]
 pub struct Cli {
     /// YAML file of settings, keyed by the names in config.md (env: CONNECTORS_AMQP10_CONFIG).
     #[arg(long, env = "CONNECTORS_AMQP10_CONFIG")]
@@ -359,18 +421,25 @@ impl Cli {
             ("DefaultPattern", &self.default_pattern),
             ("GetBatchSize", &self.get_batch_size),
             ("MaxUnsettledPerLink", &self.max_unsettled_per_link),
-            ("DefaultRpcTimeoutSeconds", &self.default_rpc_timeout_seconds),
+            (
+                "DefaultRpcTimeoutSeconds",
+                &self.default_rpc_timeout_seconds,
+            ),
             ("RpcMaxPending", &self.rpc_max_pending),
             ("BindAddress", &self.bind_address),
         ];
-        pairs.into_iter().filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v))).collect()
+        pairs
+            .into_iter()
+            .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+            .collect()
     }
 
     /// File, then environment (through `env`), then flags, validated.
     pub fn settings(&self, env: impl Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
         let file = match &self.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| ConfigError(vec![format!("config file {}: {e}", p.display())]))?;
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| ConfigError(vec![format!("config file {}: {e}", p.display())]))?;
                 read_yaml(&text)?
             }
             None => RawValues::new(),
@@ -384,7 +453,10 @@ mod tests {
     use super::*;
 
     fn raw(pairs: &[(&str, &str)]) -> RawValues {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     /// CFG-1 … CFG-14 defaults.
@@ -392,10 +464,26 @@ mod tests {
     fn cfg_defaults() {
         let s = Settings::resolve(&[]).unwrap();
         assert_eq!(s, Settings::default());
-        assert_eq!((s.port, s.tls_port, s.max_frame_size), (5672, 5671, 131_072));
-        assert_eq!((s.max_message_size, s.session_max, s.max_links_per_session), (104_857_600, 256, 256));
-        assert_eq!((s.max_connections, s.idle_timeout_seconds, s.get_batch_size), (1000, 120, 32));
-        assert_eq!((s.max_unsettled_per_link, s.default_rpc_timeout_seconds, s.rpc_max_pending), (1024, 30, 512));
+        assert_eq!(
+            (s.port, s.tls_port, s.max_frame_size),
+            (5672, 5671, 131_072)
+        );
+        assert_eq!(
+            (s.max_message_size, s.session_max, s.max_links_per_session),
+            (104_857_600, 256, 256)
+        );
+        assert_eq!(
+            (s.max_connections, s.idle_timeout_seconds, s.get_batch_size),
+            (1000, 120, 32)
+        );
+        assert_eq!(
+            (
+                s.max_unsettled_per_link,
+                s.default_rpc_timeout_seconds,
+                s.rpc_max_pending
+            ),
+            (1024, 30, 512)
+        );
         assert_eq!(s.default_pattern, "queues");
     }
 
@@ -421,21 +509,51 @@ mod tests {
         .into_iter()
         .collect();
         let file = read_yaml("Port: 7000\nSessionMax: 2\n").unwrap();
-        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--session-max", "4", "--print-config"]).unwrap();
+        let cli =
+            <Cli as clap::Parser>::try_parse_from(["x", "--session-max", "4", "--print-config"])
+                .unwrap();
         assert!(cli.print_config);
-        let s = Settings::resolve(&[file, read_env(|k| env.get(k).map(|v| v.to_string())), cli.flag_values()]).unwrap();
+        let s = Settings::resolve(&[
+            file,
+            read_env(|k| env.get(k).map(|v| v.to_string())),
+            cli.flag_values(),
+        ])
+        .unwrap();
         assert_eq!(s.port, 6000, "env beats file");
         assert_eq!(s.session_max, 4, "flag beats env");
-        assert_eq!((s.tls_port, s.max_frame_size, s.max_message_size), (6001, 4096, 1000));
-        assert_eq!((s.max_links_per_session, s.max_connections, s.idle_timeout_seconds), (9, 0, 0));
-        assert_eq!((s.default_pattern.as_str(), s.get_batch_size), ("events-store", 1024));
-        assert_eq!((s.max_unsettled_per_link, s.default_rpc_timeout_seconds, s.rpc_max_pending), (7, 5, 3));
+        assert_eq!(
+            (s.tls_port, s.max_frame_size, s.max_message_size),
+            (6001, 4096, 1000)
+        );
+        assert_eq!(
+            (
+                s.max_links_per_session,
+                s.max_connections,
+                s.idle_timeout_seconds
+            ),
+            (9, 0, 0)
+        );
+        assert_eq!(
+            (s.default_pattern.as_str(), s.get_batch_size),
+            ("events-store", 1024)
+        );
+        assert_eq!(
+            (
+                s.max_unsettled_per_link,
+                s.default_rpc_timeout_seconds,
+                s.rpc_max_pending
+            ),
+            (7, 5, 3)
+        );
     }
 
     /// OP-CFG-1: the legacy spelling of the message-size variable is accepted.
     #[test]
     fn op_cfg_1_legacy_message_size_env() {
-        let s = Settings::resolve(&[read_env(|k| (k == LEGACY_MAX_MESSAGE_SIZE_ENV).then(|| "77".to_string()))]).unwrap();
+        let s = Settings::resolve(&[read_env(|k| {
+            (k == LEGACY_MAX_MESSAGE_SIZE_ENV).then(|| "77".to_string())
+        })])
+        .unwrap();
         assert_eq!(s.max_message_size, 77);
     }
 
@@ -459,10 +577,19 @@ mod tests {
         let err = Settings::resolve(&[bad]).unwrap_err();
         assert_eq!(err.0.len(), 12, "{err}");
         let text = err.to_string();
-        for k in ["Port", "MaxFrameSize", "MaxMessageSize", "SessionMax", "MaxLinksPerSession", "MaxConnections"] {
+        for k in [
+            "Port",
+            "MaxFrameSize",
+            "MaxMessageSize",
+            "SessionMax",
+            "MaxLinksPerSession",
+            "MaxConnections",
+        ] {
             assert!(text.contains(k), "{k} missing from {text}");
         }
-        assert!(text.contains("DefaultPattern must be one of queues, events, events-store, commands, queries"));
+        assert!(text.contains(
+            "DefaultPattern must be one of queues, events, events-store, commands, queries"
+        ));
         assert!(text.contains("RpcMaxPending must be an integer"));
         let both_zero = Settings::resolve(&[raw(&[("Port", "0"), ("TlsPort", "0")])]).unwrap_err();
         assert!(both_zero.to_string().contains("no listener"));
@@ -471,15 +598,22 @@ mod tests {
     /// CFG-18: disabled means valid whatever else is set.
     #[test]
     fn cfg_18_disabled_skips_validation() {
-        let s = Settings::resolve(&[raw(&[("Enable", "false"), ("Port", "banana"), ("SessionMax", "0")])]).unwrap();
+        let s = Settings::resolve(&[raw(&[
+            ("Enable", "false"),
+            ("Port", "banana"),
+            ("SessionMax", "0"),
+        ])])
+        .unwrap();
         assert!(!s.enable);
     }
 
     /// CFG-21: produce credit window clamp.
     #[test]
     fn cfg_21_credit_window_clamp() {
-        let mut s = Settings::default();
-        s.max_unsettled_per_link = 5_000_000;
+        let s = Settings {
+            max_unsettled_per_link: 5_000_000,
+            ..Settings::default()
+        };
         assert_eq!(s.produce_credit_window(), 1_048_576);
     }
 
@@ -493,7 +627,10 @@ mod tests {
 
     #[test]
     fn yaml_unknown_keys_and_bad_values() {
-        assert!(read_yaml("Prot: 1\n").unwrap_err().to_string().contains("unknown setting \"Prot\""));
+        assert!(read_yaml("Prot: 1\n")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown setting \"Prot\""));
         assert!(read_yaml("Port: [1]\n").is_err());
         assert_eq!(read_yaml("").unwrap(), RawValues::new());
         assert!(<Cli as clap::Parser>::try_parse_from(["x", "--port"]).is_err());
@@ -506,7 +643,13 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.yaml");
         std::fs::write(&path, "MaxConnections: 5\nDefaultPattern: events\n").unwrap();
-        let cli = <Cli as clap::Parser>::try_parse_from(["x", "--config", path.to_str().unwrap(), "--port=6000"]).unwrap();
+        let cli = <Cli as clap::Parser>::try_parse_from([
+            "x",
+            "--config",
+            path.to_str().unwrap(),
+            "--port=6000",
+        ])
+        .unwrap();
         let s = cli.settings(|_| None).unwrap();
         assert_eq!(s.max_connections, 5);
         assert_eq!(s.default_pattern, "events");

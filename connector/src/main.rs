@@ -12,7 +12,9 @@ use connector::driver::{serve, RefuseLinks, ServeOptions};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
     let cli = Cli::parse();
     let settings = match cli.settings(|k| std::env::var(k).ok()) {
@@ -36,7 +38,10 @@ fn main() -> ExitCode {
         tracing::info!("Enable is false: no listener is bound (CFG-18)");
         return ExitCode::SUCCESS;
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("cannot start the runtime: {e}");
@@ -45,7 +50,9 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         if settings.port == 0 {
-            tracing::error!("the plain listener is disabled and TLS is not available in this build yet");
+            tracing::error!(
+                "the plain listener is disabled and TLS is not available in this build yet"
+            );
             return ExitCode::from(2);
         }
         let addr = SocketAddr::new(settings.bind_address, settings.port);
@@ -62,7 +69,14 @@ fn main() -> ExitCode {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(10),
         };
-        serve(listener, cfg, opts, Arc::new(RefuseLinks), shutdown_signal()).await;
+        serve(
+            listener,
+            cfg,
+            opts,
+            Arc::new(RefuseLinks),
+            shutdown_signal(),
+        )
+        .await;
         ExitCode::SUCCESS
     })
 }

@@ -60,7 +60,11 @@ impl MemoryNode {
 
     fn subscribe(&self) -> mpsc::UnboundedReceiver<()> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.inner.lock().unwrap_or_else(|e| e.into_inner()).waiters.push(tx);
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .waiters
+            .push(tx);
         rx
     }
 }
@@ -84,12 +88,16 @@ pub struct NodeHandler {
 
 impl NodeHandler {
     fn pump(&mut self, conn: &mut Connection, link: LinkId) {
-        let Some(info) = self.links.get(&link) else { return };
+        let Some(info) = self.links.get(&link) else {
+            return;
+        };
         if !info.server_sends {
             return;
         }
         while conn.credit(link) > 0 {
-            let Some(msg) = self.node.pop(&info.address) else { break };
+            let Some(msg) = self.node.pop(&info.address) else {
+                break;
+            };
             self.next_token += 1;
             let token = self.next_token;
             let tag = token.to_be_bytes();
@@ -129,7 +137,9 @@ impl Handler for NodeHandler {
                     attach.source.as_ref().and_then(|s| s.address.clone())
                 } else {
                     attach.target.as_ref().and_then(|t| match t.as_ref() {
-                        fe2o3_amqp_types::messaging::TargetArchetype::Target(t) => t.address.clone(),
+                        fe2o3_amqp_types::messaging::TargetArchetype::Target(t) => {
+                            t.address.clone()
+                        }
                     })
                 };
                 self.links.insert(
@@ -141,7 +151,12 @@ impl Handler for NodeHandler {
                         drain: false,
                     },
                 );
-                let _ = conn.accept_link(link, LinkAccept { credit_window: self.credit_window });
+                let _ = conn.accept_link(
+                    link,
+                    LinkAccept {
+                        credit_window: self.credit_window,
+                    },
+                );
             }
             Event::Delivery(d) => {
                 if let Some(info) = self.links.get(&d.link) {
@@ -156,12 +171,16 @@ impl Handler for NodeHandler {
                 self.pump(conn, link);
             }
             Event::Settled { token, state, .. } => match state {
-                Some(DeliveryOutcome::Released) | Some(DeliveryOutcome::Modified { .. }) => self.requeue(token),
+                Some(DeliveryOutcome::Released) | Some(DeliveryOutcome::Modified { .. }) => {
+                    self.requeue(token)
+                }
                 _ => {
                     self.in_flight.remove(&token);
                 }
             },
-            Event::LinkClosed { link, unsettled, .. } => {
+            Event::LinkClosed {
+                link, unsettled, ..
+            } => {
                 for t in unsettled {
                     self.requeue(t);
                 }
@@ -227,7 +246,11 @@ impl TestServer {
     /// Starts a server with these settings (port is ignored: an ephemeral port is used).
     pub fn start(settings: Settings) -> TestServer {
         let cfg: EngineConfig = settings.engine_config_no_auth();
-        Self::start_with(cfg, settings.max_connections, settings.produce_credit_window())
+        Self::start_with(
+            cfg,
+            settings.max_connections,
+            settings.produce_credit_window(),
+        )
     }
 
     /// Starts a server with an explicit engine configuration.
@@ -246,8 +269,12 @@ impl TestServer {
                 .build()
                 .expect("runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-                addr_tx.send(listener.local_addr().expect("addr")).expect("send addr");
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
                 let opts = ServeOptions {
                     max_connections,
                     shutdown_grace: Duration::from_secs(5),

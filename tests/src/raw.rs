@@ -33,7 +33,9 @@ impl RawPeer {
     /// Connects to `addr`.
     pub fn connect(addr: SocketAddr) -> RawPeer {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_millis(200))).expect("timeout");
+        stream
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
         RawPeer {
             stream,
             buf: BytesMut::new(),
@@ -65,7 +67,11 @@ impl RawPeer {
                     break;
                 }
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
                 Err(_) => {
                     closed = true;
                     break;
@@ -78,7 +84,11 @@ impl RawPeer {
     }
 
     /// Reads until `pred` matches a received item or `within` passes.
-    pub fn read_until(&mut self, within: Duration, pred: impl Fn(&Received) -> bool) -> Vec<Received> {
+    pub fn read_until(
+        &mut self,
+        within: Duration,
+        pred: impl Fn(&Received) -> bool,
+    ) -> Vec<Received> {
         let deadline = Instant::now() + within;
         let mut out = Vec::new();
         let mut chunk = [0u8; 65536];
@@ -89,7 +99,11 @@ impl RawPeer {
             match self.stream.read(&mut chunk) {
                 Ok(0) => break,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
                 Err(_) => break,
             }
             self.decode(&mut out);
@@ -109,7 +123,10 @@ impl RawPeer {
                 Ok(Some(f)) if f.frame_type != TYPE_AMQP => out.push(Received::Sasl(f.body)),
                 Ok(Some(f)) => {
                     self.expect_header = false;
-                    out.push(Received::Frame(f.channel, decode_performative(&f.body).expect("server frame decodes")));
+                    out.push(Received::Frame(
+                        f.channel,
+                        decode_performative(&f.body).expect("server frame decodes"),
+                    ));
                 }
                 _ => break,
             }

@@ -1,14 +1,18 @@
 //! Interop with the fe2o3-amqp client (crates.io) over real sockets, against the test-only
 //! in-memory node (see `interop_tests` crate docs): not the queues pattern.
 
+use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use fe2o3_amqp::link::receiver::CreditMode;
 use interop_tests::TestServer;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Send, receive with credit, accept; the queue is empty afterwards (XFER-1, FLOW-1, FLOW-3).
@@ -17,14 +21,20 @@ fn send_receive_accept() {
     let server = TestServer::start_default();
     let url = server.url();
     rt().block_on(async {
-        let mut conn = Connection::open("fe2o3-client", url.as_str()).await.unwrap();
+        let mut conn = Connection::open("fe2o3-client", url.as_str())
+            .await
+            .unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/fe2o3").await.unwrap();
+        let mut sender = Sender::attach(&mut session, "tx", "queues/fe2o3")
+            .await
+            .unwrap();
         for i in 0..20 {
             let outcome = sender.send(format!("hello {i}")).await.unwrap();
             assert!(matches!(outcome, Outcome::Accepted(_)), "{outcome:?}");
         }
-        let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe2o3").await.unwrap();
+        let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe2o3")
+            .await
+            .unwrap();
         for i in 0..20 {
             let d = receiver.recv::<String>().await.unwrap();
             assert_eq!(d.body(), &format!("hello {i}"));
@@ -44,11 +54,17 @@ fn release_then_redelivery() {
     let server = TestServer::start_default();
     let url = server.url();
     rt().block_on(async {
-        let mut conn = Connection::open("fe2o3-release", url.as_str()).await.unwrap();
+        let mut conn = Connection::open("fe2o3-release", url.as_str())
+            .await
+            .unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/rel").await.unwrap();
+        let mut sender = Sender::attach(&mut session, "tx", "queues/rel")
+            .await
+            .unwrap();
         sender.send("once").await.unwrap();
-        let mut receiver = Receiver::attach(&mut session, "rx", "queues/rel").await.unwrap();
+        let mut receiver = Receiver::attach(&mut session, "rx", "queues/rel")
+            .await
+            .unwrap();
         let d = receiver.recv::<String>().await.unwrap();
         receiver.release(&d).await.unwrap();
         let d = receiver.recv::<String>().await.unwrap();
@@ -66,7 +82,9 @@ fn release_then_redelivery() {
 fn five_mib_at_max_frame_512() {
     let server = TestServer::start_default();
     let url = server.url();
-    let body: Vec<u8> = (0..5 * 1024 * 1024u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
+    let body: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
     let sent = body.clone();
     let got = rt().block_on(async move {
         let mut conn = Connection::builder()
@@ -76,10 +94,17 @@ fn five_mib_at_max_frame_512() {
             .await
             .unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/big").await.unwrap();
-        let outcome = sender.send(Message::builder().data(Binary::from(sent)).build()).await.unwrap();
+        let mut sender = Sender::attach(&mut session, "tx", "queues/big")
+            .await
+            .unwrap();
+        let outcome = sender
+            .send(Message::builder().data(Binary::from(sent)).build())
+            .await
+            .unwrap();
         assert!(matches!(outcome, Outcome::Accepted(_)));
-        let mut receiver = Receiver::attach(&mut session, "rx", "queues/big").await.unwrap();
+        let mut receiver = Receiver::attach(&mut session, "rx", "queues/big")
+            .await
+            .unwrap();
         let d = receiver.recv::<Data>().await.unwrap();
         receiver.accept(&d).await.unwrap();
         let got = d.body().0.to_vec();
@@ -102,7 +127,11 @@ fn two_hundred_links_one_session() {
         let mut session = Session::begin(&mut conn).await.unwrap();
         let mut senders = Vec::new();
         for i in 0..100 {
-            senders.push(Sender::attach(&mut session, format!("tx-{i}"), format!("queues/l{i}")).await.unwrap());
+            senders.push(
+                Sender::attach(&mut session, format!("tx-{i}"), format!("queues/l{i}"))
+                    .await
+                    .unwrap(),
+            );
         }
         let mut receivers = Vec::new();
         for i in 0..100 {
@@ -143,11 +172,17 @@ fn fifty_concurrent_connections() {
         for c in 0..50 {
             let url = url.clone();
             tasks.push(tokio::spawn(async move {
-                let mut conn = Connection::open(format!("conn-{c}"), url.as_str()).await.unwrap();
+                let mut conn = Connection::open(format!("conn-{c}"), url.as_str())
+                    .await
+                    .unwrap();
                 let mut session = Session::begin(&mut conn).await.unwrap();
                 let addr = format!("queues/c{c}");
-                let mut sender = Sender::attach(&mut session, "tx", addr.as_str()).await.unwrap();
-                let mut receiver = Receiver::attach(&mut session, "rx", addr.as_str()).await.unwrap();
+                let mut sender = Sender::attach(&mut session, "tx", addr.as_str())
+                    .await
+                    .unwrap();
+                let mut receiver = Receiver::attach(&mut session, "rx", addr.as_str())
+                    .await
+                    .unwrap();
                 for i in 0..10 {
                     sender.send(format!("{c}-{i}")).await.unwrap();
                 }

@@ -15,7 +15,10 @@ fn run(scenario: &str) {
         .expect("node must be installed");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "scenario {scenario} failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
 }
 

@@ -15,7 +15,10 @@ fn run(scenario: &str) {
         .expect("python3 must be installed (tests/run.sh installs python-qpid-proton)");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "scenario {scenario} failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    );
     assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
     std::thread::sleep(Duration::from_millis(10));
 }

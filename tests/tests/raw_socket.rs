@@ -51,7 +51,9 @@ fn attach_sender(name: &str, handle: u32) -> Attach {
         snd_settle_mode: SenderSettleMode::Unsettled,
         rcv_settle_mode: ReceiverSettleMode::First,
         source: Some(Box::new(Source::builder().address("raw").build())),
-        target: Some(Box::new(TargetArchetype::Target(Target::builder().address("queues/raw").build()))),
+        target: Some(Box::new(TargetArchetype::Target(
+            Target::builder().address("queues/raw").build(),
+        ))),
         unsettled: None,
         incomplete_unsettled: false,
         initial_delivery_count: Some(0),
@@ -84,8 +86,14 @@ fn session(server: &TestServer) -> RawPeer {
     p.write(&HEADER_AMQP);
     p.frame(0, &open("raw"), &[]);
     p.frame(0, &begin(), &[]);
-    let got = p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Begin(_))));
-    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Begin(_)))), "{got:?}");
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Begin(_)))
+    });
+    assert!(
+        got.iter()
+            .any(|r| matches!(r, Received::Frame(_, Performative::Begin(_)))),
+        "{got:?}"
+    );
     p
 }
 
@@ -106,7 +114,10 @@ fn conn_2_unsupported_header() {
     let mut p = RawPeer::connect(server.addr);
     p.write(b"AMQP\x00\x00\x09\x01");
     let (got, closed) = p.read_all(WAIT);
-    assert!(matches!(got[..], [Received::Header(h)] if h == HEADER_SASL), "{got:?}");
+    assert!(
+        matches!(got[..], [Received::Header(h)] if h == HEADER_SASL),
+        "{got:?}"
+    );
     assert!(closed);
 }
 
@@ -118,7 +129,10 @@ fn conn_5_invalid_field() {
     p.write(&HEADER_AMQP);
     p.frame(0, &open(""), &[]);
     let got = expect(&mut p, "amqp:invalid-field");
-    assert_eq!(got.iter().find_map(description).as_deref(), Some("open.container-id is required"));
+    assert_eq!(
+        got.iter().find_map(description).as_deref(),
+        Some("open.container-id is required")
+    );
 }
 
 /// CONN-13: a second OPEN → CLOSE `amqp:not-allowed`.
@@ -135,7 +149,10 @@ fn conn_13_not_allowed() {
 fn conn_18_decode_error() {
     let server = TestServer::start_default();
     let mut p = session(&server);
-    p.write(&[0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff, 0xff, 0xff, 0, 0]);
+    p.write(&[
+        0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff,
+        0xff, 0xff, 0, 0,
+    ]);
     expect(&mut p, "amqp:decode-error");
     let (_, closed) = p.read_all(Duration::from_secs(5));
     assert!(closed, "socket closed after the close wait");
@@ -160,7 +177,10 @@ fn conn_11_idle_timeout_silent_peer() {
     });
     assert_eq!(idle, Some(500));
     assert_eq!(conditions(&got), ["amqp:resource-limit-exceeded"]);
-    assert_eq!(got.iter().find_map(description).as_deref(), Some("idle timeout expired"));
+    assert_eq!(
+        got.iter().find_map(description).as_deref(),
+        Some("idle timeout expired")
+    );
 }
 
 /// CONN-15: over MaxConnections → OPEN then CLOSE `amqp:resource-limit-exceeded`.
@@ -176,7 +196,9 @@ fn conn_15_max_connections() {
     p.write(&HEADER_AMQP);
     p.frame(0, &open("second"), &[]);
     let got = expect(&mut p, "amqp:resource-limit-exceeded");
-    assert!(got.iter().any(|r| matches!(r, Received::Frame(0, Performative::Open(o)) if o.container_id == "KubeMQ")));
+    assert!(got.iter().any(
+        |r| matches!(r, Received::Frame(0, Performative::Open(o)) if o.container_id == "KubeMQ")
+    ));
 }
 
 /// CONN-16: shutdown closes every connection with `amqp:connection:forced`.
@@ -186,7 +208,11 @@ fn conn_16_shutdown_forced() {
     let mut p = session(&server);
     let stopper = std::thread::spawn(move || server.shutdown());
     expect(&mut p, "amqp:connection:forced");
-    p.frame(0, &fe2o3_amqp_types::performatives::Close { error: None }, &[]);
+    p.frame(
+        0,
+        &fe2o3_amqp_types::performatives::Close { error: None },
+        &[],
+    );
     stopper.join().unwrap();
 }
 
@@ -223,7 +249,9 @@ fn sess_4_window_violation() {
     let server = TestServer::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("w", 0), &[]);
-    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
     // The whole burst goes out in one write, so it reaches the server before any FLOW of ours
     // could have reached us: frame 2049 is a real violation, not a race we lost.
     let mut burst = Vec::new();
@@ -233,7 +261,11 @@ fn sess_4_window_violation() {
         t.message_format = None;
         burst.extend(interop_tests::raw::frame_bytes(0, &t, b"\x00\x53\x77\x40"));
     }
-    assert!(burst.len() < 64 * 1024, "burst of {} bytes fits one read", burst.len());
+    assert!(
+        burst.len() < 64 * 1024,
+        "burst of {} bytes fits one read",
+        burst.len()
+    );
     p.write(&burst);
     expect(&mut p, "amqp:session:window-violation");
 }
@@ -257,7 +289,10 @@ fn link_2_duplicate_name() {
     p.frame(0, &attach_sender("dup", 0), &[]);
     p.frame(0, &attach_sender("dup", 1), &[]);
     let got = expect(&mut p, "amqp:not-allowed");
-    assert_eq!(got.iter().find_map(description).as_deref(), Some("duplicate link name"));
+    assert_eq!(
+        got.iter().find_map(description).as_deref(),
+        Some("duplicate link name")
+    );
 }
 
 /// LINK-2 step 3: over MaxLinksPerSession → DETACH `amqp:resource-limit-exceeded`.
@@ -285,11 +320,15 @@ fn xfer_2_message_size_exceeded() {
     let server = TestServer::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("big", 0), &[]);
-    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
     p.frame(0, &transfer(0, 0, b"a", true), &[0x40; 60]);
     p.frame(0, &transfer(0, 0, b"a", false), &[0x40; 41]);
     let got = expect(&mut p, "amqp:link:message-size-exceeded");
-    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Disposition(d)) if d.settled)));
+    assert!(got
+        .iter()
+        .any(|r| matches!(r, Received::Frame(_, Performative::Disposition(d)) if d.settled)));
 }
 
 /// A delivery tag over 32 bytes → DETACH `amqp:invalid-field`.
@@ -298,7 +337,9 @@ fn long_delivery_tag_invalid_field() {
     let server = TestServer::start_default();
     let mut p = session(&server);
     p.frame(0, &attach_sender("tag", 0), &[]);
-    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(_))));
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
     p.frame(0, &transfer(0, 0, &[1; 40], false), b"\x00\x53\x77\x40");
     expect(&mut p, "amqp:invalid-field");
 }
@@ -308,20 +349,39 @@ fn long_delivery_tag_invalid_field() {
 #[test]
 fn refuse_links_handler_not_implemented() {
     use connector::driver::{serve, RefuseLinks, ServeOptions};
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
     let addr = listener.local_addr().unwrap();
     let cfg = std::sync::Arc::new(Settings::default().engine_config_no_auth());
-    let opts = ServeOptions { max_connections: 10, shutdown_grace: Duration::from_secs(1) };
+    let opts = ServeOptions {
+        max_connections: 10,
+        shutdown_grace: Duration::from_secs(1),
+    };
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = rt.spawn(serve(listener, cfg, opts, std::sync::Arc::new(RefuseLinks), async { let _ = rx.await; }));
+    let handle = rt.spawn(serve(
+        listener,
+        cfg,
+        opts,
+        std::sync::Arc::new(RefuseLinks),
+        async {
+            let _ = rx.await;
+        },
+    ));
     let mut p = RawPeer::connect(addr);
     p.write(&HEADER_AMQP);
     p.frame(0, &open("refused"), &[]);
     p.frame(0, &begin(), &[]);
     p.frame(0, &attach_sender("x", 0), &[]);
     let got = expect(&mut p, "amqp:not-implemented");
-    assert!(got.iter().any(|r| matches!(r, Received::Frame(_, Performative::Attach(_)))));
+    assert!(got
+        .iter()
+        .any(|r| matches!(r, Received::Frame(_, Performative::Attach(_)))));
     let _ = tx.send(());
     rt.block_on(handle).unwrap();
 }

@@ -31,7 +31,11 @@ pub async fn serve<F: HandlerFactory>(
     shutdown: impl Future<Output = ()>,
 ) {
     let unlimited = opts.max_connections == 0;
-    let permits = Arc::new(Semaphore::new(if unlimited { Semaphore::MAX_PERMITS } else { opts.max_connections as usize }));
+    let permits = Arc::new(Semaphore::new(if unlimited {
+        Semaphore::MAX_PERMITS
+    } else {
+        opts.max_connections as usize
+    }));
     // Refused connections get OPEN + CLOSE, which takes a task too; past this many, drop at once.
     let refusals = Arc::new(Semaphore::new(opts.max_connections.max(16) as usize));
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -75,14 +79,20 @@ pub async fn serve<F: HandlerFactory>(
         }
     }
     drop(listener);
-    tracing::info!(connections = tasks.len(), "shutting down: closing connections");
+    tracing::info!(
+        connections = tasks.len(),
+        "shutting down: closing connections"
+    );
     let _ = stop_tx.send(true);
     let drained = tokio::time::timeout(opts.shutdown_grace, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
-        tracing::warn!(left = tasks.len(), "shutdown grace elapsed; aborting the remaining connections");
+        tracing::warn!(
+            left = tasks.len(),
+            "shutdown grace elapsed; aborting the remaining connections"
+        );
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }

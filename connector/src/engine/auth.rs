@@ -65,10 +65,15 @@ impl Authenticator for NoAuth {
 /// Splits an RFC 4616 PLAIN response `authzid NUL authcid NUL passwd`.
 pub fn parse_plain(response: &[u8]) -> Result<(&str, &str, &str), AuthFailure> {
     let mut parts = response.split(|b| *b == 0);
-    let (Some(a), Some(c), Some(p), None) = (parts.next(), parts.next(), parts.next(), parts.next()) else {
-        return Err(AuthFailure("PLAIN response is not authzid NUL authcid NUL passwd".into()));
+    let (Some(a), Some(c), Some(p), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(AuthFailure(
+            "PLAIN response is not authzid NUL authcid NUL passwd".into(),
+        ));
     };
-    let utf8 = |s| std::str::from_utf8(s).map_err(|_| AuthFailure("PLAIN response is not UTF-8".into()));
+    let utf8 =
+        |s| std::str::from_utf8(s).map_err(|_| AuthFailure("PLAIN response is not UTF-8".into()));
     Ok((utf8(a)?, utf8(c)?, utf8(p)?))
 }
 
@@ -76,7 +81,13 @@ pub fn parse_plain(response: &[u8]) -> Result<(&str, &str, &str), AuthFailure> {
 pub fn sanitize_client_id(raw: &str) -> String {
     raw.chars()
         .take(256)
-        .map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect()
 }
 
@@ -94,7 +105,9 @@ mod tests {
     /// SASL-4: with auth off, PLAIN takes any password and the identity is the sanitized username.
     #[test]
     fn sasl_4_plain_any_password() {
-        let id = NoAuth.authenticate("PLAIN", b"\0alice.b\0whatever").unwrap();
+        let id = NoAuth
+            .authenticate("PLAIN", b"\0alice.b\0whatever")
+            .unwrap();
         assert_eq!(id.client_id.as_deref(), Some("alice_b"));
         let id = NoAuth.authenticate("PLAIN", b"\0\0pw").unwrap();
         assert_eq!(id.client_id, None);

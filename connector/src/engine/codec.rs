@@ -63,7 +63,12 @@ pub enum AttachFrame {
 
 /// The head fields of ATTACH that every client sends correctly, decoded without the strict types.
 #[derive(Debug, DeserializeComposite)]
-#[amqp_contract(name = "amqp:attach:list", code = "0x0000_0000:0x0000_0012", encoding = "list", rename_all = "kebab-case")]
+#[amqp_contract(
+    name = "amqp:attach:list",
+    code = "0x0000_0000:0x0000_0012",
+    encoding = "list",
+    rename_all = "kebab-case"
+)]
 struct AttachHead {
     name: String,
     handle: Handle,
@@ -76,7 +81,12 @@ struct AttachHead {
 
 /// DISPOSITION with the state kept as a raw value, so an unknown state is not a decode failure.
 #[derive(Debug, DeserializeComposite)]
-#[amqp_contract(name = "amqp:disposition:list", code = "0x0000_0000:0x0000_0015", encoding = "list", rename_all = "kebab-case")]
+#[amqp_contract(
+    name = "amqp:disposition:list",
+    code = "0x0000_0000:0x0000_0015",
+    encoding = "list",
+    rename_all = "kebab-case"
+)]
 struct LenientDisposition {
     role: Role,
     first: u32,
@@ -215,7 +225,10 @@ fn symbolic_code(name: &[u8]) -> Option<u64> {
     NAMES.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
 }
 
-fn from<'a, T: serde::Deserialize<'a>>(bytes: &'a [u8], what: &'static str) -> Result<T, DecodeError> {
+fn from<'a, T: serde::Deserialize<'a>>(
+    bytes: &'a [u8],
+    what: &'static str,
+) -> Result<T, DecodeError> {
     serde_amqp::from_slice(bytes).map_err(|_| DecodeError::Invalid(what))
 }
 
@@ -360,7 +373,9 @@ mod tests {
         body.push(5);
         body.extend_from_slice(&fields);
         let p = decode_performative(&Bytes::from(body)).unwrap();
-        let Performative::Disposition(d) = p else { panic!("not a disposition") };
+        let Performative::Disposition(d) = p else {
+            panic!("not a disposition")
+        };
         assert_eq!((d.first, d.last, d.settled), (3, 5, true));
         assert!(matches!(d.state, Some(DeliveryOutcome::Unknown(_))));
     }

@@ -130,7 +130,12 @@ impl Connection {
     /// A new server connection waiting for the client's protocol header.
     ///
     /// `admission` is `Some` when the connection is to be refused at OPEN (CONN-15).
-    pub fn new(cfg: Arc<EngineConfig>, transport: Transport, admission: Option<AmqpError>, now: Instant) -> Self {
+    pub fn new(
+        cfg: Arc<EngineConfig>,
+        transport: Transport,
+        admission: Option<AmqpError>,
+        now: Instant,
+    ) -> Self {
         let handshake_deadline = now + cfg.handshake_timeout;
         Connection {
             cfg,
@@ -180,7 +185,10 @@ impl Connection {
                     Ok(Some(frame)) => self.on_frame(frame),
                     Err(e) => {
                         buf.clear();
-                        self.protocol_failure(AmqpError::new(Condition::DecodeError, e.to_string()));
+                        self.protocol_failure(AmqpError::new(
+                            Condition::DecodeError,
+                            e.to_string(),
+                        ));
                     }
                 },
             }
@@ -247,7 +255,13 @@ impl Connection {
                 if let Some(idle) = self.cfg.idle_timeout {
                     if now >= self.last_recv + idle {
                         // CONN-11.
-                        self.close(now, Some(AmqpError::new(Condition::ResourceLimitExceeded, "idle timeout expired")));
+                        self.close(
+                            now,
+                            Some(AmqpError::new(
+                                Condition::ResourceLimitExceeded,
+                                "idle timeout expired",
+                            )),
+                        );
                         return;
                     }
                 }
@@ -300,7 +314,8 @@ impl Connection {
                 self.close_deadline = Some(now + self.cfg.close_timeout);
                 self.emit_closed(error);
             }
-            State::Opening => self.refuse_open(error.unwrap_or_else(|| AmqpError::bare(Condition::ConnectionForced))),
+            State::Opening => self
+                .refuse_open(error.unwrap_or_else(|| AmqpError::bare(Condition::ConnectionForced))),
             State::Header(_) | State::Sasl => self.finish(error),
             State::CloseSent | State::Closed => {}
         }
@@ -344,7 +359,9 @@ impl Connection {
                 },
             );
             self.state = State::Sasl;
-        } else if header == HEADER_AMQP && (stage == HeaderStage::AfterSasl || self.cfg.authenticator.allows_bare()) {
+        } else if header == HEADER_AMQP
+            && (stage == HeaderStage::AfterSasl || self.cfg.authenticator.allows_bare())
+        {
             self.out.extend_from_slice(&HEADER_AMQP);
             self.state = State::Opening;
         } else if header == HEADER_TLS && tls_ok {
@@ -354,7 +371,11 @@ impl Connection {
             // CONN-2: answer with the header we prefer, then close. SASL is always offered, so the
             // SASL header is the one every client can continue with (OP-LINK-2, docs/decisions.md).
             tracing::debug!(header = ?header, "unsupported protocol header");
-            let preferred = if stage == HeaderStage::AfterSasl { HEADER_AMQP } else { HEADER_SASL };
+            let preferred = if stage == HeaderStage::AfterSasl {
+                HEADER_AMQP
+            } else {
+                HEADER_SASL
+            };
             self.out.extend_from_slice(&preferred);
             self.finish(None);
         }
@@ -383,16 +404,29 @@ impl Connection {
         } else {
             match decode_sasl(&frame.body) {
                 Ok(SaslFrame::Init(init)) => {
-                    let response = init.initial_response.as_ref().map(|b| b.as_slice()).unwrap_or(&[]);
+                    let response = init
+                        .initial_response
+                        .as_ref()
+                        .map(|b| b.as_slice())
+                        .unwrap_or(&[]);
                     let mech = init.mechanism.as_str();
-                    let offered = self.cfg.authenticator.mechanisms(self.transport == Transport::Tls);
+                    let offered = self
+                        .cfg
+                        .authenticator
+                        .mechanisms(self.transport == Transport::Tls);
                     if !offered.contains(&mech) {
                         Err(format!("mechanism {mech:?} not offered"))
                     } else if response.len() > MAX_INITIAL_RESPONSE {
                         // SASL-8.
-                        Err(format!("initial response of {} bytes exceeds 16 KiB", response.len()))
+                        Err(format!(
+                            "initial response of {} bytes exceeds 16 KiB",
+                            response.len()
+                        ))
                     } else {
-                        self.cfg.authenticator.authenticate(mech, response).map_err(|f| f.0)
+                        self.cfg
+                            .authenticator
+                            .authenticate(mech, response)
+                            .map_err(|f| f.0)
                     }
                 }
                 Ok(SaslFrame::Other(code)) => Err(format!("unexpected SASL frame 0x{code:x}")),
@@ -401,7 +435,10 @@ impl Connection {
         };
         match outcome {
             Ok(identity) => {
-                tracing::debug!(mechanism = identity.mechanism, "SASL authentication succeeded");
+                tracing::debug!(
+                    mechanism = identity.mechanism,
+                    "SASL authentication succeeded"
+                );
                 self.identity = Some(identity);
                 codec::write_sasl_outcome(
                     &mut self.out,
@@ -429,7 +466,10 @@ impl Connection {
 
     fn on_opening_frame(&mut self, frame: RawFrame) {
         if frame.frame_type != TYPE_AMQP {
-            return self.refuse_open(AmqpError::new(Condition::DecodeError, "SASL frame after the AMQP header"));
+            return self.refuse_open(AmqpError::new(
+                Condition::DecodeError,
+                "SASL frame after the AMQP header",
+            ));
         }
         if frame.body.is_empty() {
             return;
@@ -440,8 +480,12 @@ impl Connection {
                 // A client may give up before OPEN; answer in kind.
                 return self.refuse_open(AmqpError::bare(Condition::NotAllowed));
             }
-            Ok(_) => return self.refuse_open(AmqpError::new(Condition::NotAllowed, "expected open")),
-            Err(e) => return self.refuse_open(AmqpError::new(Condition::DecodeError, e.to_string())),
+            Ok(_) => {
+                return self.refuse_open(AmqpError::new(Condition::NotAllowed, "expected open"))
+            }
+            Err(e) => {
+                return self.refuse_open(AmqpError::new(Condition::DecodeError, e.to_string()))
+            }
         };
         self.on_open(*open);
     }
@@ -449,17 +493,25 @@ impl Connection {
     fn on_open(&mut self, open: Open) {
         if open.container_id.is_empty() {
             // CONN-5.
-            return self.refuse_open(AmqpError::new(Condition::InvalidField, "open.container-id is required"));
+            return self.refuse_open(AmqpError::new(
+                Condition::InvalidField,
+                "open.container-id is required",
+            ));
         }
         if let Some(err) = self.admission.take() {
             // CONN-15.
             return self.refuse_open(err);
         }
         let client_max = open.max_frame_size.0;
-        self.max_frame = client_max.min(self.cfg.max_frame_size).max(MIN_MAX_FRAME_SIZE);
+        self.max_frame = client_max
+            .min(self.cfg.max_frame_size)
+            .max(MIN_MAX_FRAME_SIZE);
         let ours = u16::try_from(self.cfg.session_max.saturating_sub(1)).unwrap_or(u16::MAX);
         self.channel_max = open.channel_max.0.min(ours);
-        self.peer_idle = open.idle_time_out.filter(|ms| *ms > 0).map(|ms| Duration::from_millis(u64::from(ms)));
+        self.peer_idle = open
+            .idle_time_out
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(u64::from(ms)));
         self.write_server_open();
         self.state = State::Open;
         let sanitized = sanitize_client_id(&open.container_id);
@@ -508,20 +560,28 @@ impl Connection {
 
     fn on_open_frame(&mut self, frame: RawFrame) {
         if frame.frame_type != TYPE_AMQP {
-            return self.protocol_failure(AmqpError::new(Condition::DecodeError, "SASL frame after open"));
+            return self.protocol_failure(AmqpError::new(
+                Condition::DecodeError,
+                "SASL frame after open",
+            ));
         }
         if frame.body.is_empty() {
             return; // heartbeat
         }
         let perf = match decode_performative(&frame.body) {
             Ok(p) => p,
-            Err(e) => return self.protocol_failure(AmqpError::new(Condition::DecodeError, e.to_string())),
+            Err(e) => {
+                return self.protocol_failure(AmqpError::new(Condition::DecodeError, e.to_string()))
+            }
         };
         let ch = frame.channel;
         match perf {
             Performative::Open(_) => {
                 // CONN-13.
-                self.protocol_failure(AmqpError::new(Condition::NotAllowed, "unexpected second open"))
+                self.protocol_failure(AmqpError::new(
+                    Condition::NotAllowed,
+                    "unexpected second open",
+                ))
             }
             Performative::Close(close) => self.on_close(close),
             Performative::Begin(begin) => self.on_begin(ch, begin),
@@ -551,7 +611,9 @@ impl Connection {
                 self.close(self.now, Some(err));
             }
             State::Opening => self.refuse_open(err),
-            State::Header(_) | State::Sasl | State::CloseSent | State::Closed => self.finish(Some(err)),
+            State::Header(_) | State::Sasl | State::CloseSent | State::Closed => {
+                self.finish(Some(err))
+            }
         }
     }
 
@@ -603,6 +665,9 @@ pub(super) fn wire_to_error(e: &fe2o3_amqp_types::definitions::Error) -> AmqpErr
             condition: c,
             description: e.description.clone(),
         },
-        None => AmqpError::new(Condition::InternalError, format!("{sym}: {}", e.description.clone().unwrap_or_default())),
+        None => AmqpError::new(
+            Condition::InternalError,
+            format!("{sym}: {}", e.description.clone().unwrap_or_default()),
+        ),
     }
 }

@@ -81,7 +81,12 @@ pub fn split_frame(buf: &mut BytesMut, max: u32) -> Result<Option<RawFrame>, Fra
 }
 
 /// Appends a frame whose body is written by `body` (which may write nothing: a heartbeat).
-pub fn write_frame(out: &mut BytesMut, frame_type: u8, channel: u16, body: impl FnOnce(&mut BytesMut)) {
+pub fn write_frame(
+    out: &mut BytesMut,
+    frame_type: u8,
+    channel: u16,
+    body: impl FnOnce(&mut BytesMut),
+) {
     let start = out.len();
     out.put_u32(0);
     out.put_u8(2);
@@ -112,7 +117,10 @@ mod tests {
     #[test]
     fn huge_declared_size_refused_early() {
         let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0][..]);
-        assert!(matches!(split_frame(&mut buf, 1 << 20), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            split_frame(&mut buf, 1 << 20),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     /// Extended headers (DOFF > 2) are skipped, as the AMQP spec requires.

@@ -97,9 +97,13 @@ impl Connection {
         let max_links = self.cfg.max_links_per_session as usize;
         let (name, handle, role) = match &frame {
             AttachFrame::Full(a) => (a.name.clone(), a.handle.0, a.role.clone()),
-            AttachFrame::Head { name, handle, role, .. } => (name.clone(), *handle, role.clone()),
+            AttachFrame::Head {
+                name, handle, role, ..
+            } => (name.clone(), *handle, role.clone()),
         };
-        let Some(s) = self.live_session(ch) else { return };
+        let Some(s) = self.live_session(ch) else {
+            return;
+        };
         let live_links = s.names.len();
         if s.by_handle.contains_key(&handle) {
             // SESS-5.
@@ -108,7 +112,10 @@ impl Connection {
         if handle > handle_max && live_links < max_links {
             // Past handle-max without being at the cap: the client ignored our BEGIN. At the cap,
             // LINK-2 step 3 below answers it at link level instead.
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "handle exceeds handle-max"));
+            return self.end_session(
+                ch,
+                AmqpError::new(Condition::ErrantLink, "handle exceeds handle-max"),
+            );
         }
         let duplicate = s.names.contains(&(is_sender(&role), name.clone()));
         let id = self.next_link_id;
@@ -131,10 +138,16 @@ impl Connection {
             request: None,
         };
         let refusal = match frame {
-            AttachFrame::Head { coordinator: true, .. } => {
-                Some(AmqpError::new(Condition::NotImplemented, "transactions are not supported"))
-            }
-            AttachFrame::Head { .. } => Some(AmqpError::new(Condition::InvalidField, "attach carries an invalid field")),
+            AttachFrame::Head {
+                coordinator: true, ..
+            } => Some(AmqpError::new(
+                Condition::NotImplemented,
+                "transactions are not supported",
+            )),
+            AttachFrame::Head { .. } => Some(AmqpError::new(
+                Condition::InvalidField,
+                "attach carries an invalid field",
+            )),
             AttachFrame::Full(a) => {
                 let r = if a.rcv_settle_mode == ReceiverSettleMode::Second {
                     // LINK-2 step 1.
@@ -144,10 +157,16 @@ impl Connection {
                     Some(AmqpError::new(Condition::NotAllowed, "duplicate link name"))
                 } else if live_links >= max_links {
                     // LINK-2 step 3.
-                    Some(AmqpError::new(Condition::ResourceLimitExceeded, "link limit of the session reached"))
+                    Some(AmqpError::new(
+                        Condition::ResourceLimitExceeded,
+                        "link limit of the session reached",
+                    ))
                 } else if a.unsettled.as_ref().is_some_and(|u| !u.is_empty()) {
                     // LINK-7 / OP-LINK-3: offering unsettled state is an attempt to resume.
-                    Some(AmqpError::new(Condition::NotAllowed, "link re-attach not supported"))
+                    Some(AmqpError::new(
+                        Condition::NotAllowed,
+                        "link re-attach not supported",
+                    ))
                 } else {
                     None
                 };
@@ -169,7 +188,8 @@ impl Connection {
             }
             None => {
                 if let Some(attach) = attach {
-                    self.events.push_back(Event::AttachRequested { link: id, attach });
+                    self.events
+                        .push_back(Event::AttachRequested { link: id, attach });
                 }
             }
         }
@@ -240,7 +260,9 @@ impl Connection {
     /// Writes DETACH(closed) for a link and retires it; its handle stays taken until the client's
     /// DETACH arrives.
     fn send_detach(&mut self, id: LinkId, err: Option<AmqpError>) {
-        let Some(link) = self.links.get(&id) else { return };
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
         let (ch, handle) = (link.channel, link.handle);
         let detach = Detach {
             handle: handle.into(),
@@ -258,7 +280,9 @@ impl Connection {
     /// deliveries are reported once. The link object itself may live on until the
     /// handle is released.
     fn retire_link(&mut self, id: LinkId, err: Option<AmqpError>) {
-        let Some(link) = self.links.get_mut(&id) else { return };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
         if link.phase == Phase::DetachSent {
             return;
         }
@@ -301,11 +325,18 @@ impl Connection {
     }
 
     pub(super) fn on_detach(&mut self, ch: u16, detach: Detach) {
-        let Some(s) = self.live_session(ch) else { return };
-        let Some(&id) = s.by_handle.get(&detach.handle.0) else {
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "detach of an unattached handle"));
+        let Some(s) = self.live_session(ch) else {
+            return;
         };
-        let Some(link) = self.links.get(&id) else { return };
+        let Some(&id) = s.by_handle.get(&detach.handle.0) else {
+            return self.end_session(
+                ch,
+                AmqpError::new(Condition::ErrantLink, "detach of an unattached handle"),
+            );
+        };
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
         let phase = link.phase;
         let err = detach.error.as_ref().map(wire_to_error);
         match phase {
@@ -331,10 +362,19 @@ impl Connection {
         }
         self.on_session_flow(ch, &flow);
         let Some(handle) = flow.handle else { return };
-        let Some(&id) = self.sessions.get(&ch).and_then(|s| s.by_handle.get(&handle.0)) else {
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "flow for an unattached handle"));
+        let Some(&id) = self
+            .sessions
+            .get(&ch)
+            .and_then(|s| s.by_handle.get(&handle.0))
+        else {
+            return self.end_session(
+                ch,
+                AmqpError::new(Condition::ErrantLink, "flow for an unattached handle"),
+            );
         };
-        let Some(link) = self.links.get_mut(&id) else { return };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
         if link.phase != Phase::Attached {
             return;
         }
@@ -360,7 +400,9 @@ impl Connection {
     }
 
     fn write_link_flow(&mut self, id: LinkId) {
-        let Some(link) = self.links.get(&id) else { return };
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
         let drain = matches!(&link.side, Side::Sender(s) if s.drain);
         let lf = LinkFlow {
             handle: link.handle,
@@ -378,14 +420,20 @@ impl Connection {
         if link.phase != Phase::Attached {
             return Err(CommandError::NoLink);
         }
-        let Side::Sender(s) = &mut link.side else { return Err(CommandError::WrongRole) };
+        let Side::Sender(s) = &mut link.side else {
+            return Err(CommandError::WrongRole);
+        };
         if !s.drain {
             return Ok(());
         }
         link.delivery_count = link.delivery_count.wrapping_add(link.credit);
         link.credit = 0;
         self.write_link_flow(id);
-        if let Some(Link { side: Side::Sender(s), .. }) = self.links.get_mut(&id) {
+        if let Some(Link {
+            side: Side::Sender(s),
+            ..
+        }) = self.links.get_mut(&id)
+        {
             s.drain = false;
         }
         Ok(())
@@ -393,7 +441,10 @@ impl Connection {
 
     /// Credit a server-sender link has now.
     pub fn credit(&self, id: LinkId) -> u32 {
-        self.links.get(&id).filter(|l| l.phase == Phase::Attached).map_or(0, |l| l.credit)
+        self.links
+            .get(&id)
+            .filter(|l| l.phase == Phase::Attached)
+            .map_or(0, |l| l.credit)
     }
 
     /// Deliveries sent on a server-sender link that the client has not settled (FLOW-7).
@@ -406,7 +457,14 @@ impl Connection {
 
     /// Sends one message on a server-sender link within its credit, fragmented to the frame size
     /// (XFER-3). `token` comes back in `Settled` or `LinkClosed`. Returns the delivery-id.
-    pub fn send(&mut self, id: LinkId, tag: &[u8], payload: &[u8], settled: bool, token: u64) -> Result<u32, CommandError> {
+    pub fn send(
+        &mut self,
+        id: LinkId,
+        tag: &[u8],
+        payload: &[u8],
+        settled: bool,
+        token: u64,
+    ) -> Result<u32, CommandError> {
         if !self.is_open() {
             return Err(CommandError::Closed);
         }
@@ -414,7 +472,9 @@ impl Connection {
         if link.phase != Phase::Attached {
             return Err(CommandError::NoLink);
         }
-        let Side::Sender(s) = &mut link.side else { return Err(CommandError::WrongRole) };
+        let Side::Sender(s) = &mut link.side else {
+            return Err(CommandError::WrongRole);
+        };
         if link.credit == 0 {
             // FLOW-3: never beyond credit.
             return Err(CommandError::NoCredit);
@@ -433,7 +493,15 @@ impl Connection {
         Ok(delivery_id)
     }
 
-    fn write_transfers(&mut self, ch: u16, handle: u32, delivery_id: u32, tag: &[u8], payload: &[u8], settled: bool) {
+    fn write_transfers(
+        &mut self,
+        ch: u16,
+        handle: u32,
+        delivery_id: u32,
+        tag: &[u8],
+        payload: &[u8],
+        settled: bool,
+    ) {
         self.flush_disposition();
         let mut first = Transfer {
             handle: handle.into(),
@@ -450,7 +518,9 @@ impl Connection {
         };
         let mut perf = BytesMut::new();
         codec::encode_into(&mut perf, &first);
-        let room = (self.max_frame as usize).saturating_sub(HEADER_LEN + perf.len()).max(1);
+        let room = (self.max_frame as usize)
+            .saturating_sub(HEADER_LEN + perf.len())
+            .max(1);
         let mut rest = payload;
         let mut is_first = true;
         loop {
@@ -486,7 +556,9 @@ impl Connection {
 
     /// One TRANSFER frame, sent now if the client's incoming window allows, queued otherwise.
     fn write_transfer_frame(&mut self, ch: u16, perf: &Transfer, chunk: &[u8]) {
-        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
         if s.remote_incoming_window > 0 && s.blocked.is_empty() {
             s.remote_incoming_window -= 1;
             s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
@@ -508,27 +580,51 @@ impl Connection {
         if self.live_session(ch).is_none() || !self.take_incoming_window(ch) {
             return;
         }
-        let Some(&id) = self.sessions.get(&ch).and_then(|s| s.by_handle.get(&t.handle.0)) else {
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "transfer on an unattached handle"));
+        let Some(&id) = self
+            .sessions
+            .get(&ch)
+            .and_then(|s| s.by_handle.get(&t.handle.0))
+        else {
+            return self.end_session(
+                ch,
+                AmqpError::new(Condition::ErrantLink, "transfer on an unattached handle"),
+            );
         };
         let max_message_size = self.cfg.max_message_size;
-        let Some(link) = self.links.get_mut(&id) else { return };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
         match link.phase {
             Phase::DetachSent => return, // in flight when we detached
             Phase::Attaching => {
-                return self.send_detach(id, Some(AmqpError::new(Condition::NotAllowed, "transfer before the link was attached")));
+                return self.send_detach(
+                    id,
+                    Some(AmqpError::new(
+                        Condition::NotAllowed,
+                        "transfer before the link was attached",
+                    )),
+                );
             }
             Phase::Attached => {}
         }
         let credit = link.credit;
         let Side::Receiver(r) = &mut link.side else {
-            return self.send_detach(id, Some(AmqpError::new(Condition::NotAllowed, "transfer on a link where the client receives")));
+            return self.send_detach(
+                id,
+                Some(AmqpError::new(
+                    Condition::NotAllowed,
+                    "transfer on a link where the client receives",
+                )),
+            );
         };
         // Start or continue the delivery, checking what must not change between frames.
         let problem = match &mut r.partial {
             None => {
                 if credit == 0 {
-                    Some(AmqpError::new(Condition::NotAllowed, "transfer exceeds link credit"))
+                    Some(AmqpError::new(
+                        Condition::NotAllowed,
+                        "transfer exceeds link credit",
+                    ))
                 } else {
                     match (t.delivery_id, &t.delivery_tag) {
                         (Some(did), Some(tag)) if tag.len() <= MAX_TAG_LEN => {
@@ -541,14 +637,27 @@ impl Connection {
                             });
                             None
                         }
-                        (Some(_), Some(_)) => Some(AmqpError::new(Condition::InvalidField, "delivery-tag longer than 32 bytes")),
-                        _ => Some(AmqpError::new(Condition::NotAllowed, "first transfer of a delivery lacks delivery-id or delivery-tag")),
+                        (Some(_), Some(_)) => Some(AmqpError::new(
+                            Condition::InvalidField,
+                            "delivery-tag longer than 32 bytes",
+                        )),
+                        _ => Some(AmqpError::new(
+                            Condition::NotAllowed,
+                            "first transfer of a delivery lacks delivery-id or delivery-tag",
+                        )),
                     }
                 }
             }
             Some(p) => {
-                if t.delivery_id.is_some_and(|d| d != p.id) || t.delivery_tag.as_ref().is_some_and(|g| g.as_slice() != &p.tag[..]) {
-                    Some(AmqpError::new(Condition::NotAllowed, "delivery-id or tag changed within a multi-frame delivery"))
+                if t.delivery_id.is_some_and(|d| d != p.id)
+                    || t.delivery_tag
+                        .as_ref()
+                        .is_some_and(|g| g.as_slice() != &p.tag[..])
+                {
+                    Some(AmqpError::new(
+                        Condition::NotAllowed,
+                        "delivery-id or tag changed within a multi-frame delivery",
+                    ))
                 } else {
                     p.settled |= t.settled.unwrap_or(false);
                     None
@@ -571,9 +680,14 @@ impl Connection {
             // XFER-2: the client learns of the failed send, then the link is detached.
             let (did, settled) = (p.id, p.settled);
             r.partial = None;
-            let err = AmqpError::new(Condition::MessageSizeExceeded, format!("message exceeds max-message-size {max_message_size}"));
+            let err = AmqpError::new(
+                Condition::MessageSizeExceeded,
+                format!("message exceeds max-message-size {max_message_size}"),
+            );
             if !settled {
-                let state = DeliveryState::Rejected(Rejected { error: Some(err.to_wire()) });
+                let state = DeliveryState::Rejected(Rejected {
+                    error: Some(err.to_wire()),
+                });
                 self.queue_disposition(ch, Role::Receiver, did, Some(state));
             }
             return self.send_detach(id, Some(err));
@@ -613,11 +727,15 @@ impl Connection {
     /// FLOW-1: top the credit back up to the window once it fell below half, but only while fewer
     /// than a window of deliveries wait for the application (the backend's confirmation).
     fn refill_credit(&mut self, id: LinkId) {
-        let Some(link) = self.links.get_mut(&id) else { return };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
         if link.phase != Phase::Attached {
             return;
         }
-        let Side::Receiver(r) = &link.side else { return };
+        let Side::Receiver(r) = &link.side else {
+            return;
+        };
         if link.credit > (r.window - 1) / 2 || r.in_flight.len() >= r.window as usize {
             return;
         }
@@ -627,13 +745,23 @@ impl Connection {
 
     /// Settles a delivery received on a server-receiver link: sends the DISPOSITION with `state`
     /// unless the client pre-settled it. Must be called once per `Event::Delivery`.
-    pub fn settle(&mut self, id: LinkId, delivery_id: u32, state: DeliveryState) -> Result<(), CommandError> {
+    pub fn settle(
+        &mut self,
+        id: LinkId,
+        delivery_id: u32,
+        state: DeliveryState,
+    ) -> Result<(), CommandError> {
         let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
         if link.phase != Phase::Attached {
             return Err(CommandError::NoLink);
         }
-        let Side::Receiver(r) = &mut link.side else { return Err(CommandError::WrongRole) };
-        let wants = r.in_flight.remove(&delivery_id).ok_or(CommandError::NoDelivery)?;
+        let Side::Receiver(r) = &mut link.side else {
+            return Err(CommandError::WrongRole);
+        };
+        let wants = r
+            .in_flight
+            .remove(&delivery_id)
+            .ok_or(CommandError::NoDelivery)?;
         let ch = link.channel;
         if wants {
             self.queue_disposition(ch, Role::Receiver, delivery_id, Some(state));
@@ -651,18 +779,31 @@ impl Connection {
             // so there is nothing for us to do.
             return;
         }
-        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
         let terminal = d.state.as_ref().is_some_and(DeliveryOutcome::is_terminal);
         if !d.settled && !terminal {
             return;
         }
         // Walk only the unsettled ids inside the range; a wrapped range is two spans.
         let ids: Vec<(u32, LinkId)> = if d.first <= d.last {
-            s.out_unsettled.range(d.first..=d.last).map(|(k, v)| (*k, *v)).collect()
+            s.out_unsettled
+                .range(d.first..=d.last)
+                .map(|(k, v)| (*k, *v))
+                .collect()
         } else {
-            s.out_unsettled.range(d.first..).chain(s.out_unsettled.range(..=d.last)).map(|(k, v)| (*k, *v)).collect()
+            s.out_unsettled
+                .range(d.first..)
+                .chain(s.out_unsettled.range(..=d.last))
+                .map(|(k, v)| (*k, *v))
+                .collect()
         };
-        let state = if d.settled { None } else { d.state.as_ref().and_then(outcome_to_state) };
+        let state = if d.settled {
+            None
+        } else {
+            d.state.as_ref().and_then(outcome_to_state)
+        };
         for (delivery_id, link_id) in ids {
             if let Some(s) = self.sessions.get_mut(&ch) {
                 s.out_unsettled.remove(&delivery_id);
@@ -691,7 +832,12 @@ fn is_sender(role: &Role) -> bool {
 }
 
 /// The reply ATTACH: LINK-4's fields, or for a refusal the same with a null terminus on our side.
-fn reply_attach(link: &Link, request: Option<Box<Attach>>, max_message_size: u64, refuse: bool) -> Attach {
+fn reply_attach(
+    link: &Link,
+    request: Option<Box<Attach>>,
+    max_message_size: u64,
+    refuse: bool,
+) -> Attach {
     let server_sends = matches!(link.side, Side::Sender(_));
     let (snd_settle_mode, mut source, mut target) = match request {
         Some(a) => {
@@ -714,7 +860,11 @@ fn reply_attach(link: &Link, request: Option<Box<Attach>>, max_message_size: u64
     Attach {
         name: link.name.clone(),
         handle: link.handle.into(),
-        role: if server_sends { Role::Sender } else { Role::Receiver },
+        role: if server_sends {
+            Role::Sender
+        } else {
+            Role::Receiver
+        },
         snd_settle_mode,
         rcv_settle_mode: ReceiverSettleMode::First,
         source,

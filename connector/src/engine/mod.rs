@@ -19,7 +19,8 @@ pub mod validate;
 pub use auth::{Authenticator, Identity, NoAuth};
 pub use codec::DeliveryOutcome;
 pub use connection::{
-    Connection, EngineConfig, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS, MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
+    Connection, EngineConfig, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS, MIN_MAX_FRAME_SIZE,
+    SERVER_CONTAINER_ID,
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId};

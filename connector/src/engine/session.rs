@@ -54,14 +54,20 @@ impl Connection {
     pub(super) fn on_begin(&mut self, ch: u16, begin: Begin) {
         if begin.remote_channel.is_some() {
             // We never send BEGIN first, so this answers nothing.
-            return self.protocol_failure(AmqpError::new(Condition::NotAllowed, "begin with remote-channel from a client"));
+            return self.protocol_failure(AmqpError::new(
+                Condition::NotAllowed,
+                "begin with remote-channel from a client",
+            ));
         }
         if let Some(s) = self.sessions.get(&ch) {
             if s.ending {
                 return;
             }
             // SESS-3: our channel equals theirs, so this END ends the live session too.
-            return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "channel already has a live session"));
+            return self.end_session(
+                ch,
+                AmqpError::new(Condition::ErrantLink, "channel already has a live session"),
+            );
         }
         let live = self.sessions.values().filter(|s| !s.ending).count();
         let refuse = ch > self.channel_max() || live >= self.cfg.session_max as usize;
@@ -92,7 +98,10 @@ impl Connection {
         if refuse {
             // SESS-2.
             let end = End {
-                error: Some(AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached").to_wire()),
+                error: Some(
+                    AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
+                        .to_wire(),
+                ),
             };
             self.write_perf(ch, &end);
         }
@@ -100,7 +109,10 @@ impl Connection {
 
     pub(super) fn on_end(&mut self, ch: u16, end: End) {
         let Some(s) = self.sessions.get(&ch) else {
-            return self.protocol_failure(AmqpError::new(Condition::NotAllowed, format!("end on channel {ch} without a session")));
+            return self.protocol_failure(AmqpError::new(
+                Condition::NotAllowed,
+                format!("end on channel {ch} without a session"),
+            ));
         };
         let was_ending = s.ending;
         let err = end.error.as_ref().map(wire_to_error);
@@ -114,7 +126,11 @@ impl Connection {
     /// Sends END with `err` and ends every link of the session; the client's END completes it.
     pub(super) fn end_session(&mut self, ch: u16, err: AmqpError) {
         tracing::info!(channel = ch, error = %err, "ending session");
-        let links: Vec<LinkId> = self.sessions.get(&ch).map(|s| s.by_handle.values().copied().collect()).unwrap_or_default();
+        let links: Vec<LinkId> = self
+            .sessions
+            .get(&ch)
+            .map(|s| s.by_handle.values().copied().collect())
+            .unwrap_or_default();
         for id in links {
             self.drop_link(id, Some(err.clone()));
         }
@@ -124,7 +140,12 @@ impl Connection {
             s.out_unsettled.clear();
             s.names.clear();
         }
-        self.write_perf(ch, &End { error: Some(err.to_wire()) });
+        self.write_perf(
+            ch,
+            &End {
+                error: Some(err.to_wire()),
+            },
+        );
     }
 
     /// Removes a session and ends its links, writing nothing.
@@ -140,7 +161,10 @@ impl Connection {
     pub(super) fn live_session(&mut self, ch: u16) -> Option<&mut Session> {
         match self.sessions.get(&ch) {
             None => {
-                self.protocol_failure(AmqpError::new(Condition::NotAllowed, format!("frame on channel {ch} without a session")));
+                self.protocol_failure(AmqpError::new(
+                    Condition::NotAllowed,
+                    format!("frame on channel {ch} without a session"),
+                ));
                 None
             }
             Some(s) if s.ending => None,
@@ -151,9 +175,17 @@ impl Connection {
     /// Accounts one incoming TRANSFER frame against the session window (SESS-4); false when the
     /// session was ended for a violation.
     pub(super) fn take_incoming_window(&mut self, ch: u16) -> bool {
-        let Some(s) = self.sessions.get_mut(&ch) else { return false };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return false;
+        };
         if s.incoming_window == 0 {
-            self.end_session(ch, AmqpError::new(Condition::WindowViolation, "transfer beyond the session incoming window"));
+            self.end_session(
+                ch,
+                AmqpError::new(
+                    Condition::WindowViolation,
+                    "transfer beyond the session incoming window",
+                ),
+            );
             return false;
         }
         s.incoming_window -= 1;
@@ -181,9 +213,13 @@ impl Connection {
 
     /// Session-level part of a client FLOW: the client's incoming window for our transfers.
     pub(super) fn on_session_flow(&mut self, ch: u16, flow: &Flow) {
-        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
         let next_in = flow.next_incoming_id.unwrap_or(0);
-        s.remote_incoming_window = next_in.wrapping_add(flow.incoming_window).wrapping_sub(s.next_outgoing_id);
+        s.remote_incoming_window = next_in
+            .wrapping_add(flow.incoming_window)
+            .wrapping_sub(s.next_outgoing_id);
         if s.remote_incoming_window > flow.incoming_window {
             // The client's next-incoming-id is ahead of what we sent: trust only its window.
             s.remote_incoming_window = flow.incoming_window;
@@ -197,9 +233,13 @@ impl Connection {
     /// Sends blocked TRANSFER frames while the client's incoming window allows.
     pub(super) fn flush_blocked(&mut self, ch: u16) {
         self.flush_disposition();
-        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
         while s.remote_incoming_window > 0 {
-            let Some(frame) = s.blocked.pop_front() else { break };
+            let Some(frame) = s.blocked.pop_front() else {
+                break;
+            };
             s.remote_incoming_window -= 1;
             s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
             self.out.extend_from_slice(&frame);
@@ -208,7 +248,9 @@ impl Connection {
 
     /// Writes a FLOW with the session fields and, for a link, its link fields.
     pub(super) fn write_session_flow(&mut self, ch: u16, link: Option<LinkFlow>) {
-        let Some(s) = self.sessions.get(&ch) else { return };
+        let Some(s) = self.sessions.get(&ch) else {
+            return;
+        };
         let flow = Flow {
             // SESS-7: always carry next-incoming-id.
             next_incoming_id: Some(s.next_incoming_id),
@@ -227,9 +269,16 @@ impl Connection {
     }
 
     /// Queues a settled DISPOSITION for one delivery, merged with a contiguous pending range.
-    pub(super) fn queue_disposition(&mut self, ch: u16, role: Role, id: u32, state: Option<DeliveryState>) {
+    pub(super) fn queue_disposition(
+        &mut self,
+        ch: u16,
+        role: Role,
+        id: u32,
+        state: Option<DeliveryState>,
+    ) {
         if let Some(p) = &mut self.pending_disposition {
-            if p.channel == ch && p.role == role && p.state == state && p.last.wrapping_add(1) == id {
+            if p.channel == ch && p.role == role && p.state == state && p.last.wrapping_add(1) == id
+            {
                 p.last = id;
                 return;
             }

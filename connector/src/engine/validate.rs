@@ -64,7 +64,10 @@ struct Cursor<'a> {
 
 impl Cursor<'_> {
     fn byte(&mut self) -> Result<u8, ValidateError> {
-        let b = *self.buf.get(self.pos).ok_or(ValidateError::Truncated(self.pos))?;
+        let b = *self
+            .buf
+            .get(self.pos)
+            .ok_or(ValidateError::Truncated(self.pos))?;
         self.pos += 1;
         Ok(b)
     }
@@ -78,7 +81,10 @@ impl Cursor<'_> {
     }
 
     fn take(&mut self, n: usize) -> Result<&[u8], ValidateError> {
-        let end = self.pos.checked_add(n).ok_or(ValidateError::Truncated(self.pos))?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .ok_or(ValidateError::Truncated(self.pos))?;
         if end > self.buf.len() {
             return Err(ValidateError::Truncated(self.pos));
         }
@@ -231,7 +237,10 @@ mod tests {
     /// engine-notes §1.5: the 15-byte DISPOSITION whose state is a vbin32 of length 0xffffffff.
     #[test]
     fn refuses_length_lies() {
-        let evil = [0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00];
+        let evil = [
+            0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff, 0xff, 0xff, 0x00,
+            0x00,
+        ];
         assert!(matches!(value_len(&evil), Err(ValidateError::Truncated(_))));
         let sym = [0x00, 0xb3, 0x7f, 0xff, 0xff, 0xf0, 0x41];
         assert!(matches!(value_len(&sym), Err(ValidateError::Truncated(_))));

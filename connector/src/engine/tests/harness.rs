@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{Source, Target, TargetArchetype};
-use fe2o3_amqp_types::performatives::{Attach, Begin, Detach, Disposition, End, Flow, Open, Transfer};
+use fe2o3_amqp_types::performatives::{
+    Attach, Begin, Detach, Disposition, End, Flow, Open, Transfer,
+};
 use fe2o3_amqp_types::sasl::{SaslMechanisms, SaslOutcome};
 use serde_bytes::ByteBuf;
 
@@ -102,7 +104,10 @@ impl Client {
     /// Bare header and OPEN; returns the server's OPEN.
     pub fn open(&mut self) -> Open {
         let out = self.raw(&HEADER_AMQP);
-        assert!(matches!(out[..], [Out::Header(h)] if h == HEADER_AMQP), "{out:?}");
+        assert!(
+            matches!(out[..], [Out::Header(h)] if h == HEADER_AMQP),
+            "{out:?}"
+        );
         let out = self.frame(0, &open("client-1"));
         match out.into_iter().next() {
             Some(Out::Frame(0, Performative::Open(o))) => *o,
@@ -124,7 +129,10 @@ impl Client {
     /// Attaches a link and returns the id from AttachRequested (not yet accepted).
     pub fn request_link(&mut self, ch: u16, a: &Attach) -> crate::engine::LinkId {
         let out = self.frame(ch, a);
-        assert!(out.is_empty(), "engine answered before the application: {out:?}");
+        assert!(
+            out.is_empty(),
+            "engine answered before the application: {out:?}"
+        );
         let evs = self.take_events();
         match evs.into_iter().find(|e| !matches!(e, Event::Opened { .. })) {
             Some(Event::AttachRequested { link, .. }) => link,
@@ -151,7 +159,10 @@ pub fn decode_output(buf: &mut BytesMut) -> Vec<Out> {
                     v.push(Out::Outcome(serde_amqp::from_slice(&f.body).unwrap()));
                 }
             }
-            Some(f) => v.push(Out::Frame(f.channel, decode_performative(&f.body).expect("engine wrote an undecodable frame"))),
+            Some(f) => v.push(Out::Frame(
+                f.channel,
+                decode_performative(&f.body).expect("engine wrote an undecodable frame"),
+            )),
         }
     }
     v
@@ -168,7 +179,9 @@ pub fn amqp_frame<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec
 
 pub fn sasl_frame<T: serde::Serialize>(perf: &T) -> Vec<u8> {
     let mut out = BytesMut::new();
-    write_frame(&mut out, TYPE_SASL, 0, |b| b.extend_from_slice(&serde_amqp::to_vec(perf).unwrap()));
+    write_frame(&mut out, TYPE_SASL, 0, |b| {
+        b.extend_from_slice(&serde_amqp::to_vec(perf).unwrap())
+    });
     out.to_vec()
 }
 
@@ -209,7 +222,9 @@ pub fn attach_sender(name: &str, handle: u32, addr: &str) -> Attach {
         snd_settle_mode: SenderSettleMode::Unsettled,
         rcv_settle_mode: ReceiverSettleMode::First,
         source: Some(Box::new(Source::builder().address("client").build())),
-        target: Some(Box::new(TargetArchetype::Target(Target::builder().address(addr.to_string()).build()))),
+        target: Some(Box::new(TargetArchetype::Target(
+            Target::builder().address(addr.to_string()).build(),
+        ))),
         unsettled: None,
         incomplete_unsettled: false,
         initial_delivery_count: Some(0),
@@ -224,8 +239,12 @@ pub fn attach_sender(name: &str, handle: u32, addr: &str) -> Attach {
 pub fn attach_receiver(name: &str, handle: u32, addr: &str) -> Attach {
     Attach {
         role: Role::Receiver,
-        source: Some(Box::new(Source::builder().address(addr.to_string()).build())),
-        target: Some(Box::new(TargetArchetype::Target(Target::builder().address("client").build()))),
+        source: Some(Box::new(
+            Source::builder().address(addr.to_string()).build(),
+        )),
+        target: Some(Box::new(TargetArchetype::Target(
+            Target::builder().address("client").build(),
+        ))),
         initial_delivery_count: None,
         ..attach_sender(name, handle, addr)
     }
@@ -247,7 +266,13 @@ pub fn link_flow(handle: u32, delivery_count: u32, credit: u32, drain: bool) -> 
     }
 }
 
-pub fn transfer(handle: u32, id: Option<u32>, tag: Option<&[u8]>, settled: bool, more: bool) -> Transfer {
+pub fn transfer(
+    handle: u32,
+    id: Option<u32>,
+    tag: Option<&[u8]>,
+    settled: bool,
+    more: bool,
+) -> Transfer {
     Transfer {
         handle: handle.into(),
         delivery_id: id,
@@ -263,7 +288,12 @@ pub fn transfer(handle: u32, id: Option<u32>, tag: Option<&[u8]>, settled: bool,
     }
 }
 
-pub fn disposition(first: u32, last: Option<u32>, settled: bool, state: Option<fe2o3_amqp_types::messaging::DeliveryState>) -> Disposition {
+pub fn disposition(
+    first: u32,
+    last: Option<u32>,
+    settled: bool,
+    state: Option<fe2o3_amqp_types::messaging::DeliveryState>,
+) -> Disposition {
     Disposition {
         role: Role::Receiver,
         first,

@@ -13,7 +13,10 @@ use fe2o3_amqp_types::sasl::{SaslCode, SaslInit};
 use serde_bytes::ByteBuf;
 
 use super::codec::Performative;
-use super::{AmqpError, Condition, DeliveryOutcome, Event, LinkAccept, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS};
+use super::{
+    AmqpError, Condition, DeliveryOutcome, Event, LinkAccept, Transport, HEADER_AMQP, HEADER_SASL,
+    HEADER_TLS,
+};
 use harness::*;
 
 fn conditions(out: &[Out]) -> Vec<String> {
@@ -21,7 +24,14 @@ fn conditions(out: &[Out]) -> Vec<String> {
 }
 
 fn accept(c: &mut Client, link: u64, window: u32) -> Vec<Out> {
-    c.conn.accept_link(link, LinkAccept { credit_window: window }).unwrap();
+    c.conn
+        .accept_link(
+            link,
+            LinkAccept {
+                credit_window: window,
+            },
+        )
+        .unwrap();
     c.collect()
 }
 
@@ -55,8 +65,15 @@ fn conn_1_sasl_header_and_mechanisms() {
     let mut c = Client::new(config());
     let out = c.raw(&HEADER_SASL);
     assert!(matches!(out[0], Out::Header(h) if h == HEADER_SASL));
-    let Out::Mechanisms(m) = &out[1] else { panic!("{out:?}") };
-    let names: Vec<&str> = m.sasl_server_mechanisms.0.iter().map(|s| s.as_str()).collect();
+    let Out::Mechanisms(m) = &out[1] else {
+        panic!("{out:?}")
+    };
+    let names: Vec<&str> = m
+        .sasl_server_mechanisms
+        .0
+        .iter()
+        .map(|s| s.as_str())
+        .collect();
     assert_eq!(names, ["PLAIN", "ANONYMOUS"]);
 }
 
@@ -72,7 +89,10 @@ fn conn_3_sasl_then_amqp() {
         hostname: None,
     };
     let out = c.raw(&sasl_frame(&init));
-    assert!(matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Ok), "{out:?}");
+    assert!(
+        matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Ok),
+        "{out:?}"
+    );
     assert!(c.raw(&HEADER_AMQP[..3]).is_empty());
     let out = c.raw(&HEADER_AMQP[3..]);
     assert!(matches!(out[..], [Out::Header(h)] if h == HEADER_AMQP));
@@ -94,10 +114,17 @@ fn conn_1_tls_header_on_tls_listener() {
 /// preferred (SASL) header and the connection closes.
 #[test]
 fn conn_2_unsupported_headers() {
-    for bad in [&HEADER_TLS[..], b"AMQP\x00\x00\x09\x01", b"GET / HTTP/1.1\r\n"] {
+    for bad in [
+        &HEADER_TLS[..],
+        b"AMQP\x00\x00\x09\x01",
+        b"GET / HTTP/1.1\r\n",
+    ] {
         let mut c = Client::new(config());
         let out = c.raw(bad);
-        assert!(matches!(out[..], [Out::Header(h)] if h == HEADER_SASL), "{out:?}");
+        assert!(
+            matches!(out[..], [Out::Header(h)] if h == HEADER_SASL),
+            "{out:?}"
+        );
         assert!(c.conn.is_closed());
     }
 }
@@ -134,7 +161,9 @@ fn sasl_unknown_mechanism_fails_with_code_only() {
         hostname: None,
     };
     let out = c.raw(&sasl_frame(&init));
-    assert!(matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Auth && o.additional_data.is_none()));
+    assert!(
+        matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Auth && o.additional_data.is_none())
+    );
     assert!(c.conn.is_closed());
 }
 
@@ -152,7 +181,9 @@ fn sasl_8_initial_response_cap() {
             hostname: None,
         };
         let out = c.raw(&sasl_frame(&init));
-        let Out::Outcome(o) = &out[0] else { panic!("{out:?}") };
+        let Out::Outcome(o) = &out[0] else {
+            panic!("{out:?}")
+        };
         assert_eq!(o.code == SaslCode::Ok, ok, "len {len}");
     }
 }
@@ -180,7 +211,10 @@ fn sasl_garbage_frame() {
     let mut c = Client::new(config());
     c.raw(&HEADER_SASL);
     let out = c.raw(&[0, 0, 0, 12, 2, 1, 0, 0, 0x00, 0xb3, 0x7f, 0xff]);
-    assert!(matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Auth), "{out:?}");
+    assert!(
+        matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Auth),
+        "{out:?}"
+    );
 }
 
 // ---------------------------------------------------------------- OPEN (CONN-5..15)
@@ -193,7 +227,10 @@ fn conn_5_empty_container_id() {
     let out = c.frame(0, &open(""));
     assert!(matches!(out[0], Out::Frame(0, Performative::Open(_))));
     assert_eq!(condition_of(&out[1]).as_deref(), Some("amqp:invalid-field"));
-    assert_eq!(description_of(&out[1]).as_deref(), Some("open.container-id is required"));
+    assert_eq!(
+        description_of(&out[1]).as_deref(),
+        Some("open.container-id is required")
+    );
     assert!(!c.conn.is_open());
 }
 
@@ -204,7 +241,9 @@ fn conn_6_container_id_sanitized() {
     c.raw(&HEADER_AMQP);
     c.frame(0, &open("my app/1"));
     let evs = c.take_events();
-    assert!(matches!(&evs[0], Event::Opened { client_id, container_id, .. } if client_id == "my_app_1" && container_id == "my app/1"));
+    assert!(
+        matches!(&evs[0], Event::Opened { client_id, container_id, .. } if client_id == "my_app_1" && container_id == "my app/1")
+    );
 }
 
 /// CONN-7..10: the server OPEN has exactly container-id, max-frame-size, channel-max, idle-time-out.
@@ -213,11 +252,21 @@ fn conn_7_server_open_fields() {
     let mut c = Client::new(config());
     let o = c.open();
     assert_eq!(o.container_id, "KubeMQ");
-    assert_eq!(o.max_frame_size.0, 131_072, "CONN-8: min(client, MaxFrameSize)");
+    assert_eq!(
+        o.max_frame_size.0, 131_072,
+        "CONN-8: min(client, MaxFrameSize)"
+    );
     assert_eq!(o.channel_max.0, 255, "CONN-9: min(client, SessionMax - 1)");
-    assert_eq!(o.idle_time_out, Some(60_000), "CONN-10: IdleTimeoutSeconds * 1000 / 2");
+    assert_eq!(
+        o.idle_time_out,
+        Some(60_000),
+        "CONN-10: IdleTimeoutSeconds * 1000 / 2"
+    );
     assert!(o.hostname.is_none() && o.properties.is_none());
-    assert!(o.offered_capabilities.is_none() && o.desired_capabilities.is_none(), "GEN-5");
+    assert!(
+        o.offered_capabilities.is_none() && o.desired_capabilities.is_none(),
+        "GEN-5"
+    );
 }
 
 /// CONN-8 / CONN-9: smaller client values win; the frame size never drops below 512.
@@ -229,7 +278,9 @@ fn conn_8_9_negotiation_takes_minimum() {
     o.max_frame_size = 100.into();
     o.channel_max = 3.into();
     let out = c.frame(0, &o);
-    let Out::Frame(0, Performative::Open(s)) = &out[0] else { panic!() };
+    let Out::Frame(0, Performative::Open(s)) = &out[0] else {
+        panic!()
+    };
     assert_eq!((s.max_frame_size.0, s.channel_max.0), (512, 3));
     assert_eq!(c.conn.max_frame_size(), 512);
 }
@@ -256,8 +307,14 @@ fn conn_11_idle_timeout_closes() {
     assert!(conditions(&out).is_empty(), "{out:?}");
     let out = c.advance(Duration::from_secs(21));
     assert_eq!(conditions(&out), ["amqp:resource-limit-exceeded"]);
-    assert_eq!(description_of(&out[0]).as_deref(), Some("idle timeout expired"));
-    assert!(c.take_events().iter().any(|e| matches!(e, Event::Closed { .. })));
+    assert_eq!(
+        description_of(&out[0]).as_deref(),
+        Some("idle timeout expired")
+    );
+    assert!(c
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::Closed { .. })));
 }
 
 /// CONN-12: empty frames at half the client's idle-time-out.
@@ -272,7 +329,10 @@ fn conn_12_heartbeats_at_half_client_interval() {
     let out = c.advance(Duration::from_millis(100));
     assert!(matches!(out[..], [Out::Heartbeat]), "{out:?}");
     assert!(c.advance(Duration::from_millis(499)).is_empty());
-    assert!(matches!(c.advance(Duration::from_millis(1))[..], [Out::Heartbeat]));
+    assert!(matches!(
+        c.advance(Duration::from_millis(1))[..],
+        [Out::Heartbeat]
+    ));
 }
 
 /// CONN-13: a second OPEN → CLOSE `amqp:not-allowed`, `unexpected second open`.
@@ -282,7 +342,10 @@ fn conn_13_second_open() {
     c.open();
     let out = c.frame(0, &open("again"));
     assert_eq!(conditions(&out), ["amqp:not-allowed"]);
-    assert_eq!(description_of(&out[0]).as_deref(), Some("unexpected second open"));
+    assert_eq!(
+        description_of(&out[0]).as_deref(),
+        Some("unexpected second open")
+    );
 }
 
 /// CONN-15: a refused admission is written as OPEN then CLOSE with the error.
@@ -292,9 +355,14 @@ fn conn_15_admission_refused() {
     let mut c = Client::with(config(), Transport::Plain, Some(err));
     c.raw(&HEADER_AMQP);
     let out = c.frame(0, &open("c"));
-    let Out::Frame(0, Performative::Open(o)) = &out[0] else { panic!("{out:?}") };
+    let Out::Frame(0, Performative::Open(o)) = &out[0] else {
+        panic!("{out:?}")
+    };
     assert_eq!(o.container_id, "KubeMQ");
-    assert_eq!(condition_of(&out[1]).as_deref(), Some("amqp:resource-limit-exceeded"));
+    assert_eq!(
+        condition_of(&out[1]).as_deref(),
+        Some("amqp:resource-limit-exceeded")
+    );
 }
 
 /// CONN-16 / Q-32: shutdown sends CLOSE `amqp:connection:forced` and reports every unsettled
@@ -313,10 +381,13 @@ fn conn_16_shutdown_forced_with_teardown() {
     let out = c.collect();
     assert_eq!(conditions(&out), ["amqp:connection:forced"]);
     let evs = c.take_events();
-    let closed: Vec<_> = evs.iter().filter_map(|e| match e {
-        Event::LinkClosed { unsettled, .. } => Some(unsettled.clone()),
-        _ => None,
-    }).collect();
+    let closed: Vec<_> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::LinkClosed { unsettled, .. } => Some(unsettled.clone()),
+            _ => None,
+        })
+        .collect();
     assert_eq!(closed, vec![vec![11, 12]]);
     assert!(matches!(evs.last(), Some(Event::Closed { .. })));
     // The client's CLOSE completes it; nothing is reported twice.
@@ -347,7 +418,9 @@ fn conn_17_client_close() {
     c.conn.send(rx, b"t", b"m", false, 7).unwrap();
     c.take_events();
     let out = c.frame(0, &Close { error: None });
-    assert!(matches!(out.last(), Some(Out::Frame(0, Performative::Close(cl))) if cl.error.is_none()));
+    assert!(
+        matches!(out.last(), Some(Out::Frame(0, Performative::Close(cl))) if cl.error.is_none())
+    );
     let evs = c.take_events();
     assert!(matches!(&evs[0], Event::LinkClosed { unsettled, .. } if unsettled == &vec![7]));
     assert!(c.conn.is_closed());
@@ -358,7 +431,10 @@ fn conn_17_client_close() {
 fn conn_18_decode_error_closes() {
     let cases: Vec<Vec<u8>> = vec![
         // vbin32 claiming 4 GiB inside a DISPOSITION
-        vec![0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00],
+        vec![
+            0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff,
+            0xff, 0xff, 0xff, 0x00, 0x00,
+        ],
         // not a described performative
         vec![0, 0, 0, 9, 2, 0, 0, 0, 0x40],
         // unknown descriptor
@@ -368,7 +444,9 @@ fn conn_18_decode_error_closes() {
         // a header claiming 4 GiB
         vec![0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0],
         // an ATTACH whose fields are the wrong types
-        vec![0, 0, 0, 15, 2, 0, 0, 0, 0x00, 0x53, 0x12, 0xc0, 0x03, 0x02, 0x43, 0x43],
+        vec![
+            0, 0, 0, 15, 2, 0, 0, 0, 0x00, 0x53, 0x12, 0xc0, 0x03, 0x02, 0x43, 0x43,
+        ],
     ];
     for bytes in cases {
         let mut c = Client::new(config());
@@ -441,7 +519,11 @@ fn sess_4_window_violation() {
     producer(&mut c, "tx", 0, 5000);
     let mut burst = Vec::new();
     for i in 0..2049u32 {
-        burst.extend(amqp_frame(0, &transfer(0, Some(i), Some(&i.to_be_bytes()), true, false), b"x"));
+        burst.extend(amqp_frame(
+            0,
+            &transfer(0, Some(i), Some(&i.to_be_bytes()), true, false),
+            b"x",
+        ));
     }
     let out = c.raw(&burst);
     assert_eq!(conditions(&out), ["amqp:session:window-violation"]);
@@ -455,17 +537,28 @@ fn sess_4_window_replenished() {
     let tx = producer(&mut c, "tx", 0, 5000);
     let mut burst = Vec::new();
     for i in 0..1100u32 {
-        burst.extend(amqp_frame(0, &transfer(0, Some(i), Some(&i.to_be_bytes()), true, false), b"x"));
+        burst.extend(amqp_frame(
+            0,
+            &transfer(0, Some(i), Some(&i.to_be_bytes()), true, false),
+            b"x",
+        ));
     }
     let out = c.raw(&burst);
-    let flows: Vec<&Flow> = out.iter().filter_map(|o| match o {
-        Out::Frame(_, Performative::Flow(f)) if f.handle.is_none() => Some(f),
-        _ => None,
-    }).collect();
+    let flows: Vec<&Flow> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Frame(_, Performative::Flow(f)) if f.handle.is_none() => Some(f),
+            _ => None,
+        })
+        .collect();
     assert_eq!(flows.len(), 1);
     assert_eq!(flows[0].incoming_window, 2048);
     assert_eq!(flows[0].next_incoming_id, Some(1 + 1100), "SESS-7");
-    let n = c.take_events().iter().filter(|e| matches!(e, Event::Delivery(d) if d.link == tx)).count();
+    let n = c
+        .take_events()
+        .iter()
+        .filter(|e| matches!(e, Event::Delivery(d) if d.link == tx))
+        .count();
     assert_eq!(n, 1100);
 }
 
@@ -494,7 +587,10 @@ fn sess_5_errant_link() {
     let out = c.frame(0, &attach_sender("b", 0, "queues/b"));
     assert_eq!(conditions(&out), ["amqp:session:errant-link"]);
     let evs = c.take_events();
-    assert!(matches!(&evs[0], Event::LinkClosed { .. }), "the session's links end with it");
+    assert!(
+        matches!(&evs[0], Event::LinkClosed { .. }),
+        "the session's links end with it"
+    );
 }
 
 /// SESS-6: a client END detaches every link, is answered without error, and frees the channel.
@@ -506,10 +602,17 @@ fn sess_6_client_end() {
     consumer(&mut c, "b", 1);
     let out = c.frame(0, &end());
     assert!(matches!(&out[..], [Out::Frame(0, Performative::End(e))] if e.error.is_none()));
-    let closed = c.take_events().iter().filter(|e| matches!(e, Event::LinkClosed { .. })).count();
+    let closed = c
+        .take_events()
+        .iter()
+        .filter(|e| matches!(e, Event::LinkClosed { .. }))
+        .count();
     assert_eq!(closed, 2);
     let out = c.frame(0, &begin());
-    assert!(matches!(out[0], Out::Frame(0, Performative::Begin(_))), "channel reusable");
+    assert!(
+        matches!(out[0], Out::Frame(0, Performative::Begin(_))),
+        "channel reusable"
+    );
 }
 
 /// SESS-7: every FLOW the server sends carries next-incoming-id.
@@ -519,7 +622,9 @@ fn sess_7_flows_carry_next_incoming_id() {
     c.open_session();
     let id = c.request_link(0, &attach_sender("a", 0, "queues/a"));
     let out = accept(&mut c, id, 100);
-    let Out::Frame(_, Performative::Flow(f)) = &out[1] else { panic!("{out:?}") };
+    let Out::Frame(_, Performative::Flow(f)) = &out[1] else {
+        panic!("{out:?}")
+    };
     assert_eq!(f.next_incoming_id, Some(1));
 }
 
@@ -534,7 +639,9 @@ fn link_1_4_reply_attach() {
     a.snd_settle_mode = SenderSettleMode::Settled;
     let id = c.request_link(0, &a);
     let out = accept(&mut c, id, 1024);
-    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(r))) = &out[0] else { panic!("{out:?}") };
+    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(r))) = &out[0] else {
+        panic!("{out:?}")
+    };
     assert_eq!(r.name, "p");
     assert_eq!(r.handle.0, 3);
     assert_eq!(r.role, Role::Receiver);
@@ -543,16 +650,29 @@ fn link_1_4_reply_attach() {
     assert_eq!(r.source, a.source);
     assert_eq!(r.target, a.target);
     assert_eq!(r.max_message_size, Some(104_857_600), "XFER-4");
-    assert!(r.offered_capabilities.is_none() && r.desired_capabilities.is_none(), "GEN-5");
+    assert!(
+        r.offered_capabilities.is_none() && r.desired_capabilities.is_none(),
+        "GEN-5"
+    );
     assert_eq!(r.initial_delivery_count, None);
 
     let id = c.request_link(0, &attach_receiver("c", 4, "queues/a"));
     let out = accept(&mut c, id, 0);
-    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(r))) = &out[0] else { panic!() };
+    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(r))) = &out[0] else {
+        panic!()
+    };
     assert_eq!(r.role, Role::Sender);
-    assert_eq!(r.snd_settle_mode, SenderSettleMode::Unsettled, "mixed/unsettled requested → unsettled");
+    assert_eq!(
+        r.snd_settle_mode,
+        SenderSettleMode::Unsettled,
+        "mixed/unsettled requested → unsettled"
+    );
     assert_eq!(r.initial_delivery_count, Some(0));
-    assert_eq!(out.len(), 1, "FLOW-3: no credit and no transfer before the client grants credit");
+    assert_eq!(
+        out.len(),
+        1,
+        "FLOW-3: no credit and no transfer before the client grants credit"
+    );
 }
 
 /// LINK-2: `second` is refused first (before the duplicate-name check), with not-implemented.
@@ -564,7 +684,10 @@ fn link_2_order_second_before_duplicate() {
     let mut a = attach_sender("dup", 1, "queues/a");
     a.rcv_settle_mode = ReceiverSettleMode::Second;
     let out = c.frame(0, &a);
-    assert!(matches!(out[0], Out::Frame(0, Performative::Attach(_))), "reply ATTACH precedes DETACH");
+    assert!(
+        matches!(out[0], Out::Frame(0, Performative::Attach(_))),
+        "reply ATTACH precedes DETACH"
+    );
     assert_eq!(conditions(&out), ["amqp:not-implemented"]);
 }
 
@@ -582,7 +705,10 @@ fn link_2_8_duplicate_names() {
     // Session full (2 links) and duplicate: the duplicate check comes first.
     let out = c.frame(0, &attach_sender("n", 2, "queues/a"));
     assert_eq!(conditions(&out), ["amqp:not-allowed"]);
-    assert_eq!(description_of(&out[1]).as_deref(), Some("duplicate link name"));
+    assert_eq!(
+        description_of(&out[1]).as_deref(),
+        Some("duplicate link name")
+    );
     c.frame(0, &detach(2));
     // Another session may use the name.
     c.frame(1, &begin());
@@ -625,14 +751,26 @@ fn link_5_refusal_shape() {
     let mut c = Client::new(config());
     c.open_session();
     let id = c.request_link(0, &attach_receiver("r", 0, "nope/x"));
-    c.conn.refuse_link(id, AmqpError::new(Condition::NotFound, "unknown address prefix")).unwrap();
+    c.conn
+        .refuse_link(
+            id,
+            AmqpError::new(Condition::NotFound, "unknown address prefix"),
+        )
+        .unwrap();
     let out = c.collect();
-    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(a))) = &out[0] else { panic!("{out:?}") };
+    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(a))) = &out[0] else {
+        panic!("{out:?}")
+    };
     assert!(a.source.is_none() && a.target.is_some());
-    let Out::Frame(0, Performative::Detach(d)) = &out[1] else { panic!() };
+    let Out::Frame(0, Performative::Detach(d)) = &out[1] else {
+        panic!()
+    };
     assert!(d.closed);
     assert_eq!(condition_of(&out[1]).as_deref(), Some("amqp:not-found"));
-    assert!(c.take_events().is_empty(), "a refused link gets no LinkClosed");
+    assert!(
+        c.take_events().is_empty(),
+        "a refused link gets no LinkClosed"
+    );
 }
 
 /// NG-1 and engine-notes §1.6: a coordinator target is refused with not-implemented, an unknown
@@ -642,11 +780,11 @@ fn link_5_lenient_attach_refusals() {
     // attach(name "t", handle 0, role sender, snd 2? no: default, rcv 0, source null, target coordinator)
     let coordinator: Vec<u8> = {
         let fields = [
-            &[0xa1, 0x01, b't'][..],       // name
-            &[0x43],                       // handle 0
-            &[0x42],                       // role sender
-            &[0x40, 0x40, 0x40],           // snd, rcv, source
-            &[0x00, 0x53, 0x30, 0x45],     // target: coordinator list0
+            &[0xa1, 0x01, b't'][..],   // name
+            &[0x43],                   // handle 0
+            &[0x42],                   // role sender
+            &[0x40, 0x40, 0x40],       // snd, rcv, source
+            &[0x00, 0x53, 0x30, 0x45], // target: coordinator list0
         ]
         .concat();
         let mut body = vec![0x00, 0x53, 0x12, 0xc0, (fields.len() + 1) as u8, 7];
@@ -669,7 +807,10 @@ fn link_5_lenient_attach_refusals() {
         src.distribution_mode = Some(fe2o3_amqp_types::messaging::DistributionMode::Move);
     }
     let mut patched = amqp_frame(0, &a, &[]);
-    let pos = patched.windows(4).position(|w| w == b"move").expect("symbol present");
+    let pos = patched
+        .windows(4)
+        .position(|w| w == b"move")
+        .expect("symbol present");
     patched[pos..pos + 4].copy_from_slice(b"xxxx");
     assert_ne!(bytes, patched);
     let mut c = Client::new(config());
@@ -689,13 +830,21 @@ fn link_6_client_detach() {
         c.conn.send(rx, &t.to_be_bytes(), b"m", false, t).unwrap();
     }
     c.collect();
-    c.frame(0, &disposition(1, None, true, Some(DeliveryState::Accepted(Accepted {}))));
+    c.frame(
+        0,
+        &disposition(1, None, true, Some(DeliveryState::Accepted(Accepted {}))),
+    );
     c.take_events();
     let out = c.frame(0, &detach(0));
-    assert!(matches!(&out[..], [Out::Frame(0, Performative::Detach(d))] if d.closed && d.error.is_none()));
+    assert!(
+        matches!(&out[..], [Out::Frame(0, Performative::Detach(d))] if d.closed && d.error.is_none())
+    );
     let evs = c.take_events();
     assert!(matches!(&evs[..], [Event::LinkClosed { unsettled, .. }] if unsettled == &vec![0, 2]));
-    assert_eq!(c.conn.send(rx, b"x", b"m", false, 9), Err(super::CommandError::NoLink));
+    assert_eq!(
+        c.conn.send(rx, b"x", b"m", false, 9),
+        Err(super::CommandError::NoLink)
+    );
 }
 
 /// LINK-7 / OP-LINK-3: an ATTACH offering unsettled state is refused as a re-attach.
@@ -709,7 +858,10 @@ fn link_7_reattach_refused() {
     a.unsettled = Some(m);
     let out = c.frame(0, &a);
     assert_eq!(conditions(&out), ["amqp:not-allowed"]);
-    assert_eq!(description_of(&out[1]).as_deref(), Some("link re-attach not supported"));
+    assert_eq!(
+        description_of(&out[1]).as_deref(),
+        Some("link re-attach not supported")
+    );
 }
 
 /// The application's own detach carries its error and reports the link closed once.
@@ -718,7 +870,12 @@ fn app_detach_with_error() {
     let mut c = Client::new(config());
     c.open_session();
     let tx = producer(&mut c, "p", 0, 10);
-    c.conn.detach(tx, Some(AmqpError::new(Condition::InternalError, "backend lost"))).unwrap();
+    c.conn
+        .detach(
+            tx,
+            Some(AmqpError::new(Condition::InternalError, "backend lost")),
+        )
+        .unwrap();
     let out = c.collect();
     assert_eq!(conditions(&out), ["amqp:internal-error"]);
     assert_eq!(c.take_events().len(), 1);
@@ -738,17 +895,37 @@ fn flow_1_produce_credit_window() {
     c.open_session();
     let id = c.request_link(0, &attach_sender("p", 0, "queues/a"));
     let out = accept(&mut c, id, 4);
-    let Out::Frame(0, Performative::Flow(f)) = &out[1] else { panic!("{out:?}") };
-    assert_eq!((f.link_credit, f.delivery_count, f.handle.as_ref().map(|h| h.0)), (Some(4), Some(0), Some(0)));
+    let Out::Frame(0, Performative::Flow(f)) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (
+            f.link_credit,
+            f.delivery_count,
+            f.handle.as_ref().map(|h| h.0)
+        ),
+        (Some(4), Some(0), Some(0))
+    );
     let mut all = Vec::new();
     for i in 0..3u32 {
-        all.extend(c.transfer(0, &transfer(0, Some(i), Some(&[i as u8]), false, false), b"m"));
+        all.extend(c.transfer(
+            0,
+            &transfer(0, Some(i), Some(&[i as u8]), false, false),
+            b"m",
+        ));
     }
-    let flows: Vec<_> = all.iter().filter_map(|o| match o {
-        Out::Frame(_, Performative::Flow(f)) if f.handle.is_some() => Some(f.link_credit),
-        _ => None,
-    }).collect();
-    assert_eq!(flows, vec![Some(4)], "refilled once credit fell to 1 (< 4/2)");
+    let flows: Vec<_> = all
+        .iter()
+        .filter_map(|o| match o {
+            Out::Frame(_, Performative::Flow(f)) if f.handle.is_some() => Some(f.link_credit),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        flows,
+        vec![Some(4)],
+        "refilled once credit fell to 1 (< 4/2)"
+    );
     // With a window's worth unsettled by the application, no refill (backpressure).
     let mut c = Client::new(config());
     c.open_session();
@@ -756,10 +933,20 @@ fn flow_1_produce_credit_window() {
     accept(&mut c, id, 2);
     let mut out = c.transfer(0, &transfer(0, Some(0), Some(b"a"), false, false), b"m");
     out.extend(c.transfer(0, &transfer(0, Some(1), Some(b"b"), false, false), b"m"));
-    assert!(out.iter().all(|o| !matches!(o, Out::Frame(_, Performative::Flow(_)))), "{out:?}");
-    c.conn.settle(id, 0, DeliveryState::Accepted(Accepted {})).unwrap();
+    assert!(
+        out.iter()
+            .all(|o| !matches!(o, Out::Frame(_, Performative::Flow(_)))),
+        "{out:?}"
+    );
+    c.conn
+        .settle(id, 0, DeliveryState::Accepted(Accepted {}))
+        .unwrap();
     let out = c.collect();
-    assert!(out.iter().any(|o| matches!(o, Out::Frame(_, Performative::Flow(f)) if f.link_credit == Some(2))), "{out:?}");
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Out::Frame(_, Performative::Flow(f)) if f.link_credit == Some(2))),
+        "{out:?}"
+    );
 }
 
 /// FLOW-2 / OP-LINK-6: a transfer beyond link credit detaches the link with not-allowed.
@@ -772,7 +959,10 @@ fn flow_2_transfer_beyond_credit() {
     c.transfer(0, &transfer(0, Some(0), Some(b"a"), false, false), b"m");
     let out = c.transfer(0, &transfer(0, Some(1), Some(b"b"), false, false), b"m");
     assert_eq!(conditions(&out), ["amqp:not-allowed"]);
-    assert_eq!(description_of(&out[0]).as_deref(), Some("transfer exceeds link credit"));
+    assert_eq!(
+        description_of(&out[0]).as_deref(),
+        Some("transfer exceeds link credit")
+    );
 }
 
 /// FLOW-3: nothing is sent before credit; credit = delivery-count + link-credit − ours.
@@ -781,10 +971,20 @@ fn flow_3_consume_credit() {
     let mut c = Client::new(config());
     c.open_session();
     let rx = consumer(&mut c, "r", 0);
-    assert_eq!(c.conn.send(rx, b"t", b"m", false, 0), Err(super::CommandError::NoCredit));
+    assert_eq!(
+        c.conn.send(rx, b"t", b"m", false, 0),
+        Err(super::CommandError::NoCredit)
+    );
     c.frame(0, &link_flow(0, 0, 2, false));
     let evs = c.take_events();
-    assert!(matches!(evs[..], [Event::Credit { credit: 2, drain: false, .. }]));
+    assert!(matches!(
+        evs[..],
+        [Event::Credit {
+            credit: 2,
+            drain: false,
+            ..
+        }]
+    ));
     c.conn.send(rx, b"a", b"m", true, 0).unwrap();
     // The client, having seen one delivery, re-grants 2 from its delivery-count 1: 2 available.
     c.frame(0, &link_flow(0, 1, 2, false));
@@ -807,15 +1007,30 @@ fn flow_5_drain() {
     c.open_session();
     let rx = consumer(&mut c, "r", 0);
     c.frame(0, &link_flow(0, 0, 5, true));
-    assert!(matches!(c.take_events()[..], [Event::Credit { credit: 5, drain: true, .. }]));
+    assert!(matches!(
+        c.take_events()[..],
+        [Event::Credit {
+            credit: 5,
+            drain: true,
+            ..
+        }]
+    ));
     c.conn.send(rx, b"a", b"m1", true, 0).unwrap();
     c.conn.send(rx, b"b", b"m2", true, 0).unwrap();
     c.conn.drain_done(rx).unwrap();
     let out = c.collect();
     assert_eq!(out.iter().filter(|o| payload(o).is_some()).count(), 2);
-    let Some(Out::Frame(0, Performative::Flow(f))) = out.last() else { panic!("{out:?}") };
-    assert_eq!((f.delivery_count, f.link_credit, f.drain), (Some(5), Some(0), true));
-    assert_eq!(c.conn.send(rx, b"c", b"m3", true, 0), Err(super::CommandError::NoCredit));
+    let Some(Out::Frame(0, Performative::Flow(f))) = out.last() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (f.delivery_count, f.link_credit, f.drain),
+        (Some(5), Some(0), true)
+    );
+    assert_eq!(
+        c.conn.send(rx, b"c", b"m3", true, 0),
+        Err(super::CommandError::NoCredit)
+    );
     // Fresh credit resumes delivery.
     c.frame(0, &link_flow(0, 5, 1, false));
     assert!(c.conn.send(rx, b"c", b"m3", true, 0).is_ok());
@@ -830,7 +1045,9 @@ fn flow_echo() {
     let mut f = link_flow(0, 0, 3, false);
     f.echo = true;
     let out = c.frame(0, &f);
-    assert!(matches!(&out[..], [Out::Frame(0, Performative::Flow(r))] if r.link_credit == Some(3) && r.delivery_count == Some(0)));
+    assert!(
+        matches!(&out[..], [Out::Frame(0, Performative::Flow(r))] if r.link_credit == Some(3) && r.delivery_count == Some(0))
+    );
     let mut s = link_flow(0, 0, 3, false);
     s.handle = None;
     s.delivery_count = None;
@@ -876,18 +1093,32 @@ fn xfer_1_multi_frame_reassembly() {
     c.open_session();
     let tx = producer(&mut c, "p", 0, 10);
     let body: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
-    c.transfer(0, &transfer(0, Some(0), Some(b"t"), false, true), &body[..1000]);
+    c.transfer(
+        0,
+        &transfer(0, Some(0), Some(b"t"), false, true),
+        &body[..1000],
+    );
     c.transfer(0, &transfer(0, None, None, false, true), &body[1000..2000]);
     assert!(c.take_events().is_empty());
     c.transfer(0, &transfer(0, Some(0), None, false, false), &body[2000..]);
     let evs = c.take_events();
-    let [Event::Delivery(d)] = &evs[..] else { panic!("{evs:?}") };
+    let [Event::Delivery(d)] = &evs[..] else {
+        panic!("{evs:?}")
+    };
     assert_eq!(&d.payload[..], &body[..]);
     assert!(!d.settled);
-    c.conn.settle(tx, d.delivery_id, DeliveryState::Accepted(Accepted {})).unwrap();
+    c.conn
+        .settle(tx, d.delivery_id, DeliveryState::Accepted(Accepted {}))
+        .unwrap();
     let out = c.collect();
-    assert!(matches!(&out[..], [Out::Frame(0, Performative::Disposition(x))] if x.first == 0 && x.settled && x.state == Some(DeliveryOutcome::Accepted)));
-    assert_eq!(c.conn.settle(tx, 0, DeliveryState::Accepted(Accepted {})), Err(super::CommandError::NoDelivery), "settled once");
+    assert!(
+        matches!(&out[..], [Out::Frame(0, Performative::Disposition(x))] if x.first == 0 && x.settled && x.state == Some(DeliveryOutcome::Accepted))
+    );
+    assert_eq!(
+        c.conn.settle(tx, 0, DeliveryState::Accepted(Accepted {})),
+        Err(super::CommandError::NoDelivery),
+        "settled once"
+    );
 }
 
 /// XFER-1: aborted multi-frame deliveries are discarded.
@@ -919,10 +1150,14 @@ fn xfer_2_message_size_cap() {
     assert!(matches!(&c.take_events()[..], [Event::Delivery(d)] if d.payload.len() == 1000));
     c.transfer(0, &transfer(0, Some(1), Some(b"b"), false, true), &[1; 600]);
     let out = c.transfer(0, &transfer(0, None, None, false, false), &[1; 401]);
-    let Out::Frame(0, Performative::Disposition(d)) = &out[0] else { panic!("{out:?}") };
+    let Out::Frame(0, Performative::Disposition(d)) = &out[0] else {
+        panic!("{out:?}")
+    };
     assert!(d.settled && matches!(&d.state, Some(DeliveryOutcome::Rejected(Some(_)))));
     assert_eq!(conditions(&out), ["amqp:link:message-size-exceeded"]);
-    assert!(matches!(&c.take_events()[..], [Event::LinkClosed { error: Some(e), .. }] if e.condition == Condition::MessageSizeExceeded));
+    assert!(
+        matches!(&c.take_events()[..], [Event::LinkClosed { error: Some(e), .. }] if e.condition == Condition::MessageSizeExceeded)
+    );
 }
 
 /// XFER-3: outbound messages are fragmented to the negotiated frame size and reassemble exactly.
@@ -939,19 +1174,29 @@ fn xfer_3_outbound_fragmentation() {
     let body: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
     let id = c.conn.send(rx, b"tag", &body, false, 1).unwrap();
     let id2 = c.conn.send(rx, b"tag2", b"small", false, 2).unwrap();
-    assert_eq!(id2, id + 1, "delivery ids advance per delivery, not per frame");
+    assert_eq!(
+        id2,
+        id + 1,
+        "delivery ids advance per delivery, not per frame"
+    );
     let mut bytes = bytes::BytesMut::new();
     c.conn.poll_transmit(&mut bytes);
     let mut joined = Vec::new();
     let mut frames = 0;
     while let Some(f) = super::frame::split_frame(&mut bytes, u32::MAX).unwrap() {
         assert!(f.body.len() + 8 <= 512);
-        let Ok(Performative::Transfer(t, p)) = super::codec::decode_performative(&f.body) else { continue };
+        let Ok(Performative::Transfer(t, p)) = super::codec::decode_performative(&f.body) else {
+            continue;
+        };
         if t.delivery_id == Some(id2) {
             break;
         }
         frames += 1;
-        assert_eq!(t.delivery_id.is_some(), frames == 1, "only the first frame carries the id");
+        assert_eq!(
+            t.delivery_id.is_some(),
+            frames == 1,
+            "only the first frame carries the id"
+        );
         joined.extend_from_slice(&p);
     }
     assert!(frames >= 10);
@@ -988,7 +1233,9 @@ fn presettled_inbound_no_disposition() {
     c.transfer(0, &transfer(0, Some(0), Some(b"a"), true, false), b"x");
     let evs = c.take_events();
     assert!(matches!(&evs[..], [Event::Delivery(d)] if d.settled));
-    c.conn.settle(tx, 0, DeliveryState::Accepted(Accepted {})).unwrap();
+    c.conn
+        .settle(tx, 0, DeliveryState::Accepted(Accepted {}))
+        .unwrap();
     assert!(c.collect().is_empty());
 }
 
@@ -1003,19 +1250,41 @@ fn disposition_ranges_and_states() {
     let rx = consumer(&mut c, "r", 0);
     c.frame(0, &link_flow(0, 0, 10, false));
     for t in 0..6u64 {
-        c.conn.send(rx, &t.to_be_bytes(), b"m", false, 100 + t).unwrap();
+        c.conn
+            .send(rx, &t.to_be_bytes(), b"m", false, 100 + t)
+            .unwrap();
     }
     c.take_events();
-    c.frame(0, &disposition(0, Some(2), true, Some(DeliveryState::Released(Released {}))));
+    c.frame(
+        0,
+        &disposition(0, Some(2), true, Some(DeliveryState::Released(Released {}))),
+    );
     let evs = c.take_events();
-    let tokens: Vec<u64> = evs.iter().filter_map(|e| match e {
-        Event::Settled { token, state: Some(DeliveryOutcome::Released), .. } => Some(*token),
-        _ => None,
-    }).collect();
+    let tokens: Vec<u64> = evs
+        .iter()
+        .filter_map(|e| match e {
+            Event::Settled {
+                token,
+                state: Some(DeliveryOutcome::Released),
+                ..
+            } => Some(*token),
+            _ => None,
+        })
+        .collect();
     assert_eq!(tokens, vec![100, 101, 102]);
     // Unsettled terminal state: we settle on the client's behalf, echoing the state.
-    let out = c.frame(0, &disposition(3, Some(4), false, Some(DeliveryState::Accepted(Accepted {}))));
-    assert!(matches!(&out[..], [Out::Frame(0, Performative::Disposition(d))] if d.first == 3 && d.last == 4 && d.settled && d.role == Role::Sender));
+    let out = c.frame(
+        0,
+        &disposition(
+            3,
+            Some(4),
+            false,
+            Some(DeliveryState::Accepted(Accepted {})),
+        ),
+    );
+    assert!(
+        matches!(&out[..], [Out::Frame(0, Performative::Disposition(d))] if d.first == 3 && d.last == 4 && d.settled && d.role == Role::Sender)
+    );
     assert_eq!(c.take_events().len(), 2);
     // A repeated range finds nothing left to settle.
     c.frame(0, &disposition(0, Some(4), true, None));
@@ -1030,18 +1299,29 @@ fn disposition_batched_ranges() {
     c.open_session();
     let tx = producer(&mut c, "p", 0, 100);
     for i in 0..5u32 {
-        c.transfer(0, &transfer(0, Some(i), Some(&[i as u8]), false, false), b"m");
+        c.transfer(
+            0,
+            &transfer(0, Some(i), Some(&[i as u8]), false, false),
+            b"m",
+        );
     }
     c.take_events();
     for i in 0..4u32 {
-        c.conn.settle(tx, i, DeliveryState::Accepted(Accepted {})).unwrap();
+        c.conn
+            .settle(tx, i, DeliveryState::Accepted(Accepted {}))
+            .unwrap();
     }
-    c.conn.settle(tx, 4, DeliveryState::Released(Released {})).unwrap();
+    c.conn
+        .settle(tx, 4, DeliveryState::Released(Released {}))
+        .unwrap();
     let out = c.collect();
-    let ranges: Vec<(u32, u32)> = out.iter().filter_map(|o| match o {
-        Out::Frame(_, Performative::Disposition(d)) => Some((d.first, d.last)),
-        _ => None,
-    }).collect();
+    let ranges: Vec<(u32, u32)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Frame(_, Performative::Disposition(d)) => Some((d.first, d.last)),
+            _ => None,
+        })
+        .collect();
     assert_eq!(ranges, vec![(0, 3), (4, 4)]);
 }
 
@@ -1057,8 +1337,18 @@ fn transport_loss_teardown_once() {
     c.conn.transport_lost();
     c.conn.transport_lost();
     let evs = c.take_events();
-    assert_eq!(evs.iter().filter(|e| matches!(e, Event::LinkClosed { unsettled, .. } if unsettled == &vec![1])).count(), 1);
-    assert_eq!(evs.iter().filter(|e| matches!(e, Event::Closed { .. })).count(), 1);
+    assert_eq!(
+        evs.iter()
+            .filter(|e| matches!(e, Event::LinkClosed { unsettled, .. } if unsettled == &vec![1]))
+            .count(),
+        1
+    );
+    assert_eq!(
+        evs.iter()
+            .filter(|e| matches!(e, Event::Closed { .. }))
+            .count(),
+        1
+    );
     assert_eq!(evs.len(), 2);
 }
 

@@ -20,12 +20,24 @@ fn valid_stream() -> Vec<u8> {
     v.extend(amqp_frame(0, &attach_sender("s", 0, "queues/a"), &[]));
     v.extend(amqp_frame(0, &attach_receiver("r", 1, "queues/a"), &[]));
     v.extend(amqp_frame(0, &link_flow(1, 0, 10, true), &[]));
-    v.extend(amqp_frame(0, &transfer(0, Some(0), Some(b"t"), false, true), b"\x00\x53\x75\xa0\x03abc"));
-    v.extend(amqp_frame(0, &transfer(0, None, None, false, false), b"def"));
+    v.extend(amqp_frame(
+        0,
+        &transfer(0, Some(0), Some(b"t"), false, true),
+        b"\x00\x53\x75\xa0\x03abc",
+    ));
+    v.extend(amqp_frame(
+        0,
+        &transfer(0, None, None, false, false),
+        b"def",
+    ));
     v.extend(amqp_frame(0, &disposition(0, Some(3), true, None), &[]));
     v.extend(amqp_frame(0, &detach(0), &[]));
     v.extend(amqp_frame(0, &end(), &[]));
-    v.extend(amqp_frame(0, &fe2o3_amqp_types::performatives::Close { error: None }, &[]));
+    v.extend(amqp_frame(
+        0,
+        &fe2o3_amqp_types::performatives::Close { error: None },
+        &[],
+    ));
     v
 }
 
@@ -48,10 +60,18 @@ fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
         while let Some(ev) = c.conn.poll_event() {
             match ev {
                 crate::engine::Event::AttachRequested { link, .. } => {
-                    let _ = c.conn.accept_link(link, crate::engine::LinkAccept { credit_window: 4 });
+                    let _ = c
+                        .conn
+                        .accept_link(link, crate::engine::LinkAccept { credit_window: 4 });
                 }
                 crate::engine::Event::Delivery(d) => {
-                    let _ = c.conn.settle(d.link, d.delivery_id, fe2o3_amqp_types::messaging::DeliveryState::Accepted(fe2o3_amqp_types::messaging::Accepted {}));
+                    let _ = c.conn.settle(
+                        d.link,
+                        d.delivery_id,
+                        fe2o3_amqp_types::messaging::DeliveryState::Accepted(
+                            fe2o3_amqp_types::messaging::Accepted {},
+                        ),
+                    );
                 }
                 crate::engine::Event::Credit { link, .. } => {
                     let _ = c.conn.send(link, b"x", b"\x00\x53\x75\xa0\x01z", false, 0);
@@ -70,7 +90,10 @@ fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
         }
         while let Ok(Some(f)) = split_frame(&mut check, u32::MAX) {
             if !f.body.is_empty() && f.frame_type == 0 {
-                assert!(decode_performative(&f.body).is_ok(), "engine wrote an undecodable frame");
+                assert!(
+                    decode_performative(&f.body).is_ok(),
+                    "engine wrote an undecodable frame"
+                );
             }
         }
     }
@@ -146,5 +169,8 @@ fn four_gib_header_allocates_nothing() {
     c.conn.handle_input(c.now, &mut buf);
     assert!(buf.capacity() < 1 << 20);
     let out = c.collect();
-    assert_eq!(out.iter().filter_map(condition_of).collect::<Vec<_>>(), ["amqp:decode-error"]);
+    assert_eq!(
+        out.iter().filter_map(condition_of).collect::<Vec<_>>(),
+        ["amqp:decode-error"]
+    );
 }
