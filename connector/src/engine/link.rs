@@ -7,9 +7,8 @@ use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
-use serde_bytes::ByteBuf;
 
-use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame};
+use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame, TransferHead};
 use super::connection::{wire_to_error, Connection};
 use super::error::{AmqpError, Condition};
 use super::event::{CommandError, Delivery, Event};
@@ -493,85 +492,55 @@ impl Connection {
         Ok(delivery_id)
     }
 
-    fn write_transfers(
-        &mut self,
-        ch: u16,
-        handle: u32,
-        delivery_id: u32,
-        tag: &[u8],
-        payload: &[u8],
-        settled: bool,
-    ) {
+    fn write_transfers(&mut self, ch: u16, handle: u32, delivery_id: u32, tag: &[u8], payload: &[u8], settled: bool) {
         self.flush_disposition();
-        let mut first = Transfer {
-            handle: handle.into(),
+        let first = TransferHead {
+            handle,
             delivery_id: Some(delivery_id),
-            delivery_tag: Some(ByteBuf::from(tag.to_vec())),
+            tag: Some(tag),
             message_format: Some(0),
             settled: Some(settled),
             more: true,
-            rcv_settle_mode: None,
-            state: None,
-            resume: false,
-            aborted: false,
-            batchable: false,
         };
+        // The first frame's performative is the largest; size every chunk by it.
         let mut perf = BytesMut::new();
-        codec::encode_into(&mut perf, &first);
-        let room = (self.max_frame as usize)
-            .saturating_sub(HEADER_LEN + perf.len())
-            .max(1);
+        codec::encode_transfer(&mut perf, &first);
+        let room = (self.max_frame as usize).saturating_sub(HEADER_LEN + perf.len()).max(1);
         let mut rest = payload;
-        let mut is_first = true;
+        let mut head = first;
         loop {
             let n = rest.len().min(room);
-            let more = n < rest.len();
-            let chunk = &rest[..n];
+            head.more = n < rest.len();
+            self.write_transfer_frame(ch, &head, &rest[..n]);
             rest = &rest[n..];
-            let frame_perf = if is_first {
-                first.more = more;
-                first.clone()
-            } else {
-                Transfer {
-                    handle: handle.into(),
-                    delivery_id: None,
-                    delivery_tag: None,
-                    message_format: None,
-                    settled: None,
-                    more,
-                    rcv_settle_mode: None,
-                    state: None,
-                    resume: false,
-                    aborted: false,
-                    batchable: false,
-                }
-            };
-            is_first = false;
-            self.write_transfer_frame(ch, &frame_perf, chunk);
-            if !more {
+            if !head.more {
                 break;
             }
+            head = TransferHead {
+                handle,
+                delivery_id: None,
+                tag: None,
+                message_format: None,
+                settled: None,
+                more: true,
+            };
         }
     }
 
     /// One TRANSFER frame, sent now if the client's incoming window allows, queued otherwise.
-    fn write_transfer_frame(&mut self, ch: u16, perf: &Transfer, chunk: &[u8]) {
-        let Some(s) = self.sessions.get_mut(&ch) else {
-            return;
+    fn write_transfer_frame(&mut self, ch: u16, head: &TransferHead<'_>, chunk: &[u8]) {
+        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let write = |b: &mut BytesMut| {
+            codec::encode_transfer(b, head);
+            b.extend_from_slice(chunk);
         };
         if s.remote_incoming_window > 0 && s.blocked.is_empty() {
             s.remote_incoming_window -= 1;
             s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
-            write_frame(&mut self.out, TYPE_AMQP, ch, |b| {
-                codec::encode_into(b, perf);
-                b.extend_from_slice(chunk);
-            });
+            write_frame(&mut self.out, TYPE_AMQP, ch, write);
         } else {
             let mut frame = BytesMut::new();
-            write_frame(&mut frame, TYPE_AMQP, ch, |b| {
-                codec::encode_into(b, perf);
-                b.extend_from_slice(chunk);
-            });
+            write_frame(&mut frame, TYPE_AMQP, ch, write);
             s.blocked.push_back(frame.freeze());
         }
     }

@@ -12,6 +12,7 @@ pub mod error;
 pub mod event;
 pub mod frame;
 mod link;
+pub mod message;
 pub mod serial;
 mod session;
 pub mod validate;
