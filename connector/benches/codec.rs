@@ -39,7 +39,10 @@ static GLOBAL: Counting = Counting;
 
 fn message() -> Message<Data> {
     Message::builder()
-        .header(Header { durable: true, ..Default::default() })
+        .header(Header {
+            durable: true,
+            ..Default::default()
+        })
         .properties(
             Properties::builder()
                 .message_id(String::from("order-00042"))
@@ -48,7 +51,9 @@ fn message() -> Message<Data> {
                 .reply_to("queues/replies")
                 .correlation_id(42u64)
                 .content_type("application/json")
-                .creation_time(fe2o3_amqp_types::primitives::Timestamp::from_milliseconds(1_700_000_000_000))
+                .creation_time(fe2o3_amqp_types::primitives::Timestamp::from_milliseconds(
+                    1_700_000_000_000,
+                ))
                 .build(),
         )
         .application_properties(
@@ -95,12 +100,24 @@ fn frame_bytes() -> Vec<u8> {
 fn ours(input: &[u8], inbuf: &mut BytesMut, out: &mut BytesMut) -> usize {
     inbuf.extend_from_slice(input);
     let frame = split_frame(inbuf, u32::MAX).unwrap().unwrap();
-    let Ok(Performative::Transfer(t, payload)) = decode_performative(&frame.body) else { panic!() };
+    let Ok(Performative::Transfer(t, payload)) = decode_performative(&frame.body) else {
+        panic!()
+    };
     let layout = walk(&payload).unwrap();
     out.clear();
     let tag = t.delivery_tag.as_ref().map(|b| b.as_slice());
     write_frame(out, TYPE_AMQP, 0, |b| {
-        encode_transfer(b, &TransferHead { handle: t.handle.0, delivery_id: t.delivery_id, tag, message_format: Some(0), settled: Some(false), more: false });
+        encode_transfer(
+            b,
+            &TransferHead {
+                handle: t.handle.0,
+                delivery_id: t.delivery_id,
+                tag,
+                message_format: Some(0),
+                settled: Some(false),
+                more: false,
+            },
+        );
         b.extend_from_slice(&payload);
     });
     layout.body.len() + out.len()
@@ -138,7 +155,11 @@ fn bench(c: &mut Criterion) {
     assert_eq!(plain(&input), input.len() - 8);
     let _ = ours(&input, &mut inbuf, &mut out);
     assert_eq!(&out[..], &input[..]);
-    let Ok(Performative::Transfer(_, p)) = decode_performative(&Bytes::copy_from_slice(&input[8..])) else { panic!() };
+    let Ok(Performative::Transfer(_, p)) =
+        decode_performative(&Bytes::copy_from_slice(&input[8..]))
+    else {
+        panic!()
+    };
     assert!(p.len() > 1024);
     let a_ours = allocs_per_op(|| {
         black_box(ours(&input, &mut inbuf, &mut out));
@@ -146,10 +167,17 @@ fn bench(c: &mut Criterion) {
     let a_plain = allocs_per_op(|| {
         black_box(plain(&input));
     });
-    println!("frame {} bytes; allocations per decode+encode: ours {a_ours:.1}, plain fe2o3 {a_plain:.1}", input.len());
+    println!(
+        "frame {} bytes; allocations per decode+encode: ours {a_ours:.1}, plain fe2o3 {a_plain:.1}",
+        input.len()
+    );
     let mut g = c.benchmark_group("transfer_1k_roundtrip");
-    g.bench_function("ours", |b| b.iter(|| black_box(ours(black_box(&input), &mut inbuf, &mut out))));
-    g.bench_function("plain_fe2o3", |b| b.iter(|| black_box(plain(black_box(&input)))));
+    g.bench_function("ours", |b| {
+        b.iter(|| black_box(ours(black_box(&input), &mut inbuf, &mut out)))
+    });
+    g.bench_function("plain_fe2o3", |b| {
+        b.iter(|| black_box(plain(black_box(&input))))
+    });
     g.finish();
 }
 

@@ -33,7 +33,9 @@ fn attach(role: Role, handle: u32) -> Attach {
         snd_settle_mode: SenderSettleMode::Unsettled,
         rcv_settle_mode: ReceiverSettleMode::First,
         source: Some(Box::new(Source::builder().address("queues/bench").build())),
-        target: Some(Box::new(TargetArchetype::Target(Target::builder().address("queues/bench").build()))),
+        target: Some(Box::new(TargetArchetype::Target(
+            Target::builder().address("queues/bench").build(),
+        ))),
         unsettled: None,
         incomplete_unsettled: false,
         initial_delivery_count: Some(0),
@@ -46,9 +48,17 @@ fn attach(role: Role, handle: u32) -> Attach {
 
 /// An open connection with a producer link (handle 0) and a consumer link (handle 1, credit huge).
 fn setup() -> (Connection, Instant, u64, u64) {
-    let settings = Settings { max_unsettled_per_link: 1 << 20, ..Settings::default() };
+    let settings = Settings {
+        max_unsettled_per_link: 1 << 20,
+        ..Settings::default()
+    };
     let now = Instant::now();
-    let mut c = Connection::new(Arc::new(settings.engine_config_no_auth()), Transport::Plain, None, now);
+    let mut c = Connection::new(
+        Arc::new(settings.engine_config_no_auth()),
+        Transport::Plain,
+        None,
+        now,
+    );
     let mut input = HEADER_AMQP.to_vec();
     let open = Open {
         container_id: "bench".into(),
@@ -81,7 +91,13 @@ fn setup() -> (Connection, Instant, u64, u64) {
     let mut ids = Vec::new();
     while let Some(e) = c.poll_event() {
         if let Event::AttachRequested { link, .. } = e {
-            c.accept_link(link, LinkAccept { credit_window: 1 << 20 }).unwrap();
+            c.accept_link(
+                link,
+                LinkAccept {
+                    credit_window: 1 << 20,
+                },
+            )
+            .unwrap();
             ids.push(link);
         }
     }
@@ -144,7 +160,8 @@ fn bench(c: &mut Criterion) {
             conn.handle_input(now, &mut input);
             while let Some(e) = conn.poll_event() {
                 if let Event::Delivery(d) = e {
-                    conn.settle(tx, d.delivery_id, DeliveryState::Accepted(Accepted {})).unwrap();
+                    conn.settle(tx, d.delivery_id, DeliveryState::Accepted(Accepted {}))
+                        .unwrap();
                 }
             }
             out.clear();
@@ -161,7 +178,8 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             for _ in 0..BATCH {
                 token += 1;
-                conn.send(rx, &token.to_be_bytes(), &body, true, token).unwrap();
+                conn.send(rx, &token.to_be_bytes(), &body, true, token)
+                    .unwrap();
             }
             out.clear();
             conn.poll_transmit(&mut out);

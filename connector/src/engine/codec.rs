@@ -464,7 +464,14 @@ mod tests {
                     for settled in [None, Some(false), Some(true)] {
                         for more in [false, true] {
                             let format = id.map(|_| 0u32);
-                            let head = TransferHead { handle, delivery_id: id, tag, message_format: format, settled, more };
+                            let head = TransferHead {
+                                handle,
+                                delivery_id: id,
+                                tag,
+                                message_format: format,
+                                settled,
+                                more,
+                            };
                             let fe = Transfer {
                                 handle: handle.into(),
                                 delivery_id: id,
@@ -480,7 +487,11 @@ mod tests {
                             };
                             let mut ours = BytesMut::new();
                             encode_transfer(&mut ours, &head);
-                            assert_eq!(&ours[..], &serde_amqp::to_vec(&fe).unwrap()[..], "{head:?}");
+                            assert_eq!(
+                                &ours[..],
+                                &serde_amqp::to_vec(&fe).unwrap()[..],
+                                "{head:?}"
+                            );
                         }
                     }
                 }

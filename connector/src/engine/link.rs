@@ -492,7 +492,15 @@ impl Connection {
         Ok(delivery_id)
     }
 
-    fn write_transfers(&mut self, ch: u16, handle: u32, delivery_id: u32, tag: &[u8], payload: &[u8], settled: bool) {
+    fn write_transfers(
+        &mut self,
+        ch: u16,
+        handle: u32,
+        delivery_id: u32,
+        tag: &[u8],
+        payload: &[u8],
+        settled: bool,
+    ) {
         self.flush_disposition();
         let first = TransferHead {
             handle,
@@ -505,7 +513,9 @@ impl Connection {
         // The first frame's performative is the largest; size every chunk by it.
         let mut perf = BytesMut::new();
         codec::encode_transfer(&mut perf, &first);
-        let room = (self.max_frame as usize).saturating_sub(HEADER_LEN + perf.len()).max(1);
+        let room = (self.max_frame as usize)
+            .saturating_sub(HEADER_LEN + perf.len())
+            .max(1);
         let mut rest = payload;
         let mut head = first;
         loop {
@@ -529,7 +539,9 @@ impl Connection {
 
     /// One TRANSFER frame, sent now if the client's incoming window allows, queued otherwise.
     fn write_transfer_frame(&mut self, ch: u16, head: &TransferHead<'_>, chunk: &[u8]) {
-        let Some(s) = self.sessions.get_mut(&ch) else { return };
+        let Some(s) = self.sessions.get_mut(&ch) else {
+            return;
+        };
         let write = |b: &mut BytesMut| {
             codec::encode_transfer(b, head);
             b.extend_from_slice(chunk);

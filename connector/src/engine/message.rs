@@ -98,7 +98,10 @@ fn symbolic(name: &[u8]) -> Option<u64> {
         (b"amqp:delivery-annotations:map", code::DELIVERY_ANNOTATIONS),
         (b"amqp:message-annotations:map", code::MESSAGE_ANNOTATIONS),
         (b"amqp:properties:list", code::PROPERTIES),
-        (b"amqp:application-properties:map", code::APPLICATION_PROPERTIES),
+        (
+            b"amqp:application-properties:map",
+            code::APPLICATION_PROPERTIES,
+        ),
         (b"amqp:data:binary", code::DATA),
         (b"amqp:amqp-sequence:list", code::SEQUENCE),
         (b"amqp:amqp-value:*", code::VALUE),
@@ -157,7 +160,9 @@ pub fn walk(msg: &[u8]) -> Result<Layout, MessageError> {
             body => {
                 layout.body_kind = match (layout.body_kind, body) {
                     (BodyKind::Empty, code::DATA) => BodyKind::Data { sections: 1 },
-                    (BodyKind::Data { sections }, code::DATA) => BodyKind::Data { sections: sections + 1 },
+                    (BodyKind::Data { sections }, code::DATA) => BodyKind::Data {
+                        sections: sections + 1,
+                    },
                     (BodyKind::Empty | BodyKind::Sequence, code::SEQUENCE) => BodyKind::Sequence,
                     (BodyKind::Empty, code::VALUE) => BodyKind::Value,
                     _ => return Err(MessageError::MixedBody),
@@ -184,7 +189,10 @@ pub fn data_sections(body: &[u8]) -> impl Iterator<Item = &[u8]> {
         // A Data section is 0x00 0x53 0x75 then vbin8 (0xa0 len) or vbin32 (0xb0 len32).
         let (start, n) = match rest.get(3)? {
             0xa0 => (5, usize::from(*rest.get(4)?)),
-            0xb0 => (8, u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?) as usize),
+            0xb0 => (
+                8,
+                u32::from_be_bytes(rest.get(4..8)?.try_into().ok()?) as usize,
+            ),
             _ => return None,
         };
         pos += len;
@@ -208,18 +216,31 @@ mod tests {
 
     #[test]
     fn full_message_layout() {
-        let header = enc(&Header { durable: true, ..Default::default() });
+        let header = enc(&Header {
+            durable: true,
+            ..Default::default()
+        });
         let props = enc(&Properties {
             message_id: Some(String::from("m1").into()),
             ..Default::default()
         });
         let app = enc(&ApplicationProperties::builder().insert("k", 1i32).build());
-        let mut msg = [header.clone(), props.clone(), app.clone(), data(b"ab"), data(b"cd")].concat();
+        let mut msg = [
+            header.clone(),
+            props.clone(),
+            app.clone(),
+            data(b"ab"),
+            data(b"cd"),
+        ]
+        .concat();
         let l = walk(&msg).unwrap();
         assert_eq!(l.header, Some(0..header.len()));
         assert_eq!(l.properties.as_ref().map(|r| r.len()), Some(props.len()));
         assert_eq!(l.body_kind, BodyKind::Data { sections: 2 });
-        let joined: Vec<u8> = data_sections(&msg[l.body.clone()]).flatten().copied().collect();
+        let joined: Vec<u8> = data_sections(&msg[l.body.clone()])
+            .flatten()
+            .copied()
+            .collect();
         assert_eq!(joined, b"abcd");
         msg.extend(enc(&fe2o3_amqp_types::messaging::Footer::default()));
         assert!(walk(&msg).unwrap().footer.is_some());
@@ -238,18 +259,39 @@ mod tests {
     fn order_and_duplicates() {
         let header = enc(&Header::default());
         let props = enc(&Properties::default());
-        assert!(matches!(walk(&[props.clone(), header.clone()].concat()), Err(MessageError::OutOfOrder(0x70))));
-        assert!(matches!(walk(&[header.clone(), header.clone()].concat()), Err(MessageError::OutOfOrder(0x70))));
-        assert!(matches!(walk(&[data(b"x"), props].concat()), Err(MessageError::OutOfOrder(0x73))));
+        assert!(matches!(
+            walk(&[props.clone(), header.clone()].concat()),
+            Err(MessageError::OutOfOrder(0x70))
+        ));
+        assert!(matches!(
+            walk(&[header.clone(), header.clone()].concat()),
+            Err(MessageError::OutOfOrder(0x70))
+        ));
+        assert!(matches!(
+            walk(&[data(b"x"), props].concat()),
+            Err(MessageError::OutOfOrder(0x73))
+        ));
         assert_eq!(walk(&[]).unwrap().body_kind, BodyKind::Empty);
-        assert!(matches!(walk(&[0x00, 0x53, 0x79, 0x40]), Err(MessageError::UnknownSection(0))));
-        assert!(matches!(walk(&[0x40]), Err(MessageError::UnknownSection(0))));
-        assert!(matches!(walk(&[0x00, 0x53, 0x75, 0xb0, 0xff, 0xff, 0xff, 0xff]), Err(MessageError::Malformed(_))));
+        assert!(matches!(
+            walk(&[0x00, 0x53, 0x79, 0x40]),
+            Err(MessageError::UnknownSection(0))
+        ));
+        assert!(matches!(
+            walk(&[0x40]),
+            Err(MessageError::UnknownSection(0))
+        ));
+        assert!(matches!(
+            walk(&[0x00, 0x53, 0x75, 0xb0, 0xff, 0xff, 0xff, 0xff]),
+            Err(MessageError::Malformed(_))
+        ));
     }
 
     #[test]
     fn sequence_body() {
         let seq = enc(&fe2o3_amqp_types::messaging::AmqpSequence(vec![1i32, 2]));
-        assert_eq!(walk(&[seq.clone(), seq].concat()).unwrap().body_kind, BodyKind::Sequence);
+        assert_eq!(
+            walk(&[seq.clone(), seq].concat()).unwrap().body_kind,
+            BodyKind::Sequence
+        );
     }
 }

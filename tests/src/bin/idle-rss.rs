@@ -1,0 +1,115 @@
+//! Measures the connector's resident memory per idle AMQP connection: starts the connector
+//! binary, opens N connections (header, OPEN, BEGIN each) and reports the RSS growth per
+//! connection. Usage: idle-rss [CONNECTOR_BINARY] [N]. Linux only (reads /proc).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use connector::engine::HEADER_AMQP;
+use fe2o3_amqp_types::performatives::{Begin, Open};
+use interop_tests::raw::frame_bytes;
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+fn handshake(port: u16, i: usize) -> TcpStream {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let open = Open {
+        container_id: format!("idle-{i}"),
+        hostname: None,
+        max_frame_size: 65536.into(),
+        channel_max: 10.into(),
+        idle_time_out: None,
+        outgoing_locales: None,
+        incoming_locales: None,
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    };
+    let begin = Begin {
+        remote_channel: None,
+        next_outgoing_id: 0,
+        incoming_window: 2048,
+        outgoing_window: 2048,
+        handle_max: 10.into(),
+        offered_capabilities: None,
+        desired_capabilities: None,
+        properties: None,
+    };
+    let mut bytes = HEADER_AMQP.to_vec();
+    bytes.extend(frame_bytes(0, &open, &[]));
+    bytes.extend(frame_bytes(0, &begin, &[]));
+    s.write_all(&bytes).expect("write");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut got = 0;
+    let mut buf = [0u8; 1024];
+    // header (8) + OPEN + BEGIN: at least 40 bytes; good enough to know the server has them.
+    while got < 40 {
+        let n = s.read(&mut buf).expect("read");
+        assert!(n > 0, "server closed connection {i}");
+        got += n;
+    }
+    s
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let binary = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "target/release/kubemq-amqp-connector".into());
+    let n: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let mut child = Command::new(&binary)
+        .args([
+            "--port",
+            &port.to_string(),
+            "--bind-address",
+            "127.0.0.1",
+            "--max-connections",
+            "0",
+            "--idle-timeout-seconds",
+            "0",
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {binary}: {e}"));
+    let pid = child.id();
+    let mut warm = None;
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(50));
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            warm = Some(handshake(port, usize::MAX));
+            break;
+        }
+    }
+    assert!(warm.is_some(), "connector did not start");
+    std::thread::sleep(Duration::from_millis(300));
+    let before = rss_kib(pid);
+    let conns: Vec<TcpStream> = (0..n).map(|i| handshake(port, i)).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let after = rss_kib(pid);
+    let per = (after.saturating_sub(before)) as f64 / n as f64;
+    println!("connections: {n}; RSS before {before} KiB, after {after} KiB; per idle connection {per:.1} KiB");
+    drop(conns);
+    drop(warm);
+    let _ = child.kill();
+    let _ = child.wait();
+    if per > 64.0 {
+        eprintln!("over the 64 KiB target");
+        std::process::exit(1);
+    }
+}
