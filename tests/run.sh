@@ -2,6 +2,7 @@
 # Runs every test of the project. Installs what the interop tests need (idempotently):
 # python-qpid-proton from PyPI, rhea and rhea-promise from npm. Rust's own tools come with cargo.
 set -euo pipefail
+export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
 
 if ! python3 -c 'import proton' 2>/dev/null; then
@@ -18,4 +19,10 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
-cargo test --workspace
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
+# One closing line with the totals of every test binary (the last binary run is often the empty
+# doc-test pass, which would otherwise be the closing line).
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
+     END { printf "total: %d passed, %d failed\n", p, f; if (p == 0) exit 1 }' "$log"
