@@ -125,7 +125,54 @@ def many_links(url):
     conn.close()
 
 
+def plain(url):
+    """SASL PLAIN with a username and password (authentication disabled: any password, SASL-4)."""
+    conn = BlockingConnection(url, timeout=TIMEOUT, container_id="py-plain", user="alice", password="secret",
+                              allowed_mechs="PLAIN", allow_insecure_mechs=True)
+    conn.create_sender("queues/py-plain").send(Message(body="authenticated"))
+    r = conn.create_receiver("queues/py-plain", credit=1)
+    assert r.receive(timeout=TIMEOUT).body == "authenticated"
+    r.accept()
+    conn.close()
+
+
+class Heartbeat(MessagingHandler):
+    """CONN-12: with a 1 s idle-time-out and no traffic of its own for 3 s, the client stays
+    connected only because the server sends empty frames at half its interval."""
+
+    def __init__(self, url):
+        super().__init__()
+        self.url = url
+        self.ok = False
+        self.error = None
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url, container_id="py-heartbeat", heartbeat=1)
+        event.container.schedule(3.0, self)
+
+    def on_timer_task(self, event):
+        self.sender = event.container.create_sender(self.conn, "queues/py-hb")
+
+    def on_sendable(self, event):
+        if not self.ok:
+            event.sender.send(Message(body="still here"))
+
+    def on_accepted(self, event):
+        self.ok = True
+        event.connection.close()
+
+    def on_transport_error(self, event):
+        self.error = event.transport.condition
+
+
+def heartbeat(url):
+    h = Heartbeat(url)
+    Container(h).run()
+    assert h.ok and h.error is None, h.error
+
+
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
-    {"basic": basic, "large": large, "presettled": presettled, "drain": drain, "many_links": many_links}[scenario](url)
+    {"basic": basic, "large": large, "presettled": presettled, "drain": drain, "many_links": many_links,
+     "plain": plain, "heartbeat": heartbeat}[scenario](url)
     print("PASS", scenario)

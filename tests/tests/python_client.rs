@@ -52,3 +52,15 @@ fn proton_drain() {
 fn proton_many_links() {
     run("many_links");
 }
+
+/// SASL PLAIN with credentials (SASL-2, SASL-4).
+#[test]
+fn proton_sasl_plain() {
+    run("plain");
+}
+
+/// The server keeps an idle client alive with empty frames (CONN-12).
+#[test]
+fn proton_heartbeat() {
+    run("heartbeat");
+}

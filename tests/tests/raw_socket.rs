@@ -331,6 +331,53 @@ fn xfer_2_message_size_exceeded() {
         .any(|r| matches!(r, Received::Frame(_, Performative::Disposition(d)) if d.settled)));
 }
 
+/// OP-LINK-6: a transfer beyond link credit → DETACH `amqp:not-allowed`.
+#[test]
+fn transfer_beyond_credit_not_allowed() {
+    let settings = Settings {
+        max_unsettled_per_link: 1,
+        ..Settings::default()
+    };
+    let server = TestServer::start(settings);
+    let mut p = session(&server);
+    p.frame(0, &attach_sender("c", 0), &[]);
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
+    // Both in one write: the second arrives before any refill could have been seen.
+    let mut two =
+        interop_tests::raw::frame_bytes(0, &transfer(0, 0, b"a", false), b"\x00\x53\x77\x40");
+    two.extend(interop_tests::raw::frame_bytes(
+        0,
+        &transfer(0, 1, b"b", false),
+        b"\x00\x53\x77\x40",
+    ));
+    p.write(&two);
+    let got = expect(&mut p, "amqp:not-allowed");
+    assert_eq!(
+        got.iter().find_map(description).as_deref(),
+        Some("transfer exceeds link credit")
+    );
+}
+
+/// LINK-7: an ATTACH offering unsettled state → DETACH `amqp:not-allowed`,
+/// `link re-attach not supported`.
+#[test]
+fn reattach_not_allowed() {
+    let server = TestServer::start_default();
+    let mut p = session(&server);
+    let mut a = attach_sender("resume", 0);
+    let mut unsettled = fe2o3_amqp_types::primitives::OrderedMap::new();
+    unsettled.insert(ByteBuf::from(vec![1u8]), None);
+    a.unsettled = Some(unsettled);
+    p.frame(0, &a, &[]);
+    let got = expect(&mut p, "amqp:not-allowed");
+    assert_eq!(
+        got.iter().find_map(description).as_deref(),
+        Some("link re-attach not supported")
+    );
+}
+
 /// A delivery tag over 32 bytes → DETACH `amqp:invalid-field`.
 #[test]
 fn long_delivery_tag_invalid_field() {
