@@ -6,44 +6,16 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use connector::config::Settings;
-use connector::engine::frame::{write_frame, TYPE_AMQP};
+use connector::engine::peer;
 use connector::engine::{Connection, Event, LinkAccept, Transport, HEADER_AMQP};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Source, Target, TargetArchetype};
-use fe2o3_amqp_types::performatives::{Attach, Begin, Flow, Open, Transfer};
-use serde_bytes::ByteBuf;
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
+use fe2o3_amqp_types::performatives::{Begin, Flow};
 
 const BATCH: u32 = 1000;
 
 fn frame<T: serde::Serialize>(out: &mut Vec<u8>, perf: &T, payload: &[u8]) {
-    let mut b = BytesMut::new();
-    write_frame(&mut b, TYPE_AMQP, 0, |x| {
-        x.extend_from_slice(&serde_amqp::to_vec(perf).unwrap());
-        x.extend_from_slice(payload);
-    });
-    out.extend_from_slice(&b);
-}
-
-fn attach(role: Role, handle: u32) -> Attach {
-    Attach {
-        name: format!("l{handle}"),
-        handle: handle.into(),
-        role,
-        snd_settle_mode: SenderSettleMode::Unsettled,
-        rcv_settle_mode: ReceiverSettleMode::First,
-        source: Some(Box::new(Source::builder().address("queues/bench").build())),
-        target: Some(Box::new(TargetArchetype::Target(
-            Target::builder().address("queues/bench").build(),
-        ))),
-        unsettled: None,
-        incomplete_unsettled: false,
-        initial_delivery_count: Some(0),
-        max_message_size: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
+    out.extend(peer::frame(0, perf, payload));
 }
 
 /// An open connection with a producer link (handle 0) and a consumer link (handle 1, credit huge).
@@ -60,32 +32,23 @@ fn setup() -> (Connection, Instant, u64, u64) {
         now,
     );
     let mut input = HEADER_AMQP.to_vec();
-    let open = Open {
-        container_id: "bench".into(),
-        hostname: None,
-        max_frame_size: 65536.into(),
-        channel_max: 10.into(),
-        idle_time_out: None,
-        outgoing_locales: None,
-        incoming_locales: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    };
-    frame(&mut input, &open, &[]);
+    frame(&mut input, &peer::open("bench"), &[]);
     let begin = Begin {
-        remote_channel: None,
-        next_outgoing_id: 0,
         incoming_window: u32::MAX,
         outgoing_window: u32::MAX,
-        handle_max: 10.into(),
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
+        ..peer::begin()
     };
     frame(&mut input, &begin, &[]);
-    frame(&mut input, &attach(Role::Sender, 0), &[]);
-    frame(&mut input, &attach(Role::Receiver, 1), &[]);
+    frame(
+        &mut input,
+        &peer::attach_sender("l0", 0, "queues/bench"),
+        &[],
+    );
+    frame(
+        &mut input,
+        &peer::attach_receiver("l1", 1, "queues/bench"),
+        &[],
+    );
     let mut buf = BytesMut::from(&input[..]);
     c.handle_input(now, &mut buf);
     let mut ids = Vec::new();
@@ -102,17 +65,8 @@ fn setup() -> (Connection, Instant, u64, u64) {
         }
     }
     let flow = Flow {
-        next_incoming_id: Some(0),
         incoming_window: u32::MAX,
-        next_outgoing_id: 0,
-        outgoing_window: u32::MAX,
-        handle: Some(1.into()),
-        delivery_count: Some(0),
-        link_credit: Some(u32::MAX / 2),
-        available: None,
-        drain: false,
-        echo: false,
-        properties: None,
+        ..peer::link_flow(1, 0, u32::MAX / 2, false)
     };
     let mut input = Vec::new();
     frame(&mut input, &flow, &[]);
@@ -140,19 +94,7 @@ fn bench(c: &mut Criterion) {
         // the client's encoding cost is not the engine's.
         let mut raw = Vec::with_capacity(BATCH as usize * 1100);
         for id in 0..BATCH {
-            let t = Transfer {
-                handle: 0.into(),
-                delivery_id: Some(id),
-                delivery_tag: Some(ByteBuf::from(id.to_be_bytes().to_vec())),
-                message_format: Some(0),
-                settled: Some(false),
-                more: false,
-                rcv_settle_mode: None,
-                state: None,
-                resume: false,
-                aborted: false,
-                batchable: false,
-            };
+            let t = peer::transfer(0, Some(id), Some(&id.to_be_bytes()), false, false);
             frame(&mut raw, &t, &body);
         }
         b.iter(|| {

@@ -232,6 +232,32 @@ impl HandlerFactory for NodeFactory {
     }
 }
 
+/// Runs a client script (`program args...`) against a fresh default server and asserts it exits
+/// 0 and prints `PASS <scenario>`. `args` may contain `{url}` and `{port}`.
+pub fn run_client_script(program: &str, dir: &str, args: &[&str], scenario: &str) {
+    let server = TestServer::start_default();
+    let port = server.addr.port().to_string();
+    let url = server.url();
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| a.replace("{url}", &url).replace("{port}", &port))
+        .collect();
+    let out = std::process::Command::new(program)
+        .current_dir(dir)
+        .args(&args)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{program} must be installed (tests/run.sh installs the clients): {e}")
+        });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+}
+
 /// A connector with the memory node, serving on a loopback port in its own runtime thread.
 pub struct TestServer {
     /// Where clients connect.

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use connector::engine::codec::{decode_performative, Performative};
-use connector::engine::frame::{split_frame, write_frame, TYPE_AMQP};
+use connector::engine::frame::{split_frame, TYPE_AMQP};
+use connector::engine::peer::{error_of, error_symbol};
 
 /// What the server sent.
 #[derive(Debug)]
@@ -56,59 +57,44 @@ impl RawPeer {
     /// Reads until the server closes the socket or `within` passes; returns what arrived and
     /// whether the socket was closed by the server.
     pub fn read_all(&mut self, within: Duration) -> (Vec<Received>, bool) {
-        let deadline = Instant::now() + within;
-        let mut out = Vec::new();
-        let mut closed = false;
-        let mut chunk = [0u8; 65536];
-        while Instant::now() < deadline {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => {
-                    closed = true;
-                    break;
-                }
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => {
-                    closed = true;
-                    break;
-                }
-            }
-            self.decode(&mut out);
-        }
-        self.decode(&mut out);
-        (out, closed)
+        self.read(within, |_| false)
     }
 
-    /// Reads until `pred` matches a received item or `within` passes.
+    /// Reads until `pred` matches a received item, the socket closes, or `within` passes.
     pub fn read_until(
         &mut self,
         within: Duration,
         pred: impl Fn(&Received) -> bool,
     ) -> Vec<Received> {
+        self.read(within, pred).0
+    }
+
+    fn read(
+        &mut self,
+        within: Duration,
+        pred: impl Fn(&Received) -> bool,
+    ) -> (Vec<Received>, bool) {
         let deadline = Instant::now() + within;
         let mut out = Vec::new();
+        let mut closed = false;
         let mut chunk = [0u8; 65536];
-        while Instant::now() < deadline {
-            if out.iter().any(&pred) {
-                break;
-            }
+        while Instant::now() < deadline && !out.iter().any(&pred) {
             match self.stream.read(&mut chunk) {
-                Ok(0) => break,
+                Ok(0) => closed = true,
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e)
                     if matches!(
                         e.kind(),
                         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
                     ) => {}
-                Err(_) => break,
+                Err(_) => closed = true,
             }
             self.decode(&mut out);
+            if closed {
+                break;
+            }
         }
-        out
+        (out, closed)
     }
 
     fn decode(&mut self, out: &mut Vec<Received>) {
@@ -134,26 +120,12 @@ impl RawPeer {
     }
 }
 
-/// The bytes of one AMQP frame.
-pub fn frame_bytes<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
-    let mut out = BytesMut::new();
-    write_frame(&mut out, TYPE_AMQP, ch, |b| {
-        b.extend_from_slice(&serde_amqp::to_vec(perf).expect("encode"));
-        b.extend_from_slice(payload);
-    });
-    out.to_vec()
-}
+pub use connector::engine::peer::frame as frame_bytes;
 
 /// The condition symbol carried by a CLOSE, END or DETACH, if any.
 pub fn condition(r: &Received) -> Option<String> {
-    let err = match r {
-        Received::Frame(_, Performative::Close(c)) => c.error.as_ref(),
-        Received::Frame(_, Performative::End(e)) => e.error.as_ref(),
-        Received::Frame(_, Performative::Detach(d)) => d.error.as_ref(),
-        _ => None,
-    }?;
-    match serde_amqp::to_value(&err.condition).ok()? {
-        serde_amqp::Value::Symbol(s) => Some(s.0),
+    match r {
+        Received::Frame(_, p) => error_of(p).map(error_symbol),
         _ => None,
     }
 }
@@ -161,9 +133,7 @@ pub fn condition(r: &Received) -> Option<String> {
 /// The description carried by a CLOSE, END or DETACH, if any.
 pub fn description(r: &Received) -> Option<String> {
     match r {
-        Received::Frame(_, Performative::Close(c)) => c.error.as_ref()?.description.clone(),
-        Received::Frame(_, Performative::End(e)) => e.error.as_ref()?.description.clone(),
-        Received::Frame(_, Performative::Detach(d)) => d.error.as_ref()?.description.clone(),
+        Received::Frame(_, p) => error_of(p)?.description.clone(),
         _ => None,
     }
 }

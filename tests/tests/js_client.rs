@@ -1,25 +1,11 @@
 //! Interop with rhea and rhea-promise (npm) over real sockets, against the test-only in-memory
 //! node. The packages are installed into tests/js by `tests/run.sh`; missing ones fail loudly.
 
-use std::process::Command;
-
-use interop_tests::TestServer;
+use interop_tests::run_client_script;
 
 fn run(scenario: &str) {
-    let server = TestServer::start_default();
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
-    let out = Command::new("node")
-        .current_dir(dir)
-        .args(["interop.js", scenario, &server.addr.port().to_string()])
-        .output()
-        .expect("node must be installed");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "scenario {scenario} failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+    run_client_script("node", dir, &["interop.js", scenario, "{port}"], scenario);
 }
 
 /// Send (awaiting accepted), receive with credit, accept.

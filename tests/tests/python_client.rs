@@ -1,26 +1,11 @@
 //! Interop with python-qpid-proton (PyPI) over real sockets, against the test-only in-memory node.
 //! The client is installed by `tests/run.sh`; a missing client fails these tests loudly.
 
-use std::process::Command;
-use std::time::Duration;
-
-use interop_tests::TestServer;
+use interop_tests::run_client_script;
 
 fn run(scenario: &str) {
-    let server = TestServer::start_default();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/interop.py");
-    let out = Command::new("python3")
-        .args([script, scenario, &server.url()])
-        .output()
-        .expect("python3 must be installed (tests/run.sh installs python-qpid-proton)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "scenario {scenario} failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
-    std::thread::sleep(Duration::from_millis(10));
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    run_client_script("python3", dir, &["interop.py", scenario, "{url}"], scenario);
 }
 
 /// Send, receive with credit, accept, release and redelivery.

@@ -5,79 +5,22 @@ use std::time::Duration;
 
 use connector::config::Settings;
 use connector::engine::codec::Performative;
+use connector::engine::peer::{self, begin, open};
 use connector::engine::{HEADER_AMQP, HEADER_SASL};
-use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{Source, Target, TargetArchetype};
-use fe2o3_amqp_types::performatives::{Attach, Begin, Open, Transfer};
+use fe2o3_amqp_types::definitions::ReceiverSettleMode;
+use fe2o3_amqp_types::performatives::{Attach, Transfer};
 use interop_tests::raw::{condition, description, RawPeer, Received};
 use interop_tests::TestServer;
 use serde_bytes::ByteBuf;
 
 const WAIT: Duration = Duration::from_secs(3);
 
-fn open(container: &str) -> Open {
-    Open {
-        container_id: container.into(),
-        hostname: None,
-        max_frame_size: 65536.into(),
-        channel_max: 100.into(),
-        idle_time_out: None,
-        outgoing_locales: None,
-        incoming_locales: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
-}
-
-fn begin() -> Begin {
-    Begin {
-        remote_channel: None,
-        next_outgoing_id: 0,
-        incoming_window: 5000,
-        outgoing_window: 5000,
-        handle_max: 1000.into(),
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
-}
-
 fn attach_sender(name: &str, handle: u32) -> Attach {
-    Attach {
-        name: name.into(),
-        handle: handle.into(),
-        role: Role::Sender,
-        snd_settle_mode: SenderSettleMode::Unsettled,
-        rcv_settle_mode: ReceiverSettleMode::First,
-        source: Some(Box::new(Source::builder().address("raw").build())),
-        target: Some(Box::new(TargetArchetype::Target(
-            Target::builder().address("queues/raw").build(),
-        ))),
-        unsettled: None,
-        incomplete_unsettled: false,
-        initial_delivery_count: Some(0),
-        max_message_size: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
+    peer::attach_sender(name, handle, "queues/raw")
 }
 
 fn transfer(handle: u32, id: u32, tag: &[u8], more: bool) -> Transfer {
-    Transfer {
-        handle: handle.into(),
-        delivery_id: Some(id),
-        delivery_tag: Some(ByteBuf::from(tag.to_vec())),
-        message_format: Some(0),
-        settled: Some(false),
-        more,
-        rcv_settle_mode: None,
-        state: None,
-        resume: false,
-        aborted: false,
-        batchable: false,
-    }
+    peer::transfer(handle, Some(id), Some(tag), false, more)
 }
 
 /// Header + OPEN (+ BEGIN) on a fresh socket, with the replies consumed.

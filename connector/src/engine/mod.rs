@@ -13,6 +13,7 @@ pub mod event;
 pub mod frame;
 mod link;
 pub mod message;
+pub mod peer;
 pub mod serial;
 mod session;
 pub mod validate;

@@ -7,9 +7,8 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use connector::engine::peer::{self, frame as frame_bytes};
 use connector::engine::HEADER_AMQP;
-use fe2o3_amqp_types::performatives::{Begin, Open};
-use interop_tests::raw::frame_bytes;
 
 fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read /proc status");
@@ -22,28 +21,8 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn handshake(port: u16, i: usize) -> TcpStream {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let open = Open {
-        container_id: format!("idle-{i}"),
-        hostname: None,
-        max_frame_size: 65536.into(),
-        channel_max: 10.into(),
-        idle_time_out: None,
-        outgoing_locales: None,
-        incoming_locales: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    };
-    let begin = Begin {
-        remote_channel: None,
-        next_outgoing_id: 0,
-        incoming_window: 2048,
-        outgoing_window: 2048,
-        handle_max: 10.into(),
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    };
+    let open = peer::open(&format!("idle-{i}"));
+    let begin = peer::begin();
     let mut bytes = HEADER_AMQP.to_vec();
     bytes.extend(frame_bytes(0, &open, &[]));
     bytes.extend(frame_bytes(0, &begin, &[]));

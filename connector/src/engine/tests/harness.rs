@@ -5,17 +5,38 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{Source, Target, TargetArchetype};
-use fe2o3_amqp_types::performatives::{
-    Attach, Begin, Detach, Disposition, End, Flow, Open, Transfer,
-};
+use fe2o3_amqp_types::definitions::Role;
+use fe2o3_amqp_types::performatives::{Attach, Begin, Detach, Disposition, End, Open, Transfer};
 use fe2o3_amqp_types::sasl::{SaslMechanisms, SaslOutcome};
-use serde_bytes::ByteBuf;
 
 use crate::engine::codec::{decode_performative, Performative};
-use crate::engine::frame::{split_frame, write_frame, TYPE_AMQP, TYPE_SASL};
+use crate::engine::frame::{split_frame, TYPE_SASL};
+pub use crate::engine::peer::{
+    attach_receiver, attach_sender, begin, link_flow, open, sasl_frame, transfer,
+};
+use crate::engine::peer::{error_of, error_symbol};
 use crate::engine::{AmqpError, Connection, EngineConfig, Event, NoAuth, Transport, HEADER_AMQP};
+
+/// One AMQP frame's bytes.
+pub fn amqp_frame<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
+    crate::engine::peer::frame(ch, perf, payload)
+}
+
+/// The condition symbol of an error-carrying frame, if the frame is one.
+pub fn condition_of(out: &Out) -> Option<String> {
+    match out {
+        Out::Frame(_, p) => error_of(p).map(error_symbol),
+        _ => None,
+    }
+}
+
+/// The description of an error-carrying frame, if any.
+pub fn description_of(out: &Out) -> Option<String> {
+    match out {
+        Out::Frame(_, p) => error_of(p)?.description.clone(),
+        _ => None,
+    }
+}
 
 /// Something the engine wrote.
 #[derive(Debug)]
@@ -168,126 +189,6 @@ pub fn decode_output(buf: &mut BytesMut) -> Vec<Out> {
     v
 }
 
-pub fn amqp_frame<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
-    let mut out = BytesMut::new();
-    write_frame(&mut out, TYPE_AMQP, ch, |b| {
-        b.extend_from_slice(&serde_amqp::to_vec(perf).unwrap());
-        b.extend_from_slice(payload);
-    });
-    out.to_vec()
-}
-
-pub fn sasl_frame<T: serde::Serialize>(perf: &T) -> Vec<u8> {
-    let mut out = BytesMut::new();
-    write_frame(&mut out, TYPE_SASL, 0, |b| {
-        b.extend_from_slice(&serde_amqp::to_vec(perf).unwrap())
-    });
-    out.to_vec()
-}
-
-pub fn open(container: &str) -> Open {
-    Open {
-        container_id: container.into(),
-        hostname: Some("example.com".into()),
-        max_frame_size: u32::MAX.into(),
-        channel_max: u16::MAX.into(),
-        idle_time_out: None,
-        outgoing_locales: None,
-        incoming_locales: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
-}
-
-pub fn begin() -> Begin {
-    Begin {
-        remote_channel: None,
-        next_outgoing_id: 1,
-        incoming_window: 5000,
-        outgoing_window: 5000,
-        handle_max: u32::MAX.into(),
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
-}
-
-/// ATTACH of a client sender (it produces to `addr`).
-pub fn attach_sender(name: &str, handle: u32, addr: &str) -> Attach {
-    Attach {
-        name: name.into(),
-        handle: handle.into(),
-        role: Role::Sender,
-        snd_settle_mode: SenderSettleMode::Unsettled,
-        rcv_settle_mode: ReceiverSettleMode::First,
-        source: Some(Box::new(Source::builder().address("client").build())),
-        target: Some(Box::new(TargetArchetype::Target(
-            Target::builder().address(addr.to_string()).build(),
-        ))),
-        unsettled: None,
-        incomplete_unsettled: false,
-        initial_delivery_count: Some(0),
-        max_message_size: None,
-        offered_capabilities: None,
-        desired_capabilities: None,
-        properties: None,
-    }
-}
-
-/// ATTACH of a client receiver (it consumes from `addr`).
-pub fn attach_receiver(name: &str, handle: u32, addr: &str) -> Attach {
-    Attach {
-        role: Role::Receiver,
-        source: Some(Box::new(
-            Source::builder().address(addr.to_string()).build(),
-        )),
-        target: Some(Box::new(TargetArchetype::Target(
-            Target::builder().address("client").build(),
-        ))),
-        initial_delivery_count: None,
-        ..attach_sender(name, handle, addr)
-    }
-}
-
-pub fn link_flow(handle: u32, delivery_count: u32, credit: u32, drain: bool) -> Flow {
-    Flow {
-        next_incoming_id: Some(0),
-        incoming_window: 5000,
-        next_outgoing_id: 1,
-        outgoing_window: 5000,
-        handle: Some(handle.into()),
-        delivery_count: Some(delivery_count),
-        link_credit: Some(credit),
-        available: None,
-        drain,
-        echo: false,
-        properties: None,
-    }
-}
-
-pub fn transfer(
-    handle: u32,
-    id: Option<u32>,
-    tag: Option<&[u8]>,
-    settled: bool,
-    more: bool,
-) -> Transfer {
-    Transfer {
-        handle: handle.into(),
-        delivery_id: id,
-        delivery_tag: tag.map(|t| ByteBuf::from(t.to_vec())),
-        message_format: id.map(|_| 0),
-        settled: Some(settled),
-        more,
-        rcv_settle_mode: None,
-        state: None,
-        resume: false,
-        aborted: false,
-        batchable: false,
-    }
-}
-
 pub fn disposition(
     first: u32,
     last: Option<u32>,
@@ -314,29 +215,6 @@ pub fn detach(handle: u32) -> Detach {
 
 pub fn end() -> End {
     End { error: None }
-}
-
-/// The condition symbol of an error-carrying frame, if the frame is one.
-pub fn condition_of(out: &Out) -> Option<String> {
-    let err = match out {
-        Out::Frame(_, Performative::Close(c)) => c.error.as_ref(),
-        Out::Frame(_, Performative::End(e)) => e.error.as_ref(),
-        Out::Frame(_, Performative::Detach(d)) => d.error.as_ref(),
-        _ => None,
-    }?;
-    match serde_amqp::to_value(&err.condition).ok()? {
-        serde_amqp::Value::Symbol(s) => Some(s.0),
-        _ => None,
-    }
-}
-
-pub fn description_of(out: &Out) -> Option<String> {
-    match out {
-        Out::Frame(_, Performative::Close(c)) => c.error.as_ref()?.description.clone(),
-        Out::Frame(_, Performative::End(e)) => e.error.as_ref()?.description.clone(),
-        Out::Frame(_, Performative::Detach(d)) => d.error.as_ref()?.description.clone(),
-        _ => None,
-    }
 }
 
 pub fn payload(out: &Out) -> Option<Bytes> {
