@@ -8,3 +8,4 @@
 pub mod config;
 pub mod driver;
 pub mod engine;
+pub mod kubemq;
