@@ -9,3 +9,4 @@ pub mod config;
 pub mod driver;
 pub mod engine;
 pub mod kubemq;
+pub mod store;

@@ -1,0 +1,249 @@
+//! One QueuesDownstream stream: its table of transactions and the operations on them, with
+//! KubeMQ's effects and error texts (kubemq-grpc.md 4.3.1–4.3.4, 4.3.7). Requests are handled one
+//! at a time by the caller, in arrival order; a successful settlement has no response.
+//!
+//! Dropping the stream returns every unsettled message unchanged (4.3.7).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::errors::{self, txn};
+use super::{new_id, Store};
+use crate::kubemq::{
+    QueuesDownstreamRequest, QueuesDownstreamRequestType as Op, QueuesDownstreamResponse,
+};
+
+/// MaxItems used when a Get asks for ≤ 0 (4.3.2).
+pub const UNBOUNDED_MAX_ITEMS: usize = 200_000;
+/// The smallest WaitTimeout, in milliseconds.
+pub const MIN_WAIT_MS: u64 = 1000;
+
+struct Txn {
+    queue: String,
+    /// Sequences handed out and not yet settled, in delivery order.
+    unsettled: Vec<u64>,
+    closed: bool,
+}
+
+/// The per-stream transaction table.
+pub struct Downstream {
+    store: Arc<Store>,
+    txns: HashMap<String, Txn>,
+}
+
+fn error(
+    txn_id: &str,
+    req: &QueuesDownstreamRequest,
+    op: Op,
+    text: impl Into<String>,
+) -> QueuesDownstreamResponse {
+    QueuesDownstreamResponse {
+        transaction_id: txn_id.to_string(),
+        ref_request_id: req.request_id.clone(),
+        request_type_data: op as i32,
+        is_error: true,
+        error: text.into(),
+        ..Default::default()
+    }
+}
+
+impl Downstream {
+    /// A new stream on `store`.
+    pub fn new(store: Arc<Store>) -> Self {
+        Downstream {
+            store,
+            txns: HashMap::new(),
+        }
+    }
+
+    /// Handles one request; `None` means success without a response.
+    pub async fn handle(
+        &mut self,
+        req: QueuesDownstreamRequest,
+    ) -> Option<QueuesDownstreamResponse> {
+        let op = match Op::try_from(req.request_type_data) {
+            Ok(
+                op @ (Op::Get
+                | Op::AckAll
+                | Op::AckRange
+                | Op::NAckAll
+                | Op::NAckRange
+                | Op::ReQueueAll
+                | Op::ReQueueRange
+                | Op::ActiveOffsets
+                | Op::CloseByClient),
+            ) => op,
+            _ => return Some(error("", &req, Op::PollRequestTypeUnknown, txn::UNKNOWN)),
+        };
+        if op == Op::Get {
+            return Some(self.get(&req).await);
+        }
+        let id = req.ref_transaction_id.clone();
+        let Some(t) = self.txns.get_mut(&id) else {
+            return Some(error(&id, &req, op, txn::NOT_FOUND));
+        };
+        if t.closed {
+            let text = match op {
+                Op::AckAll | Op::AckRange | Op::ReQueueAll => txn::ACK_CLOSED,
+                Op::NAckAll | Op::NAckRange => txn::NACK_CLOSED,
+                Op::ReQueueRange => txn::REQUEUE_CLOSED,
+                Op::ActiveOffsets => txn::OFFSETS_CLOSED,
+                _ => return None, // CloseByClient on a closed transaction is ignored
+            };
+            return Some(error(&id, &req, op, text));
+        }
+        let queue = t.queue.clone();
+        let (seqs, failure) = match op {
+            Op::AckAll | Op::NAckAll | Op::ReQueueAll | Op::CloseByClient => {
+                (t.unsettled.clone(), None)
+            }
+            Op::AckRange | Op::NAckRange | Op::ReQueueRange => {
+                let (empty, invalid) = match op {
+                    Op::AckRange => (txn::ACK_EMPTY, "invalid ack sequence id"),
+                    Op::NAckRange => (txn::NACK_EMPTY, "invalid nack sequence id"),
+                    _ => (txn::REQUEUE_EMPTY, "invalid ack sequence id"),
+                };
+                if op == Op::ReQueueRange && req.re_queue_channel.is_empty() {
+                    return Some(error(&id, &req, op, txn::REQUEUE_NO_CHANNEL));
+                }
+                if req.sequence_range.is_empty() {
+                    return Some(error(&id, &req, op, empty));
+                }
+                let (valid, bad) = pick(&t.unsettled, &req.sequence_range);
+                // Entries before a bad one stay applied (4.3.4).
+                (valid, bad.map(|b| format!("{invalid} {b}")))
+            }
+            Op::ActiveOffsets => {
+                return Some(QueuesDownstreamResponse {
+                    transaction_id: id.clone(),
+                    ref_request_id: req.request_id.clone(),
+                    request_type_data: Op::ActiveOffsets as i32,
+                    active_offsets: t.unsettled.iter().map(|s| *s as i64).collect(),
+                    ..Default::default()
+                });
+            }
+            _ => return Some(error(&id, &req, Op::PollRequestTypeUnknown, txn::UNKNOWN)),
+        };
+        if matches!(op, Op::ReQueueAll) && req.re_queue_channel.is_empty() {
+            return Some(error(&id, &req, op, txn::REQUEUE_NO_CHANNEL));
+        }
+        let mut op_error = failure;
+        for s in &seqs {
+            let result = match op {
+                Op::AckAll | Op::AckRange => {
+                    self.store.ack(&queue, &[*s]);
+                    Ok(())
+                }
+                Op::NAckAll | Op::NAckRange => self.store.nack(&queue, *s).await,
+                Op::ReQueueAll | Op::ReQueueRange => {
+                    self.store.requeue(&queue, *s, &req.re_queue_channel).await
+                }
+                _ => {
+                    self.store.release(&queue, &[*s]);
+                    Ok(())
+                }
+            };
+            if let Some(t) = self.txns.get_mut(&id) {
+                if result.is_ok() {
+                    t.unsettled.retain(|x| x != s);
+                }
+            }
+            if let Err(e) = result {
+                op_error = Some(e);
+                break;
+            }
+        }
+        if let Some(t) = self.txns.get_mut(&id) {
+            if t.unsettled.is_empty()
+                || matches!(
+                    op,
+                    Op::AckAll | Op::NAckAll | Op::ReQueueAll | Op::CloseByClient
+                )
+            {
+                if !t.unsettled.is_empty() {
+                    // A failed NAck/ReQueue of "all": whatever is left goes back unchanged.
+                    self.store.release(&queue, &t.unsettled);
+                    t.unsettled.clear();
+                }
+                t.closed = true;
+            }
+        }
+        op_error.map(|e| error(&id, &req, op, e))
+    }
+
+    async fn get(&mut self, req: &QueuesDownstreamRequest) -> QueuesDownstreamResponse {
+        let fail = |text: &str| QueuesDownstreamResponse {
+            transaction_id: new_id(),
+            ref_request_id: req.request_id.clone(),
+            request_type_data: Op::Get as i32,
+            is_error: true,
+            error: text.to_string(),
+            ..Default::default()
+        };
+        if req.client_id.is_empty() {
+            return fail(errors::CLIENT_ID_EMPTY);
+        }
+        if !errors::valid_queue_name(&req.channel) {
+            return fail(errors::QUEUE_NAME_INVALID);
+        }
+        if req.channel.contains(':') {
+            return fail(errors::CANNOT_SUBSCRIBE);
+        }
+        let max = if req.max_items <= 0 {
+            UNBOUNDED_MAX_ITEMS
+        } else {
+            req.max_items as usize
+        };
+        let wait = Duration::from_millis(
+            u64::try_from(req.wait_timeout)
+                .unwrap_or(0)
+                .max(MIN_WAIT_MS),
+        );
+        let delivered = self.store.get(&req.channel, max, wait).await;
+        let id = new_id();
+        let seqs: Vec<u64> = delivered.iter().map(|d| d.sequence).collect();
+        let closed = req.auto_ack || seqs.is_empty();
+        if req.auto_ack {
+            self.store.ack(&req.channel, &seqs);
+        }
+        self.txns.insert(
+            id.clone(),
+            Txn {
+                queue: req.channel.clone(),
+                unsettled: if closed { Vec::new() } else { seqs },
+                closed,
+            },
+        );
+        QueuesDownstreamResponse {
+            transaction_id: id,
+            ref_request_id: req.request_id.clone(),
+            request_type_data: Op::Get as i32,
+            messages: delivered.into_iter().map(|d| d.message).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// The listed sequences up to the first that is not an unsettled message of the transaction (or
+/// repeats an earlier entry), and that first bad entry.
+fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
+    let mut valid: Vec<u64> = Vec::new();
+    for &s in listed {
+        match u64::try_from(s) {
+            Ok(u) if unsettled.contains(&u) && !valid.contains(&u) => valid.push(u),
+            _ => return (valid, Some(s)),
+        }
+    }
+    (valid, None)
+}
+
+impl Drop for Downstream {
+    fn drop(&mut self) {
+        for t in self.txns.values() {
+            if !t.closed && !t.unsettled.is_empty() {
+                self.store.release(&t.queue, &t.unsettled);
+            }
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The append-only log: numbered segment files, one writer thread doing group commit (every
+//! batch of waiting appends shares one `fdatasync`), positional reads, recovery with torn-tail
+//! truncation, and deletion of whole segments once nothing in them is live.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+
+use bytes::BytesMut;
+use tokio::sync::oneshot;
+
+use super::record::{self, Parsed, Record};
+
+/// Default size at which a segment is closed and a new one started.
+pub const SEGMENT_BYTES: u64 = 64 * 1024 * 1024;
+/// Appends gathered into one write and one sync at most.
+const MAX_BATCH: usize = 8192;
+
+/// Where a record lies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// Segment number.
+    pub segment: u64,
+    /// Byte offset of the record's frame in the segment.
+    pub offset: u64,
+}
+
+/// What recovery found wrong and dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// Segment number.
+    pub segment: u64,
+    /// Offset of the first byte not read.
+    pub offset: u64,
+    /// Bytes dropped.
+    pub bytes: u64,
+    /// Why: a torn tail (incomplete record) or a corrupt one.
+    pub reason: &'static str,
+}
+
+struct Append {
+    bytes: BytesMut,
+    done: Option<oneshot::Sender<io::Result<Location>>>,
+}
+
+type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
+
+/// The log; cheap to share behind an `Arc`.
+pub struct Log {
+    dir: PathBuf,
+    tx: Mutex<Option<mpsc::Sender<Append>>>,
+    files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
+    active: Arc<AtomicU64>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+fn segment_path(dir: &Path, n: u64) -> PathBuf {
+    dir.join(format!("seg-{n:010}.log"))
+}
+
+/// Reads every intact record of the existing segments in order, calling `visit` for each;
+/// truncates a torn or corrupt tail of the last segment and skips the rest of a damaged earlier
+/// one. Returns what was dropped.
+pub fn recover(
+    dir: &Path,
+    mut visit: impl FnMut(Record, Location, u32),
+) -> io::Result<(Vec<u64>, Vec<Dropped>)> {
+    std::fs::create_dir_all(dir)?;
+    let mut segments: Vec<u64> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_prefix("seg-")?
+                .strip_suffix(".log")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    segments.sort_unstable();
+    let mut dropped = Vec::new();
+    for (i, &n) in segments.iter().enumerate() {
+        let path = segment_path(dir, n);
+        let data = std::fs::read(&path)?;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            match record::parse(&data[pos..]) {
+                Parsed::Record(r, len) => {
+                    visit(
+                        *r,
+                        Location {
+                            segment: n,
+                            offset: pos as u64,
+                        },
+                        len as u32,
+                    );
+                    pos += len;
+                }
+                bad => {
+                    let reason = if bad == Parsed::Incomplete {
+                        "torn tail"
+                    } else {
+                        "corrupt record"
+                    };
+                    dropped.push(Dropped {
+                        segment: n,
+                        offset: pos as u64,
+                        bytes: (data.len() - pos) as u64,
+                        reason,
+                    });
+                    if i + 1 == segments.len() {
+                        // Only the newest segment can have been cut by a crash: cut it cleanly so
+                        // nothing after the damage is ever misread.
+                        OpenOptions::new()
+                            .write(true)
+                            .open(&path)?
+                            .set_len(pos as u64)?;
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    Ok((segments, dropped))
+}
+
+impl Log {
+    /// Starts the writer on a fresh segment after `existing` ones (from [`recover`]).
+    /// `checkpoint` produces the framed record that opens every new segment.
+    pub fn start(
+        dir: &Path,
+        existing: &[u64],
+        segment_bytes: u64,
+        checkpoint: CheckpointFn,
+    ) -> io::Result<Log> {
+        let mut files = BTreeMap::new();
+        for &n in existing {
+            files.insert(n, Arc::new(File::open(segment_path(dir, n))?));
+        }
+        let first = existing.last().map_or(1, |n| n + 1);
+        let files = Arc::new(Mutex::new(files));
+        let active = Arc::new(AtomicU64::new(first));
+        let (tx, rx) = mpsc::channel::<Append>();
+        let mut writer = Writer {
+            dir: dir.to_path_buf(),
+            files: files.clone(),
+            active: active.clone(),
+            file: None,
+            len: 0,
+            segment_bytes,
+            broken: false,
+            checkpoint,
+        };
+        writer.roll(first)?;
+        let thread = std::thread::Builder::new()
+            .name("store-writer".into())
+            .spawn(move || writer.run(rx))?;
+        Ok(Log {
+            dir: dir.to_path_buf(),
+            tx: Mutex::new(Some(tx)),
+            files,
+            active,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Appends framed records; resolves once they are on disk.
+    pub async fn append(&self, bytes: BytesMut) -> io::Result<Location> {
+        let (done, wait) = oneshot::channel();
+        self.send(Append {
+            bytes,
+            done: Some(done),
+        })?;
+        wait.await
+            .map_err(|_| io::Error::other("store writer stopped"))?
+    }
+
+    /// Appends framed records without waiting (acks: losing one in a crash means redelivery).
+    pub fn append_nowait(&self, bytes: BytesMut) {
+        let _ = self.send(Append { bytes, done: None });
+    }
+
+    fn send(&self, a: Append) -> io::Result<()> {
+        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        match tx.as_ref() {
+            Some(tx) => tx
+                .send(a)
+                .map_err(|_| io::Error::other("store writer stopped")),
+            None => Err(io::Error::other("store is closed")),
+        }
+    }
+
+    /// Reads the record of `len` framed bytes at `loc`.
+    pub fn read(&self, loc: Location, len: u32) -> io::Result<Record> {
+        let file = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&loc.segment)
+            .cloned()
+            .ok_or_else(|| io::Error::other(format!("segment {} is gone", loc.segment)))?;
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, loc.offset)?;
+        match record::parse(&buf) {
+            Parsed::Record(r, _) => Ok(*r),
+            _ => Err(io::Error::other(format!(
+                "record at {}:{} does not verify",
+                loc.segment, loc.offset
+            ))),
+        }
+    }
+
+    /// The segment being written.
+    pub fn active_segment(&self) -> u64 {
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// Segment numbers currently on disk, oldest first.
+    pub fn segments(&self) -> Vec<u64> {
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .copied()
+            .collect()
+    }
+
+    /// Deletes a closed segment.
+    pub fn remove(&self, n: u64) -> io::Result<()> {
+        if n >= self.active_segment() {
+            return Ok(());
+        }
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n);
+        std::fs::remove_file(segment_path(&self.dir, n))
+    }
+
+    /// Stops the writer after it has written everything queued.
+    pub fn close(&self) {
+        self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Log {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
+    active: Arc<AtomicU64>,
+    file: Option<File>,
+    len: u64,
+    segment_bytes: u64,
+    /// A write failed part-way: offsets in the active segment can no longer be trusted.
+    broken: bool,
+    checkpoint: CheckpointFn,
+}
+
+impl Writer {
+    fn roll(&mut self, n: u64) -> io::Result<()> {
+        if let Some(f) = self.file.as_mut() {
+            f.sync_data()?;
+        }
+        let path = segment_path(&self.dir, n);
+        let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
+        let cp = (self.checkpoint)();
+        f.write_all(&cp)?;
+        f.sync_data()?;
+        // The directory entry must be durable too, or the segment may vanish in a crash.
+        File::open(&self.dir)?.sync_all()?;
+        self.files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(n, Arc::new(File::open(&path)?));
+        self.len = cp.len() as u64;
+        self.file = Some(f);
+        self.active.store(n, Ordering::Release);
+        Ok(())
+    }
+
+    fn run(mut self, rx: mpsc::Receiver<Append>) {
+        let mut buf: Vec<u8> = Vec::new();
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(a) => batch.push(a),
+                    Err(_) => break,
+                }
+            }
+            let result = self.write_batch(&batch, &mut buf);
+            for (a, r) in batch.into_iter().zip(result) {
+                if let Some(done) = a.done {
+                    let _ = done.send(r);
+                }
+            }
+        }
+        if let Some(f) = self.file.as_mut() {
+            let _ = f.sync_data();
+        }
+    }
+
+    /// Writes a batch with one sync; each append gets its location or the error.
+    fn write_batch(&mut self, batch: &[Append], buf: &mut Vec<u8>) -> Vec<io::Result<Location>> {
+        let mut locs = Vec::with_capacity(batch.len());
+        buf.clear();
+        let mut failed: Option<io::Error> = None;
+        if self.broken {
+            let next = self.active.load(Ordering::Acquire) + 1;
+            if let Err(e) = self.roll(next) {
+                return batch
+                    .iter()
+                    .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
+                    .collect();
+            }
+            self.broken = false;
+        }
+        for a in batch {
+            if self.len + buf.len() as u64 > self.segment_bytes {
+                let next = self.active.load(Ordering::Acquire) + 1;
+                if let Err(e) = self.flush(buf).and_then(|_| self.roll(next)) {
+                    failed = Some(e);
+                    break;
+                }
+            }
+            locs.push(Location {
+                segment: self.active.load(Ordering::Acquire),
+                offset: self.len + buf.len() as u64,
+            });
+            buf.extend_from_slice(&a.bytes);
+        }
+        let synced = match failed {
+            Some(e) => Err(e),
+            None => self.flush(buf).and_then(|_| match self.file.as_mut() {
+                Some(f) => f.sync_data(),
+                None => Err(io::Error::other("no active segment")),
+            }),
+        };
+        match synced {
+            Ok(()) => locs.into_iter().map(Ok).collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "store write failed");
+                self.broken = true;
+                batch
+                    .iter()
+                    .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
+                    .collect()
+            }
+        }
+    }
+
+    fn flush(&mut self, buf: &mut Vec<u8>) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let f = self
+            .file
+            .as_mut()
+            .ok_or_else(|| io::Error::other("no active segment"))?;
+        f.write_all(buf)?;
+        self.len += buf.len() as u64;
+        buf.clear();
+        Ok(())
+    }
+}

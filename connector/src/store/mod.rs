@@ -1,0 +1,788 @@
+//! The embedded, durable, KubeMQ-compatible queue store: the default backend when no KubeMQ
+//! address is configured.
+//!
+//! Data path: [`Store::send`] validates and stamps messages like KubeMQ (kubemq-grpc.md 4.2),
+//! assigns per-queue sequences, frames them as records ([`record`]) and waits until the writer
+//! thread of [`log`] has them on disk (group commit); only then are they visible. [`Store::get`]
+//! waits for MaxItems or WaitTimeout exactly like KubeMQ (4.3.2) and locks what it hands out;
+//! settlement ([`downstream`]) acks, NAcks to the tail, dead-letters, re-queues or returns them.
+//! Message bodies live only on disk; memory holds an index of where each one is.
+
+pub mod downstream;
+pub mod errors;
+pub mod log;
+pub mod record;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use tokio::sync::Notify;
+
+use crate::kubemq::{
+    QueueMessage, QueueMessageAttributes, QueueMessagePolicy, SendQueueMessageResult,
+};
+use errors::{valid_queue_name, MAX_POLICY_SECONDS, MAX_RECEIVE_COUNT};
+use log::{Dropped, Location, Log};
+use record::{Ack, Checkpoint, Delay, Enqueue, Kind, Release};
+
+/// Unix time in nanoseconds.
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i64)
+}
+
+/// A new unique id for messages and transactions.
+pub fn new_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+/// Where a stored copy is, and what must be known about it without reading it.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    loc: Location,
+    len: u32,
+}
+
+#[derive(Default)]
+struct QueueState {
+    last_sequence: u64,
+    /// Visible, not locked: sequence → entry. A Get takes the lowest sequences first.
+    ready: BTreeMap<u64, Entry>,
+    /// Handed out by a Get and not yet settled or returned.
+    locked: HashMap<u64, Entry>,
+    notify: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<String, QueueState>,
+    /// Delayed messages by (due ns, id).
+    delayed: BTreeMap<(i64, u64), Entry>,
+    delay_keys: HashMap<u64, i64>,
+    next_delay_id: u64,
+    /// Live records (stored copies and waiting delayed messages) per segment.
+    live: BTreeMap<u64, u64>,
+}
+
+impl State {
+    fn queue(&mut self, name: &str) -> &mut QueueState {
+        self.queues.entry(name.to_string()).or_default()
+    }
+
+    fn add_live(&mut self, seg: u64) {
+        *self.live.entry(seg).or_default() += 1;
+    }
+
+    fn drop_live(&mut self, seg: u64) {
+        if let Some(n) = self.live.get_mut(&seg) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn checkpoint(&self) -> Checkpoint {
+        Checkpoint {
+            last_sequence: self
+                .queues
+                .iter()
+                .map(|(k, q)| (k.clone(), q.last_sequence))
+                .collect(),
+            next_delay_id: self.next_delay_id,
+        }
+    }
+}
+
+/// A message handed out by a Get: its sequence and the message as the consumer sees it.
+#[derive(Debug, Clone)]
+pub struct Delivered {
+    /// The stored copy's sequence (the settlement handle).
+    pub sequence: u64,
+    /// The message with attributes for this delivery.
+    pub message: QueueMessage,
+}
+
+/// The store.
+pub struct Store {
+    log: Log,
+    state: Arc<Mutex<State>>,
+    sends: AtomicU64,
+    stop: Arc<Notify>,
+}
+
+/// What opening a store found.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    /// Damaged bytes skipped or truncated, per segment.
+    pub dropped: Vec<Dropped>,
+    /// Messages ready after recovery, all queues.
+    pub ready: usize,
+    /// Delayed messages waiting after recovery.
+    pub delayed: usize,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`, replaying its log. In-flight messages of a previous
+    /// run are ready again with their sequence and receive count unchanged.
+    pub fn open(dir: &Path) -> io::Result<(Arc<Store>, OpenReport)> {
+        Self::open_with(dir, log::SEGMENT_BYTES)
+    }
+
+    /// [`Store::open`] with a segment size (small ones make reclaim testable).
+    pub fn open_with(dir: &Path, segment_bytes: u64) -> io::Result<(Arc<Store>, OpenReport)> {
+        let mut st = State {
+            next_delay_id: 1,
+            ..State::default()
+        };
+        let (segments, dropped) = log::recover(dir, |rec, loc, len| {
+            replay(&mut st, rec, Entry { loc, len })
+        })?;
+        for d in &dropped {
+            tracing::warn!(
+                segment = d.segment,
+                offset = d.offset,
+                bytes = d.bytes,
+                reason = d.reason,
+                "store dropped damaged data"
+            );
+        }
+        let report = OpenReport {
+            dropped,
+            ready: st.queues.values().map(|q| q.ready.len()).sum(),
+            delayed: st.delayed.len(),
+        };
+        let state = Arc::new(Mutex::new(st));
+        let cp_state = state.clone();
+        let log = Log::start(
+            dir,
+            &segments,
+            segment_bytes,
+            Box::new(move || {
+                let cp = cp_state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .checkpoint();
+                let mut b = BytesMut::new();
+                record::frame(&mut b, Kind::Checkpoint(cp));
+                b
+            }),
+        )?;
+        let store = Arc::new(Store {
+            log,
+            state,
+            sends: AtomicU64::new(0),
+            stop: Arc::new(Notify::new()),
+        });
+        store.reclaim();
+        Ok((store, report))
+    }
+
+    /// Starts the task that releases delayed messages (every 500 ms, 4.3.8). Needs a runtime.
+    pub fn start_delay_releaser(self: &Arc<Self>) {
+        let weak = Arc::downgrade(self);
+        let stop = self.stop.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(500));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = stop.notified() => return,
+                }
+                let Some(store) = weak.upgrade() else { return };
+                store.release_due(now_ns()).await;
+            }
+        });
+    }
+
+    /// Stops background work and flushes the log.
+    pub fn close(&self) {
+        self.stop.notify_waiters();
+        self.log.close();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends messages as SendQueueMessage / a batch / an upstream request would: each gets its own
+    /// result, in order; valid messages are durable when this returns.
+    pub async fn send(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
+        let now = now_ns();
+        let mut results = Vec::with_capacity(messages.len());
+        let mut buf = BytesMut::new();
+        // (result index, queue or None for delayed, sequence or delay id, due, offset in buf, len)
+        let mut placed: Vec<(usize, Option<String>, u64, i64, usize, u32)> = Vec::new();
+        {
+            let mut st = self.lock();
+            for msg in messages {
+                match stamp(msg, now) {
+                    Err((id, text)) => results.push(error_result(id, text)),
+                    Ok(mut msg) => {
+                        let attrs = msg.attributes.clone().unwrap_or_default();
+                        let i = results.len();
+                        results.push(SendQueueMessageResult {
+                            message_id: msg.message_id.clone(),
+                            sent_at: now,
+                            expiration_at: attrs.expiration_at,
+                            delayed_to: attrs.delayed_to,
+                            ..Default::default()
+                        });
+                        let off = buf.len();
+                        if attrs.delayed_to > 0 {
+                            let id = st.next_delay_id;
+                            st.next_delay_id += 1;
+                            let due = attrs.delayed_to;
+                            let len = record::frame(
+                                &mut buf,
+                                Kind::Delay(Delay {
+                                    id,
+                                    due_ns: due,
+                                    message: Some(msg),
+                                }),
+                            );
+                            placed.push((i, None, id, due, off, len as u32));
+                        } else {
+                            let q = st.queue(&msg.channel);
+                            q.last_sequence += 1;
+                            let seq = q.last_sequence;
+                            if let Some(a) = msg.attributes.as_mut() {
+                                a.sequence = seq;
+                            }
+                            let name = msg.channel.clone();
+                            let len = record::frame(
+                                &mut buf,
+                                Kind::Enqueue(Enqueue { message: Some(msg) }),
+                            );
+                            placed.push((i, Some(name), seq, 0, off, len as u32));
+                        }
+                    }
+                }
+            }
+        }
+        if placed.is_empty() {
+            return results;
+        }
+        match self.log.append(buf).await {
+            Ok(base) => {
+                let mut st = self.lock();
+                for (_, queue, n, due, off, len) in placed {
+                    let e = Entry {
+                        loc: Location {
+                            segment: base.segment,
+                            offset: base.offset + off as u64,
+                        },
+                        len,
+                    };
+                    st.add_live(e.loc.segment);
+                    match queue {
+                        Some(q) => {
+                            let qs = st.queue(&q);
+                            qs.ready.insert(n, e);
+                            qs.notify.notify_waiters();
+                        }
+                        None => {
+                            st.delayed.insert((due, n), e);
+                            st.delay_keys.insert(n, due);
+                        }
+                    }
+                }
+                self.sends
+                    .fetch_add(results.len() as u64, Ordering::Relaxed);
+            }
+            Err(e) => {
+                for (i, ..) in placed {
+                    let r = &mut results[i];
+                    r.is_error = true;
+                    r.error = format!("Error 500: storage failure: {e}");
+                    r.sent_at = 0;
+                }
+            }
+        }
+        results
+    }
+
+    /// Takes up to `max_items` messages of `queue`, waiting until that many arrived or `wait`
+    /// passed (4.3.2 step 3: no early return with a partial batch). Expired messages are dropped
+    /// and over-count messages dead-lettered or dropped (step 4); they count toward `max_items`.
+    /// What is returned is locked until settled or returned. Cancel-safe: if the future is
+    /// dropped, whatever it had collected is returned to the queue.
+    pub async fn get(&self, queue: &str, max_items: usize, wait: Duration) -> Vec<Delivered> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut guard = Collected {
+            store: self,
+            queue: queue.to_string(),
+            seqs: Vec::new(),
+        };
+        loop {
+            let notify = {
+                let mut st = self.lock();
+                let q = st.queue(queue);
+                while guard.seqs.len() < max_items {
+                    let Some((seq, e)) = q.ready.pop_first() else {
+                        break;
+                    };
+                    q.locked.insert(seq, e);
+                    guard.seqs.push(seq);
+                }
+                q.notify.clone()
+            };
+            if guard.seqs.len() >= max_items {
+                break;
+            }
+            let notified = notify.notified();
+            tokio::pin!(notified);
+            // Register before re-checking, so a send between the check and the wait is not missed.
+            notified.as_mut().enable();
+            let ready_now = !self.lock().queue(queue).ready.is_empty();
+            if ready_now {
+                continue;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break;
+            }
+        }
+        let seqs = std::mem::take(&mut guard.seqs);
+        self.deliver(queue, seqs).await
+    }
+
+    /// Reads the collected copies and applies the delivery-time policy.
+    async fn deliver(&self, queue: &str, seqs: Vec<u64>) -> Vec<Delivered> {
+        let now = now_ns();
+        let mut out = Vec::with_capacity(seqs.len());
+        for seq in seqs {
+            let Some(mut msg) = self.read_locked(queue, seq) else {
+                continue;
+            };
+            let attrs = msg.attributes.get_or_insert_with(Default::default);
+            if attrs.expiration_at > 0 && attrs.expiration_at < now {
+                // 4.3.9: expired messages are dropped silently, never dead-lettered.
+                self.ack(queue, &[seq]);
+                continue;
+            }
+            attrs.receive_count += 1;
+            let shown = attrs.receive_count;
+            let max = msg.policy.as_ref().map_or(0, |p| p.max_receive_count);
+            if max > 0 && shown > max {
+                self.dead_letter_or_drop(queue, seq, msg).await;
+                continue;
+            }
+            out.push(Delivered {
+                sequence: seq,
+                message: msg,
+            });
+        }
+        out
+    }
+
+    fn read_locked(&self, queue: &str, seq: u64) -> Option<QueueMessage> {
+        let e = *self.lock().queue(queue).locked.get(&seq)?;
+        match self.log.read(e.loc, e.len) {
+            Ok(record::Record {
+                kind: Some(Kind::Enqueue(Enqueue { message: Some(m) })),
+            }) => Some(m),
+            other => {
+                tracing::error!(queue, seq, error = ?other.err(), "stored message unreadable; dropping it");
+                self.ack(queue, &[seq]);
+                None
+            }
+        }
+    }
+
+    /// Removes locked copies for good (ack). Unknown sequences are ignored.
+    pub fn ack(&self, queue: &str, seqs: &[u64]) {
+        let mut buf = BytesMut::new();
+        {
+            let mut st = self.lock();
+            for &seq in seqs {
+                let Some(e) = st.queue(queue).locked.remove(&seq) else {
+                    continue;
+                };
+                st.drop_live(e.loc.segment);
+                record::frame(
+                    &mut buf,
+                    Kind::Ack(Ack {
+                        queue: queue.to_string(),
+                        sequence: seq,
+                    }),
+                );
+            }
+        }
+        if !buf.is_empty() {
+            self.log.append_nowait(buf);
+            self.reclaim();
+        }
+    }
+
+    /// Returns locked copies to the queue unchanged: same sequence, same stored receive count
+    /// (stream close, CloseByClient: 4.3.7). They go ahead of newer messages.
+    pub fn release(&self, queue: &str, seqs: &[u64]) {
+        let mut st = self.lock();
+        let q = st.queue(queue);
+        let mut any = false;
+        for seq in seqs {
+            if let Some(e) = q.locked.remove(seq) {
+                q.ready.insert(*seq, e);
+                any = true;
+            }
+        }
+        if any {
+            q.notify.notify_waiters();
+        }
+    }
+
+    /// NAck of a locked copy shown with receive count `shown`: a copy at the tail with a new
+    /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
+    /// the original is acked (4.3.6). Durable when this returns.
+    pub async fn nack(&self, queue: &str, seq: u64) -> Result<(), String> {
+        let Some(mut msg) = self.read_locked(queue, seq) else {
+            return Err(format!(
+                "nack message with seq {seq} failed, message not found"
+            ));
+        };
+        let attrs = msg.attributes.get_or_insert_with(Default::default);
+        let shown = attrs.receive_count + 1;
+        let max = msg.policy.as_ref().map_or(0, |p| p.max_receive_count);
+        if max > 0 && shown + 1 > max {
+            attrs.receive_count = shown;
+            self.dead_letter_or_drop(queue, seq, msg).await;
+            return Ok(());
+        }
+        attrs.receive_count = shown;
+        attrs.timestamp = now_ns();
+        self.move_copy(queue, seq, msg)
+            .await
+            .map_err(|e| format!("nack message with seq {seq} failed, {e}"))
+    }
+
+    /// Dead-letters a locked copy into its MaxReceiveQueue (count 0, ReRouted, policy zeroed), or
+    /// drops it when there is none; the original is acked.
+    async fn dead_letter_or_drop(&self, queue: &str, seq: u64, mut msg: QueueMessage) {
+        let dlq = msg
+            .policy
+            .as_ref()
+            .map(|p| p.max_receive_queue.clone())
+            .unwrap_or_default();
+        if dlq.is_empty() {
+            self.ack(queue, &[seq]);
+            return;
+        }
+        msg.channel = dlq;
+        msg.policy = Some(QueueMessagePolicy::default());
+        let attrs = msg.attributes.get_or_insert_with(Default::default);
+        attrs.receive_count = 0;
+        attrs.re_routed = true;
+        attrs.re_routed_from_queue = queue.to_string();
+        attrs.timestamp = now_ns();
+        if let Err(e) = self.move_copy(queue, seq, msg).await {
+            tracing::error!(queue, seq, error = %e, "dead-lettering failed; the message stays locked until returned");
+        }
+    }
+
+    /// Appends `copy` (already stamped) to its channel with a new sequence and acks the locked
+    /// original in the same durable write.
+    async fn move_copy(&self, queue: &str, seq: u64, mut copy: QueueMessage) -> io::Result<()> {
+        let mut buf = BytesMut::new();
+        let (target, new_seq, len) = {
+            let mut st = self.lock();
+            let target = copy.channel.clone();
+            let q = st.queue(&target);
+            q.last_sequence += 1;
+            let new_seq = q.last_sequence;
+            copy.attributes
+                .get_or_insert_with(Default::default)
+                .sequence = new_seq;
+            let len = record::frame(
+                &mut buf,
+                Kind::Enqueue(Enqueue {
+                    message: Some(copy),
+                }),
+            );
+            record::frame(
+                &mut buf,
+                Kind::Ack(Ack {
+                    queue: queue.to_string(),
+                    sequence: seq,
+                }),
+            );
+            (target, new_seq, len as u32)
+        };
+        let base = self.log.append(buf).await?;
+        let mut st = self.lock();
+        if let Some(e) = st.queue(queue).locked.remove(&seq) {
+            st.drop_live(e.loc.segment);
+        }
+        st.add_live(base.segment);
+        let q = st.queue(&target);
+        q.ready.insert(new_seq, Entry { loc: base, len });
+        q.notify.notify_waiters();
+        drop(st);
+        self.reclaim();
+        Ok(())
+    }
+
+    /// ReQueue of a locked copy: a fresh send of it to `channel` (policy re-applied, count 0),
+    /// then the original is acked (4.3.4).
+    pub async fn requeue(&self, queue: &str, seq: u64, channel: &str) -> Result<(), String> {
+        let Some(mut msg) = self.read_locked(queue, seq) else {
+            return Err(format!(
+                "re-queue message with seq {seq} failed, message not found"
+            ));
+        };
+        msg.channel = channel.to_string();
+        msg.attributes = None;
+        let r = self.send(vec![msg]).await;
+        match r.first() {
+            Some(res) if !res.is_error => {
+                self.ack(queue, &[seq]);
+                Ok(())
+            }
+            Some(res) => Err(format!(
+                "re-queue message with seq {seq} failed, {}",
+                res.error
+            )),
+            None => Err(format!("re-queue message with seq {seq} failed")),
+        }
+    }
+
+    /// Releases every delayed message due at `now` into its queue (4.3.8): a new sequence at
+    /// release, DelayedTo 0, DelaySeconds 0, TTL counted from release.
+    pub async fn release_due(&self, now: i64) {
+        let due: Vec<((i64, u64), Entry)> = {
+            let st = self.lock();
+            st.delayed
+                .range(..=(now, u64::MAX))
+                .map(|(k, e)| (*k, *e))
+                .collect()
+        };
+        for ((due_ns, id), e) in due {
+            let msg = match self.log.read(e.loc, e.len) {
+                Ok(record::Record {
+                    kind:
+                        Some(Kind::Delay(Delay {
+                            message: Some(m), ..
+                        })),
+                }) => m,
+                _ => {
+                    tracing::error!(id, "delayed message unreadable; dropping it");
+                    self.forget_delayed(due_ns, id, e);
+                    continue;
+                }
+            };
+            let mut msg = msg;
+            let policy = msg.policy.get_or_insert_with(Default::default);
+            policy.delay_seconds = 0;
+            let ttl = policy.expiration_seconds;
+            let attrs = msg.attributes.get_or_insert_with(Default::default);
+            attrs.delayed_to = 0;
+            attrs.timestamp = now;
+            attrs.expiration_at = if ttl > 0 {
+                now + i64::from(ttl) * 1_000_000_000
+            } else {
+                0
+            };
+            let mut buf = BytesMut::new();
+            let (target, seq, len) = {
+                let mut st = self.lock();
+                let q = st.queue(&msg.channel);
+                q.last_sequence += 1;
+                let seq = q.last_sequence;
+                attrs.sequence = seq;
+                let target = msg.channel.clone();
+                let len = record::frame(&mut buf, Kind::Enqueue(Enqueue { message: Some(msg) }));
+                record::frame(&mut buf, Kind::Release(Release { id }));
+                (target, seq, len as u32)
+            };
+            match self.log.append(buf).await {
+                Ok(base) => {
+                    self.forget_delayed(due_ns, id, e);
+                    let mut st = self.lock();
+                    st.add_live(base.segment);
+                    let q = st.queue(&target);
+                    q.ready.insert(seq, Entry { loc: base, len });
+                    q.notify.notify_waiters();
+                }
+                Err(err) => {
+                    tracing::error!(error = %err, "releasing a delayed message failed; will retry");
+                    return;
+                }
+            }
+        }
+        self.reclaim();
+    }
+
+    fn forget_delayed(&self, due: i64, id: u64, e: Entry) {
+        let mut st = self.lock();
+        if st.delayed.remove(&(due, id)).is_some() {
+            st.delay_keys.remove(&id);
+            st.drop_live(e.loc.segment);
+        }
+    }
+
+    /// Deletes closed segments from the oldest while nothing in them is live.
+    fn reclaim(&self) {
+        let active = self.log.active_segment();
+        for seg in self.log.segments() {
+            if seg >= active {
+                break;
+            }
+            let live = self.lock().live.get(&seg).copied().unwrap_or(0);
+            if live > 0 {
+                break;
+            }
+            match self.log.remove(seg) {
+                Ok(()) => {
+                    self.lock().live.remove(&seg);
+                }
+                Err(e) => {
+                    tracing::warn!(segment = seg, error = %e, "could not delete a spent segment");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Messages ready (not locked, not delayed) in `queue`.
+    pub fn ready_count(&self, queue: &str) -> usize {
+        self.lock().queues.get(queue).map_or(0, |q| q.ready.len())
+    }
+
+    /// Messages locked by Gets in `queue`.
+    pub fn locked_count(&self, queue: &str) -> usize {
+        self.lock().queues.get(queue).map_or(0, |q| q.locked.len())
+    }
+
+    /// Segment files on disk.
+    pub fn segment_count(&self) -> usize {
+        self.log.segments().len()
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
+/// cancelled.
+struct Collected<'a> {
+    store: &'a Store,
+    queue: String,
+    seqs: Vec<u64>,
+}
+
+impl Drop for Collected<'_> {
+    fn drop(&mut self) {
+        if !self.seqs.is_empty() {
+            self.store.release(&self.queue, &self.seqs);
+        }
+    }
+}
+
+/// Applies one replayed record to the state.
+fn replay(st: &mut State, rec: record::Record, e: Entry) {
+    match rec.kind {
+        Some(Kind::Checkpoint(cp)) => {
+            for (q, last) in cp.last_sequence {
+                let qs = st.queue(&q);
+                qs.last_sequence = qs.last_sequence.max(last);
+            }
+            st.next_delay_id = st.next_delay_id.max(cp.next_delay_id);
+        }
+        Some(Kind::Enqueue(Enqueue { message: Some(m) })) => {
+            let seq = m.attributes.as_ref().map_or(0, |a| a.sequence);
+            let qs = st.queue(&m.channel);
+            qs.last_sequence = qs.last_sequence.max(seq);
+            qs.ready.insert(seq, e);
+            st.add_live(e.loc.segment);
+        }
+        Some(Kind::Ack(a)) => {
+            let removed = st.queue(&a.queue).ready.remove(&a.sequence);
+            if let Some(old) = removed {
+                st.drop_live(old.loc.segment);
+            }
+        }
+        Some(Kind::Delay(d)) => {
+            st.delayed.insert((d.due_ns, d.id), e);
+            st.delay_keys.insert(d.id, d.due_ns);
+            st.next_delay_id = st.next_delay_id.max(d.id + 1);
+            st.add_live(e.loc.segment);
+        }
+        Some(Kind::Release(r)) => {
+            if let Some(due) = st.delay_keys.remove(&r.id) {
+                if let Some(old) = st.delayed.remove(&(due, r.id)) {
+                    st.drop_live(old.loc.segment);
+                }
+            }
+        }
+        Some(Kind::Enqueue(Enqueue { message: None })) | None => {}
+    }
+}
+
+fn error_result(message_id: String, text: &str) -> SendQueueMessageResult {
+    SendQueueMessageResult {
+        message_id,
+        is_error: true,
+        error: text.to_string(),
+        ..Default::default()
+    }
+}
+
+/// Validates a message in KubeMQ's order (4.2 step 3) and stamps it: MessageID, Attributes
+/// (server-owned), Policy defaults. Returns the message id and error text on failure.
+fn stamp(mut msg: QueueMessage, now: i64) -> Result<QueueMessage, (String, &'static str)> {
+    if msg.message_id.is_empty() {
+        msg.message_id = new_id();
+    }
+    let id = msg.message_id.clone();
+    if msg.client_id.is_empty() {
+        return Err((id, errors::CLIENT_ID_EMPTY));
+    }
+    if !valid_queue_name(&msg.channel) {
+        return Err((id, errors::QUEUE_NAME_INVALID));
+    }
+    if msg.metadata.is_empty() && msg.body.is_empty() {
+        return Err((id, errors::MESSAGE_EMPTY));
+    }
+    let mut policy = msg.policy.take().unwrap_or_default();
+    if !(0..=MAX_POLICY_SECONDS).contains(&policy.expiration_seconds) {
+        return Err((id, errors::EXPIRATION_INVALID));
+    }
+    if !(0..=MAX_RECEIVE_COUNT).contains(&policy.max_receive_count) {
+        return Err((id, errors::MAX_RECEIVE_INVALID));
+    }
+    if !(0..=MAX_POLICY_SECONDS).contains(&policy.delay_seconds) {
+        return Err((id, errors::DELAY_INVALID));
+    }
+    if !policy.max_receive_queue.is_empty() && !valid_queue_name(&policy.max_receive_queue) {
+        return Err((id, errors::QUEUE_NAME_INVALID));
+    }
+    if policy.max_receive_count == 0 {
+        policy.max_receive_count = MAX_RECEIVE_COUNT;
+    }
+    const NS: i64 = 1_000_000_000;
+    let delay = i64::from(policy.delay_seconds) * NS;
+    msg.attributes = Some(QueueMessageAttributes {
+        timestamp: now,
+        expiration_at: if policy.expiration_seconds > 0 {
+            now + i64::from(policy.expiration_seconds) * NS + delay
+        } else {
+            0
+        },
+        delayed_to: if policy.delay_seconds > 0 {
+            now + delay
+        } else {
+            0
+        },
+        ..Default::default()
+    });
+    msg.policy = Some(policy);
+    Ok(msg)
+}
+
+#[cfg(test)]
+mod tests;
