@@ -9,6 +9,10 @@ if ! python3 -c 'import proton' 2>/dev/null; then
   echo "== installing python-qpid-proton"
   python3 -m pip install --quiet --disable-pip-version-check 'python-qpid-proton==0.40.0'
 fi
+if ! python3 -c 'import kubemq' 2>/dev/null; then
+  echo "== installing the KubeMQ Python SDK"
+  python3 -m pip install --quiet --disable-pip-version-check 'kubemq==4.1.5'
+fi
 if [ ! -d tests/js/node_modules/rhea-promise ] || [ ! -d tests/js/node_modules/rhea ]; then
   echo "== installing rhea and rhea-promise"
   (cd tests/js && npm ci --no-audit --no-fund --silent)

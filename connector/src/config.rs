@@ -18,7 +18,7 @@ struct Field {
     env: &'static str,
 }
 
-const FIELDS: [Field; 15] = [
+const FIELDS: [Field; 17] = [
     Field {
         key: "Enable",
         env: "CONNECTORS_AMQP10_ENABLE",
@@ -79,6 +79,14 @@ const FIELDS: [Field; 15] = [
         key: "BindAddress",
         env: "CONNECTORS_AMQP10_BIND_ADDRESS",
     },
+    Field {
+        key: "DataDir",
+        env: "CONNECTORS_AMQP10_DATA_DIR",
+    },
+    Field {
+        key: "ServeKubemqGrpc",
+        env: "CONNECTORS_AMQP10_SERVE_KUBEMQ_GRPC",
+    },
 ];
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
@@ -121,6 +129,10 @@ pub struct Settings {
     pub rpc_max_pending: u32,
     /// Address the listeners bind to.
     pub bind_address: IpAddr,
+    /// Folder of the embedded store.
+    pub data_dir: PathBuf,
+    /// Where to serve the embedded store as KubeMQ's gRPC API; `None` serves nothing.
+    pub serve_kubemq_grpc: Option<std::net::SocketAddr>,
 }
 
 impl Default for Settings {
@@ -141,6 +153,8 @@ impl Default for Settings {
             default_rpc_timeout_seconds: 30,
             rpc_max_pending: 512,
             bind_address: IpAddr::from([0, 0, 0, 0]),
+            data_dir: PathBuf::from("data"),
+            serve_kubemq_grpc: None,
         }
     }
 }
@@ -307,6 +321,23 @@ impl Settings {
                 Err(_) => errors.push(format!("BindAddress must be an IP address, got {v:?}")),
             }
         }
+        if let Some(v) = get("DataDir") {
+            if v.is_empty() {
+                errors.push("DataDir must not be empty".into());
+            } else {
+                s.data_dir = PathBuf::from(v);
+            }
+        }
+        if let Some(v) = get("ServeKubemqGrpc") {
+            if !v.is_empty() {
+                match v.parse() {
+                    Ok(a) => s.serve_kubemq_grpc = Some(a),
+                    Err(_) => errors.push(format!(
+                        "ServeKubemqGrpc must be host:port with an IP address, got {v:?}"
+                    )),
+                }
+            }
+        }
         if errors.is_empty() && s.port == 0 && s.tls_port == 0 {
             errors.push("Port and TlsPort are both 0: no listener would be bound".into());
         }
@@ -403,12 +434,19 @@ pub struct Cli {
     /// BindAddress (CONNECTORS_AMQP10_BIND_ADDRESS), default 0.0.0.0.
     #[arg(long)]
     pub bind_address: Option<String>,
+    /// DataDir (CONNECTORS_AMQP10_DATA_DIR): folder of the embedded store, default ./data.
+    #[arg(long)]
+    pub data_dir: Option<String>,
+    /// ServeKubemqGrpc (CONNECTORS_AMQP10_SERVE_KUBEMQ_GRPC): serve the embedded store as
+    /// KubeMQ's gRPC API on this address, e.g. 127.0.0.1:50000.
+    #[arg(long)]
+    pub serve_kubemq_grpc: Option<String>,
 }
 
 impl Cli {
     /// The flag layer as raw values keyed like the file.
     pub fn flag_values(&self) -> RawValues {
-        let pairs: [(&str, &Option<String>); 15] = [
+        let pairs: [(&str, &Option<String>); 17] = [
             ("Enable", &self.enable),
             ("Port", &self.port),
             ("TlsPort", &self.tls_port),
@@ -427,6 +465,8 @@ impl Cli {
             ),
             ("RpcMaxPending", &self.rpc_max_pending),
             ("BindAddress", &self.bind_address),
+            ("DataDir", &self.data_dir),
+            ("ServeKubemqGrpc", &self.serve_kubemq_grpc),
         ];
         pairs
             .into_iter()

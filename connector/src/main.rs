@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use connector::config::Cli;
 use connector::driver::{serve, RefuseLinks, ServeOptions};
+use connector::store::Store;
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -64,6 +65,32 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(%addr, "AMQP 1.0 listener ready");
+        let (store, report) = match Store::open(&settings.data_dir) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(dir = %settings.data_dir.display(), error = %e, "cannot open the embedded store");
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
+        store.start_delay_releaser();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let grpc = match settings.serve_kubemq_grpc {
+            Some(gaddr) => match tokio::net::TcpListener::bind(gaddr).await {
+                Ok(l) => {
+                    tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
+                    let mut rx = stop_rx.clone();
+                    Some(tokio::spawn(connector::store::grpc::serve(store.clone(), l, async move {
+                        let _ = rx.changed().await;
+                    })))
+                }
+                Err(e) => {
+                    tracing::error!(addr = %gaddr, error = %e, "cannot bind the KubeMQ gRPC listener");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => None,
+        };
         let cfg = Arc::new(settings.engine_config_no_auth());
         let opts = ServeOptions {
             max_connections: settings.max_connections,
@@ -77,6 +104,11 @@ fn main() -> ExitCode {
             shutdown_signal(),
         )
         .await;
+        let _ = stop_tx.send(true);
+        if let Some(g) = grpc {
+            let _ = g.await;
+        }
+        store.close();
         ExitCode::SUCCESS
     })
 }

@@ -232,6 +232,69 @@ impl HandlerFactory for NodeFactory {
     }
 }
 
+/// The embedded store served as KubeMQ's gRPC API on a loopback port, in its own runtime thread,
+/// over a fresh temporary folder.
+pub struct TestFacade {
+    /// Where gRPC clients connect.
+    pub addr: SocketAddr,
+    /// The store, to inspect.
+    pub store: Arc<connector::store::Store>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestFacade {
+    /// Opens a store in a new temporary folder and serves it.
+    pub fn start() -> TestFacade {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, _) = connector::store::Store::open(dir.path()).expect("store opens");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let served = store.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                served.start_delay_releaser();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
+                let _ = connector::store::grpc::serve(served, listener, async {
+                    let _ = stop_rx.await;
+                })
+                .await;
+            });
+        });
+        let addr = addr_rx.recv().expect("facade started");
+        TestFacade {
+            addr,
+            store,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for TestFacade {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.store.close();
+    }
+}
+
 /// Runs a client script (`program args...`) against a fresh default server and asserts it exits
 /// 0 and prints `PASS <scenario>`. `args` may contain `{url}` and `{port}`.
 pub fn run_client_script(program: &str, dir: &str, args: &[&str], scenario: &str) {

@@ -10,6 +10,7 @@
 
 pub mod downstream;
 pub mod errors;
+pub mod grpc;
 pub mod log;
 pub mod record;
 
@@ -643,6 +644,49 @@ impl Store {
                 }
             }
         }
+    }
+
+    /// Acks every ready message of `queue` (AckAllQueueMessages, 4.4); returns how many.
+    pub fn purge(&self, queue: &str) -> u64 {
+        let seqs: Vec<u64> = {
+            let mut st = self.lock();
+            let q = st.queue(queue);
+            let taken: Vec<(u64, Entry)> = std::mem::take(&mut q.ready).into_iter().collect();
+            let seqs = taken.iter().map(|(s, _)| *s).collect();
+            q.locked.extend(taken);
+            seqs
+        };
+        self.ack(queue, &seqs);
+        seqs.len() as u64
+    }
+
+    /// Per-queue figures for QueuesInfo: (name, ready, locked, first sequence held, last sequence).
+    pub fn queue_stats(&self) -> Vec<(String, u64, u64, u64, u64)> {
+        let st = self.lock();
+        let mut v: Vec<_> = st
+            .queues
+            .iter()
+            .map(|(name, q)| {
+                let first = q
+                    .ready
+                    .keys()
+                    .next()
+                    .copied()
+                    .into_iter()
+                    .chain(q.locked.keys().copied())
+                    .min()
+                    .unwrap_or(0);
+                (
+                    name.clone(),
+                    q.ready.len() as u64,
+                    q.locked.len() as u64,
+                    first,
+                    q.last_sequence,
+                )
+            })
+            .collect();
+        v.sort();
+        v
     }
 
     /// Messages ready (not locked, not delayed) in `queue`.

@@ -1,0 +1,309 @@
+//! The embedded store served as KubeMQ's gRPC API (the queues subset and Ping), so that the
+//! connector's KubeMQ client, KubeMQ's own SDKs and tests can all talk to it over a real socket.
+//! Errors are placed as KubeMQ places them (kubemq-grpc.md 4.1): in-band for queue sends and
+//! streams, gRPC status only for infrastructure failures. Events, Events-Store, Commands, Queries
+//! and the legacy queue RPCs answer UNIMPLEMENTED until their patterns exist.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::downstream::Downstream;
+use super::{now_ns, Store};
+use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
+use crate::kubemq::{
+    AckAllQueueMessagesRequest, AckAllQueueMessagesResponse, Empty, Event, EventReceive,
+    PingResult, QueueInfo, QueueMessage, QueueMessagesBatchRequest, QueueMessagesBatchResponse,
+    QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest,
+    QueuesInfoResponse, QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest,
+    ReceiveQueueMessagesResponse, SendQueueMessageResult, StreamQueueMessagesRequest,
+    StreamQueueMessagesResponse, Subscribe,
+};
+
+/// Largest gRPC message either way (kubemq-grpc.md 4.1).
+pub const MAX_GRPC_MESSAGE: usize = 100 * 1024 * 1024;
+/// The version reported by Ping: inside the range KubeMQ's SDKs accept without warning.
+pub const REPORTED_VERSION: &str = "v2.4.0";
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// The gRPC service over a store.
+pub struct Facade {
+    store: Arc<Store>,
+    started: Instant,
+    started_unix: i64,
+}
+
+impl Facade {
+    /// A façade over `store`.
+    pub fn new(store: Arc<Store>) -> Self {
+        Facade {
+            store,
+            started: Instant::now(),
+            started_unix: now_ns() / 1_000_000_000,
+        }
+    }
+
+    /// The tonic service with KubeMQ's 100 MiB message limits.
+    pub fn into_service(self) -> KubemqServer<Facade> {
+        KubemqServer::new(self)
+            .max_decoding_message_size(MAX_GRPC_MESSAGE)
+            .max_encoding_message_size(MAX_GRPC_MESSAGE)
+    }
+}
+
+/// Serves the façade on `listener` until `shutdown` resolves.
+pub async fn serve(
+    store: Arc<Store>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(Facade::new(store).into_service())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+fn unimplemented<T>(what: &str) -> Result<T, Status> {
+    Err(Status::unimplemented(format!(
+        "{what} is not available in the embedded KubeMQ backend yet"
+    )))
+}
+
+#[tonic::async_trait]
+impl Kubemq for Facade {
+    async fn send_event(
+        &self,
+        _: Request<Event>,
+    ) -> Result<Response<crate::kubemq::Result>, Status> {
+        unimplemented("SendEvent")
+    }
+
+    type SendEventsStreamStream = BoxStream<crate::kubemq::Result>;
+    async fn send_events_stream(
+        &self,
+        _: Request<Streaming<Event>>,
+    ) -> Result<Response<Self::SendEventsStreamStream>, Status> {
+        unimplemented("SendEventsStream")
+    }
+
+    type SubscribeToEventsStream = BoxStream<EventReceive>;
+    async fn subscribe_to_events(
+        &self,
+        _: Request<Subscribe>,
+    ) -> Result<Response<Self::SubscribeToEventsStream>, Status> {
+        unimplemented("SubscribeToEvents")
+    }
+
+    type SubscribeToRequestsStream = BoxStream<crate::kubemq::Request>;
+    async fn subscribe_to_requests(
+        &self,
+        _: Request<Subscribe>,
+    ) -> Result<Response<Self::SubscribeToRequestsStream>, Status> {
+        unimplemented("SubscribeToRequests")
+    }
+
+    async fn send_request(
+        &self,
+        _: Request<crate::kubemq::Request>,
+    ) -> Result<Response<crate::kubemq::Response>, Status> {
+        unimplemented("SendRequest")
+    }
+
+    async fn send_response(
+        &self,
+        _: Request<crate::kubemq::Response>,
+    ) -> Result<Response<Empty>, Status> {
+        unimplemented("SendResponse")
+    }
+
+    async fn send_queue_message(
+        &self,
+        req: Request<QueueMessage>,
+    ) -> Result<Response<SendQueueMessageResult>, Status> {
+        let mut r = self.store.send(vec![req.into_inner()]).await;
+        r.pop()
+            .map(Response::new)
+            .ok_or_else(|| Status::internal("no result"))
+    }
+
+    async fn send_queue_messages_batch(
+        &self,
+        req: Request<QueueMessagesBatchRequest>,
+    ) -> Result<Response<QueueMessagesBatchResponse>, Status> {
+        let req = req.into_inner();
+        if req.messages.is_empty() {
+            return Err(Status::unknown("empty messages batch"));
+        }
+        let results = self.store.send(req.messages).await;
+        // HaveErrors reports store failures only, not validation failures (4.2 step 5).
+        let have_errors = results
+            .iter()
+            .any(|r| r.is_error && r.error.starts_with("Error 500"));
+        Ok(Response::new(QueueMessagesBatchResponse {
+            batch_id: req.batch_id,
+            results,
+            have_errors,
+        }))
+    }
+
+    async fn receive_queue_messages(
+        &self,
+        _: Request<ReceiveQueueMessagesRequest>,
+    ) -> Result<Response<ReceiveQueueMessagesResponse>, Status> {
+        unimplemented("ReceiveQueueMessages")
+    }
+
+    type StreamQueueMessageStream = BoxStream<StreamQueueMessagesResponse>;
+    async fn stream_queue_message(
+        &self,
+        _: Request<Streaming<StreamQueueMessagesRequest>>,
+    ) -> Result<Response<Self::StreamQueueMessageStream>, Status> {
+        unimplemented("StreamQueueMessage")
+    }
+
+    async fn ack_all_queue_messages(
+        &self,
+        req: Request<AckAllQueueMessagesRequest>,
+    ) -> Result<Response<AckAllQueueMessagesResponse>, Status> {
+        let req = req.into_inner();
+        let fail = |text: &str| AckAllQueueMessagesResponse {
+            request_id: req.request_id.clone(),
+            is_error: true,
+            error: text.to_string(),
+            ..Default::default()
+        };
+        if req.client_id.is_empty() {
+            return Ok(Response::new(fail(super::errors::CLIENT_ID_EMPTY)));
+        }
+        if !super::errors::valid_queue_name(&req.channel) {
+            return Ok(Response::new(fail(super::errors::QUEUE_NAME_INVALID)));
+        }
+        let n = self.store.purge(&req.channel);
+        Ok(Response::new(AckAllQueueMessagesResponse {
+            request_id: req.request_id,
+            affected_messages: n,
+            ..Default::default()
+        }))
+    }
+
+    async fn ping(&self, _: Request<Empty>) -> Result<Response<PingResult>, Status> {
+        Ok(Response::new(PingResult {
+            host: std::env::var("HOSTNAME").unwrap_or_else(|_| "kubemq-amqp-connector".into()),
+            version: REPORTED_VERSION.into(),
+            server_start_time: self.started_unix,
+            server_up_time_seconds: self.started.elapsed().as_secs() as i64,
+        }))
+    }
+
+    type QueuesDownstreamStream = BoxStream<QueuesDownstreamResponse>;
+    async fn queues_downstream(
+        &self,
+        req: Request<Streaming<QueuesDownstreamRequest>>,
+    ) -> Result<Response<Self::QueuesDownstreamStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let mut ds = Downstream::new(self.store.clone());
+        tokio::spawn(async move {
+            // One request at a time, in arrival order (4.3.1). A client that goes away cancels a
+            // waiting Get at once; dropping `ds` returns every unsettled message (4.3.7).
+            loop {
+                let next = tokio::select! {
+                    n = inbound.next() => n,
+                    _ = tx.closed() => return,
+                };
+                let Some(Ok(request)) = next else { break };
+                let resp = tokio::select! {
+                    r = ds.handle(request) => r,
+                    _ = tx.closed() => return,
+                };
+                if let Some(resp) = resp {
+                    if tx.send(Ok(resp)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            // Client EOF alone does not end the stream: hold its transactions until it leaves.
+            tx.closed().await;
+            drop(ds);
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    type QueuesUpstreamStream = BoxStream<QueuesUpstreamResponse>;
+    async fn queues_upstream(
+        &self,
+        req: Request<Streaming<QueuesUpstreamRequest>>,
+    ) -> Result<Response<Self::QueuesUpstreamStream>, Status> {
+        let mut inbound = req.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(request)) = inbound.next().await {
+                let resp = if request.messages.is_empty() {
+                    QueuesUpstreamResponse {
+                        ref_request_id: request.request_id,
+                        is_error: true,
+                        error: "no messages to send".into(),
+                        ..Default::default()
+                    }
+                } else {
+                    QueuesUpstreamResponse {
+                        ref_request_id: request.request_id,
+                        results: store.send(request.messages).await,
+                        ..Default::default()
+                    }
+                };
+                if tx.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+            tx.closed().await;
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn queues_info(
+        &self,
+        req: Request<QueuesInfoRequest>,
+    ) -> Result<Response<QueuesInfoResponse>, Status> {
+        let req = req.into_inner();
+        let wanted: Vec<&str> = req
+            .queue_name
+            .split(';')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let queues: Vec<QueueInfo> = self
+            .store
+            .queue_stats()
+            .into_iter()
+            .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
+            .map(|(name, ready, locked, first, last)| QueueInfo {
+                name,
+                messages: (ready + locked) as i64,
+                first_sequence: first as i64,
+                last_sequence: last as i64,
+                sent: last as i64,
+                delivered: locked as i64,
+                waiting: ready as i64,
+                ..Default::default()
+            })
+            .collect();
+        let info = QueuesInfo {
+            total_queue: queues.len() as i32,
+            sent: queues.iter().map(|q| q.sent).sum(),
+            delivered: queues.iter().map(|q| q.delivered).sum(),
+            waiting: queues.iter().map(|q| q.waiting).sum(),
+            queues,
+        };
+        Ok(Response::new(QueuesInfoResponse {
+            ref_request_id: req.request_id,
+            info: Some(info),
+        }))
+    }
+}

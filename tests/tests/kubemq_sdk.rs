@@ -1,0 +1,25 @@
+//! KubeMQ's own Python SDK (PyPI `kubemq` 4.1.5) against the embedded store's gRPC façade, over a
+//! real socket: send, receive, ack, nack (count and sequence), requeue, MaxReceiveCount →
+//! dead-letter queue, and an in-band validation error (kubemq-grpc.md 4.2, 4.3.4, 4.3.6, 8).
+//! The SDK is installed by tests/run.sh; failures print the SDK's error.
+
+use std::process::Command;
+
+use interop_tests::TestFacade;
+
+#[test]
+fn python_sdk_against_facade() {
+    let facade = TestFacade::start();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kubemq_sdk.py");
+    let out = Command::new("python3")
+        .args([script, &facade.addr.to_string()])
+        .output()
+        .expect("python3 must be installed (tests/run.sh installs the kubemq SDK)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "kubemq SDK scenario failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("PASS kubemq_sdk"), "{stdout}");
+}
