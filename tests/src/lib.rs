@@ -232,8 +232,7 @@ impl HandlerFactory for NodeFactory {
     }
 }
 
-/// The embedded store served as KubeMQ's gRPC API on a loopback port, in its own runtime thread,
-/// over a fresh temporary folder.
+/// The embedded store served as KubeMQ's gRPC API on a loopback port, in its own runtime thread.
 pub struct TestFacade {
     /// Where gRPC clients connect.
     pub addr: SocketAddr,
@@ -241,14 +240,22 @@ pub struct TestFacade {
     pub store: Arc<connector::store::Store>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
-    _dir: tempfile::TempDir,
+    _dir: Option<tempfile::TempDir>,
 }
 
 impl TestFacade {
-    /// Opens a store in a new temporary folder and serves it.
+    /// Opens a store in a new temporary folder and serves it on an ephemeral port.
     pub fn start() -> TestFacade {
         let dir = tempfile::tempdir().expect("temp dir");
-        let (store, _) = connector::store::Store::open(dir.path()).expect("store opens");
+        let mut f = Self::start_at(dir.path(), None);
+        f._dir = Some(dir);
+        f
+    }
+
+    /// Serves the store in `dir` on `addr` (or an ephemeral port). Stopping it drops its runtime:
+    /// every connection is cut at once, as when a server dies.
+    pub fn start_at(dir: &std::path::Path, addr: Option<SocketAddr>) -> TestFacade {
+        let (store, _) = connector::store::Store::open(dir).expect("store opens");
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let served = store.clone();
@@ -260,17 +267,15 @@ impl TestFacade {
                 .expect("runtime");
             rt.block_on(async move {
                 served.start_delay_releaser();
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("addr"))
-                    .expect("send addr");
-                let _ = connector::store::grpc::serve(served, listener, async {
-                    let _ = stop_rx.await;
-                })
-                .await;
+                let bind = addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
+                let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+                addr_tx.send(listener.local_addr().expect("addr")).expect("send addr");
+                tokio::select! {
+                    _ = connector::store::grpc::serve(served, listener, std::future::pending()) => {}
+                    _ = stop_rx => {}
+                }
             });
+            rt.shutdown_timeout(Duration::from_secs(1));
         });
         let addr = addr_rx.recv().expect("facade started");
         TestFacade {
@@ -278,13 +283,16 @@ impl TestFacade {
             store,
             stop: Some(stop_tx),
             thread: Some(thread),
-            _dir: dir,
+            _dir: None,
         }
     }
-}
 
-impl Drop for TestFacade {
-    fn drop(&mut self) {
+    /// Stops serving and closes the store.
+    pub fn stop(mut self) {
+        self.halt();
+    }
+
+    fn halt(&mut self) {
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -292,6 +300,12 @@ impl Drop for TestFacade {
             let _ = t.join();
         }
         self.store.close();
+    }
+}
+
+impl Drop for TestFacade {
+    fn drop(&mut self) {
+        self.halt();
     }
 }
 

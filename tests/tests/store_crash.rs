@@ -15,7 +15,11 @@ fn probe() -> Command {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 /// Drains the queue, returning (message ids, sequences) in delivery order.
@@ -53,7 +57,11 @@ fn sigkill_during_sends_loses_nothing_confirmed() {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let reader = std::thread::spawn(move || {
-            BufReader::new(stdout).lines().map_while(Result::ok).filter_map(|l| l.strip_prefix("OK ").map(String::from)).collect::<Vec<String>>()
+            BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+                .filter_map(|l| l.strip_prefix("OK ").map(String::from))
+                .collect::<Vec<String>>()
         });
         // A different moment each round, from right after start-up to well into the run.
         std::thread::sleep(Duration::from_millis(30 + round * 23 % 400));
@@ -63,13 +71,28 @@ fn sigkill_during_sends_loses_nothing_confirmed() {
         let (ids, seqs) = drain(dir.path());
         let found: HashSet<&String> = ids.iter().collect();
         for id in &confirmed {
-            assert!(found.contains(id), "round {round}: confirmed {id} lost ({} confirmed, {} found)", confirmed.len(), ids.len());
+            assert!(
+                found.contains(id),
+                "round {round}: confirmed {id} lost ({} confirmed, {} found)",
+                confirmed.len(),
+                ids.len()
+            );
         }
         for id in &ids {
-            assert!(id.starts_with("m-"), "round {round}: garbage message {id:?}");
+            assert!(
+                id.starts_with("m-"),
+                "round {round}: garbage message {id:?}"
+            );
         }
-        assert!(seqs.windows(2).all(|w| w[0] < w[1]), "round {round}: sequences not strictly increasing");
-        assert_eq!(found.len(), ids.len(), "round {round}: a message appeared twice");
+        assert!(
+            seqs.windows(2).all(|w| w[0] < w[1]),
+            "round {round}: sequences not strictly increasing"
+        );
+        assert_eq!(
+            found.len(),
+            ids.len(),
+            "round {round}: a message appeared twice"
+        );
         // The store keeps working after recovery: new sequences continue past the old ones.
         rt().block_on(async {
             let (store, _) = Store::open(dir.path()).unwrap();
@@ -83,7 +106,10 @@ fn sigkill_during_sends_loses_nothing_confirmed() {
                 .await;
             assert!(!r[0].is_error);
             let got = store.get("crash", 1, Duration::from_millis(1000)).await;
-            assert!(got[0].sequence > seqs.last().copied().unwrap_or(0), "round {round}: sequence reused");
+            assert!(
+                got[0].sequence > seqs.last().copied().unwrap_or(0),
+                "round {round}: sequence reused"
+            );
             store.close();
         });
     }
@@ -106,9 +132,16 @@ fn sigkill_with_locked_messages_returns_them() {
         store.send(msgs).await;
         store.close();
     });
-    let mut child = probe().args(["hold", dir.path().to_str().unwrap(), "3"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut child = probe()
+        .args(["hold", dir.path().to_str().unwrap(), "3"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
     let mut held = Vec::new();
-    for line in BufReader::new(child.stdout.take().unwrap()).lines().map_while(Result::ok) {
+    for line in BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map_while(Result::ok)
+    {
         if line == "READY" {
             break;
         }
@@ -118,6 +151,10 @@ fn sigkill_with_locked_messages_returns_them() {
     child.kill().unwrap();
     child.wait().unwrap();
     let (ids, seqs) = drain(dir.path());
-    assert_eq!(seqs, [1, 2, 3, 4, 5], "locked messages are back at once, same sequences, in order");
+    assert_eq!(
+        seqs,
+        [1, 2, 3, 4, 5],
+        "locked messages are back at once, same sequences, in order"
+    );
     assert_eq!(ids.len(), 5);
 }

@@ -283,27 +283,39 @@ impl Kubemq for Facade {
             .queue_stats()
             .into_iter()
             .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
-            .map(|(name, ready, locked, first, last)| QueueInfo {
-                name,
-                messages: (ready + locked) as i64,
-                first_sequence: first as i64,
-                last_sequence: last as i64,
-                sent: last as i64,
-                delivered: locked as i64,
-                waiting: ready as i64,
-                ..Default::default()
-            })
+            .map(|(name, ready, locked, first, last)| queue_info(name, ready, locked, first, last))
             .collect();
-        let info = QueuesInfo {
-            total_queue: queues.len() as i32,
-            sent: queues.iter().map(|q| q.sent).sum(),
-            delivered: queues.iter().map(|q| q.delivered).sum(),
-            waiting: queues.iter().map(|q| q.waiting).sum(),
-            queues,
-        };
+        let info = queues_summary(queues);
         Ok(Response::new(QueuesInfoResponse {
             ref_request_id: req.request_id,
             info: Some(info),
         }))
+    }
+}
+
+/// One queue's figures in KubeMQ's QueueInfo shape. Our meaning (KubeMQ's own are artefacts of
+/// its log, 4.4): Messages = held (ready + locked), Waiting = ready, Delivered = locked, Sent =
+/// LastSequence = sequences assigned so far, FirstSequence = oldest held; Bytes is not tracked.
+pub fn queue_info(name: String, ready: u64, locked: u64, first: u64, last: u64) -> QueueInfo {
+    QueueInfo {
+        name,
+        messages: (ready + locked) as i64,
+        first_sequence: first as i64,
+        last_sequence: last as i64,
+        sent: last as i64,
+        delivered: locked as i64,
+        waiting: ready as i64,
+        ..Default::default()
+    }
+}
+
+/// Totals over queues.
+pub fn queues_summary(queues: Vec<QueueInfo>) -> QueuesInfo {
+    QueuesInfo {
+        total_queue: queues.len() as i32,
+        sent: queues.iter().map(|q| q.sent).sum(),
+        delivered: queues.iter().map(|q| q.delivered).sum(),
+        waiting: queues.iter().map(|q| q.waiting).sum(),
+        queues,
     }
 }

@@ -15,14 +15,21 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let base = args.get(1).cloned().unwrap_or_else(|| "target/store-bench".into());
+    let base = args
+        .get(1)
+        .cloned()
+        .unwrap_or_else(|| "target/store-bench".into());
     let total: usize = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(200_000);
     let dir = std::path::PathBuf::from(&base).join(format!("run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("bench dir");
 
     // 1. The physical limit: fdatasync per second on 4 KiB appends in this folder.
     let path = dir.join("sync-probe");
-    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).expect("probe file");
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("probe file");
     let block = [0u8; 4096];
     let t = Instant::now();
     let mut syncs = 0u64;
@@ -36,7 +43,11 @@ fn main() {
     let _ = std::fs::remove_file(&path);
     println!("fdatasync rate: {sync_rate:.0}/s (4 KiB appends)");
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let store_dir = dir.join("store");
     rt.block_on(async move {
         let (store, _) = Store::open(&store_dir).expect("store");

@@ -1,0 +1,134 @@
+//! The in-process backend: the durable store, with exactly the request/response semantics the
+//! gRPC façade serves, minus the socket.
+
+use std::sync::Arc;
+
+use super::{get_request, settle_request, Backend, BackendError, Batch, Downstream};
+use crate::kubemq::{
+    PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op,
+    QueuesInfo, SendQueueMessageResult,
+};
+use crate::store::{downstream, grpc::REPORTED_VERSION, now_ns, Store};
+
+/// The embedded store as a backend.
+#[derive(Clone)]
+pub struct Embedded {
+    store: Arc<Store>,
+    started: i64,
+}
+
+impl Embedded {
+    /// A backend over an open store.
+    pub fn new(store: Arc<Store>) -> Self {
+        Embedded {
+            store,
+            started: now_ns() / 1_000_000_000,
+        }
+    }
+}
+
+/// A downstream session on the store.
+pub struct EmbeddedDownstream(downstream::Downstream);
+
+impl EmbeddedDownstream {
+    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
+        match self.0.handle(req).await {
+            Some(r) if r.is_error => Err(BackendError::Rejected(r.error)),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Downstream for EmbeddedDownstream {
+    async fn get(
+        &mut self,
+        channel: &str,
+        client_id: &str,
+        max_items: i32,
+        wait_ms: i32,
+    ) -> Result<Batch, BackendError> {
+        let r = self
+            .0
+            .handle(get_request(channel, client_id, max_items, wait_ms))
+            .await
+            .ok_or_else(|| BackendError::Unavailable("no response to Get".into()))?;
+        if r.is_error {
+            return Err(BackendError::Rejected(r.error));
+        }
+        Ok(Batch {
+            transaction_id: r.transaction_id,
+            messages: r.messages,
+        })
+    }
+
+    async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
+            .await
+    }
+
+    async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
+            .await
+    }
+
+    async fn requeue(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+        channel: &str,
+    ) -> Result<(), BackendError> {
+        self.settle(settle_request(
+            Op::ReQueueRange,
+            transaction,
+            sequences,
+            channel,
+        ))
+        .await
+    }
+
+    async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
+            .await
+    }
+}
+
+impl Backend for Embedded {
+    type Downstream = EmbeddedDownstream;
+
+    async fn send_queue(
+        &self,
+        messages: Vec<QueueMessage>,
+    ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+        Ok(self.store.send(messages).await)
+    }
+
+    async fn open_downstream(&self) -> Result<EmbeddedDownstream, BackendError> {
+        Ok(EmbeddedDownstream(downstream::Downstream::new(
+            self.store.clone(),
+        )))
+    }
+
+    async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
+        let wanted: Vec<&str> = filter.split(';').filter(|s| !s.is_empty()).collect();
+        let queues: Vec<crate::kubemq::QueueInfo> = self
+            .store
+            .queue_stats()
+            .into_iter()
+            .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
+            .map(|(name, ready, locked, first, last)| {
+                crate::store::grpc::queue_info(name, ready, locked, first, last)
+            })
+            .collect();
+        Ok(crate::store::grpc::queues_summary(queues))
+    }
+
+    async fn ping(&self) -> Result<PingResult, BackendError> {
+        let now = now_ns() / 1_000_000_000;
+        Ok(PingResult {
+            host: std::env::var("HOSTNAME").unwrap_or_else(|_| "kubemq-amqp-connector".into()),
+            version: REPORTED_VERSION.into(),
+            server_start_time: self.started,
+            server_up_time_seconds: now - self.started,
+        })
+    }
+}

@@ -1,0 +1,132 @@
+//! The connector's view of KubeMQ: what the pattern bridges need, behind one trait with two
+//! implementations — [`embedded::Embedded`] (the durable store in this process, the default) and
+//! [`grpc::KubemqGrpc`] (a KubeMQ server, or the store's façade, over gRPC).
+//!
+//! Queues are implemented; events, events-store, commands and queries will add methods of the
+//! same shape (send, subscribe stream, request/response) when their bridges arrive.
+
+pub mod embedded;
+pub mod grpc;
+
+use std::future::Future;
+
+use crate::kubemq::{PingResult, QueueMessage, QueuesInfo, SendQueueMessageResult};
+
+/// Why a backend operation failed, as a bridge must act on it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// KubeMQ could not be reached, the stream was lost, or a deadline passed: transient.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// KubeMQ refused the operation; the text is KubeMQ's (e.g. `Error 120: ...`).
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// Messages returned by one Get, owned by one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Batch {
+    /// The transaction the messages must be settled on.
+    pub transaction_id: String,
+    /// The messages, with Attributes (Sequence, ReceiveCount, ...).
+    pub messages: Vec<QueueMessage>,
+}
+
+/// A KubeMQ backend.
+pub trait Backend: Send + Sync + 'static {
+    /// The downstream session type.
+    type Downstream: Downstream;
+
+    /// Sends queue messages; every message gets its own result, in order (an in-band error is a
+    /// result, not an `Err`).
+    fn send_queue(
+        &self,
+        messages: Vec<QueueMessage>,
+    ) -> impl Future<Output = Result<Vec<SendQueueMessageResult>, BackendError>> + Send;
+
+    /// Opens a consumer session (one QueuesDownstream stream). Sessions can be shared by every
+    /// consumer of a channel in this process.
+    fn open_downstream(
+        &self,
+    ) -> impl Future<Output = Result<Self::Downstream, BackendError>> + Send;
+
+    /// Queue statistics; `filter` is empty or exact names separated by `;`.
+    fn queues_info(
+        &self,
+        filter: &str,
+    ) -> impl Future<Output = Result<QueuesInfo, BackendError>> + Send;
+
+    /// Health check.
+    fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
+}
+
+/// One consumer session: Gets open transactions, settlements apply to them. KubeMQ answers a
+/// successful settlement with nothing, so settlement methods return once the request is sent;
+/// a failure reported later is logged.
+pub trait Downstream: Send + 'static {
+    /// Waits for `max_items` messages or `wait_ms` (KubeMQ raises it to at least 1000).
+    fn get(
+        &mut self,
+        channel: &str,
+        client_id: &str,
+        max_items: i32,
+        wait_ms: i32,
+    ) -> impl Future<Output = Result<Batch, BackendError>> + Send;
+    /// AckRange.
+    fn ack(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// NAckRange: each message goes back to the tail with ReceiveCount + 1 (or dead-letters).
+    fn nack(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// ReQueueRange to `channel`.
+    fn requeue(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+        channel: &str,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    /// CloseByClient: every unsettled message goes back unchanged.
+    fn close(&mut self, transaction: &str)
+        -> impl Future<Output = Result<(), BackendError>> + Send;
+}
+
+/// A settlement request of the downstream protocol.
+pub(crate) fn settle_request(
+    op: crate::kubemq::QueuesDownstreamRequestType,
+    transaction: &str,
+    sequences: &[u64],
+    channel: &str,
+) -> crate::kubemq::QueuesDownstreamRequest {
+    crate::kubemq::QueuesDownstreamRequest {
+        request_id: crate::store::new_id(),
+        request_type_data: op as i32,
+        ref_transaction_id: transaction.to_string(),
+        sequence_range: sequences.iter().map(|s| *s as i64).collect(),
+        re_queue_channel: channel.to_string(),
+        ..Default::default()
+    }
+}
+
+/// A Get request of the downstream protocol.
+pub(crate) fn get_request(
+    channel: &str,
+    client_id: &str,
+    max_items: i32,
+    wait_ms: i32,
+) -> crate::kubemq::QueuesDownstreamRequest {
+    crate::kubemq::QueuesDownstreamRequest {
+        request_id: crate::store::new_id(),
+        client_id: client_id.to_string(),
+        request_type_data: crate::kubemq::QueuesDownstreamRequestType::Get as i32,
+        channel: channel.to_string(),
+        max_items,
+        wait_timeout: wait_ms,
+        ..Default::default()
+    }
+}

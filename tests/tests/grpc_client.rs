@@ -1,0 +1,189 @@
+//! The connector's KubeMQ gRPC client against the embedded store's façade over a real socket:
+//! every Backend and Downstream method, coalesced concurrent sends, a stream lost in the middle
+//! of a Get, and a server restart (reconnect, nothing lost).
+
+use std::time::{Duration, Instant};
+
+use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
+use connector::backend::{Backend, BackendError, Downstream};
+use connector::kubemq::{QueueMessage, QueueMessagePolicy};
+use interop_tests::TestFacade;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn msg(queue: &str, body: &str) -> QueueMessage {
+    QueueMessage {
+        client_id: "grpc-test".into(),
+        channel: queue.into(),
+        body: body.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+fn client(f: &TestFacade) -> KubemqGrpc {
+    KubemqGrpc::connect(
+        &f.addr.to_string(),
+        GrpcOptions {
+            deadline: Duration::from_secs(5),
+            token: Some("test-token".into()),
+        },
+    )
+    .unwrap()
+}
+
+#[test]
+fn every_method() {
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let c = client(&f);
+        let p = c.ping().await.unwrap();
+        assert_eq!(p.version, "v2.4.0");
+
+        // 64 concurrent senders are coalesced; each gets its own result.
+        let mut tasks = Vec::new();
+        for i in 0..64 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                c.send_queue(vec![msg("g", &format!("m{i}"))]).await
+            }));
+        }
+        for t in tasks {
+            let r = t.await.unwrap().unwrap();
+            assert!(!r[0].is_error && r[0].sent_at > 0);
+        }
+        // An in-band validation error is a result, not an Err.
+        let r = c
+            .send_queue(vec![msg("bad queue", "x"), msg("g", "ok")])
+            .await
+            .unwrap();
+        assert!(r[0].is_error && r[0].error.starts_with("Error 120"));
+        assert!(!r[1].is_error);
+        assert_eq!(f.store.ready_count("g"), 65);
+
+        let info = c.queues_info("g").await.unwrap();
+        assert_eq!(info.queues.len(), 1);
+        assert_eq!(info.queues[0].waiting, 65);
+
+        let mut ds = c.open_downstream().await.unwrap();
+        let b = ds.get("g", "grpc-test", 65, 1000).await.unwrap();
+        assert_eq!(b.messages.len(), 65);
+        let seqs: Vec<u64> = b
+            .messages
+            .iter()
+            .map(|m| m.attributes.as_ref().unwrap().sequence)
+            .collect();
+        ds.ack(&b.transaction_id, &seqs[..60]).await.unwrap();
+        ds.nack(&b.transaction_id, &seqs[60..61]).await.unwrap();
+        ds.requeue(&b.transaction_id, &seqs[61..62], "g-other")
+            .await
+            .unwrap();
+        ds.close(&b.transaction_id).await.unwrap();
+        // Settlements have no reply: wait until the next Get shows their effect.
+        let b = ds.get("g", "grpc-test", 4, 1000).await.unwrap();
+        let counts: Vec<i32> = b
+            .messages
+            .iter()
+            .map(|m| m.attributes.as_ref().unwrap().receive_count)
+            .collect();
+        assert_eq!(
+            counts,
+            [1, 1, 1, 2],
+            "closed ones unchanged and first, the NAcked copy last with count 2"
+        );
+        let b2 = ds.get("g-other", "grpc-test", 1, 1000).await.unwrap();
+        assert_eq!(b2.messages.len(), 1);
+        // A refused Get is an in-band Rejected.
+        let e = ds.get("a b", "grpc-test", 1, 1000).await.unwrap_err();
+        assert!(
+            matches!(e, BackendError::Rejected(ref t) if t.starts_with("Error 120")),
+            "{e:?}"
+        );
+        // A failed settlement is only logged (KubeMQ never answers success); the session goes on.
+        ds.ack("no-such-transaction", &[1]).await.unwrap();
+        let b3 = ds.get("g", "grpc-test", 1, 1000).await.unwrap();
+        assert!(b3.messages.is_empty());
+        drop(ds);
+        // Dropping the session returned what it held unsettled.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(f.store.ready_count("g") + f.store.ready_count("g-other"), 5);
+    });
+}
+
+#[test]
+fn stream_loss_during_get_fails_fast() {
+    let f = TestFacade::start();
+    let runtime = rt();
+    let c = runtime.block_on(async { client(&f) });
+    let mut ds = runtime.block_on(c.open_downstream()).unwrap();
+    let waiter = runtime.spawn(async move {
+        let t = Instant::now();
+        let r = ds.get("idle", "grpc-test", 1, 30_000).await;
+        (r, t.elapsed(), ds)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    f.stop();
+    let (r, took, mut ds) = runtime.block_on(waiter).unwrap();
+    assert!(matches!(r, Err(BackendError::Unavailable(_))), "{r:?}");
+    assert!(
+        took < Duration::from_secs(5),
+        "the lost stream surfaced after {took:?}"
+    );
+    let later = runtime.block_on(ds.ack("t", &[1]));
+    assert!(
+        matches!(later, Err(BackendError::Unavailable(_))),
+        "a lost session stays failed: {later:?}"
+    );
+}
+
+#[test]
+fn server_restart_reconnects_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = TestFacade::start_at(dir.path(), None);
+    let addr = f.addr;
+    let runtime = rt();
+    let c = runtime.block_on(async { client(&f) });
+    runtime.block_on(async {
+        let mut m = msg("r", "before");
+        m.policy = Some(QueueMessagePolicy {
+            max_receive_count: 5,
+            ..Default::default()
+        });
+        let r = c.send_queue(vec![m, msg("r", "before-2")]).await.unwrap();
+        assert!(r.iter().all(|r| !r.is_error));
+    });
+    f.stop();
+    // Down: calls fail with Unavailable after their deadline, they do not hang.
+    let down = runtime.block_on(async {
+        let fast = KubemqGrpc::connect(
+            &addr.to_string(),
+            GrpcOptions {
+                deadline: Duration::from_millis(500),
+                token: None,
+            },
+        )
+        .unwrap();
+        fast.ping().await
+    });
+    assert!(
+        matches!(down, Err(BackendError::Unavailable(_))),
+        "{down:?}"
+    );
+    // Back on the same port with the same data: the old client reconnects by itself.
+    let f = TestFacade::start_at(dir.path(), Some(addr));
+    runtime.block_on(async {
+        c.ping().await.unwrap();
+        let r = c.send_queue(vec![msg("r", "after")]).await.unwrap();
+        assert!(!r[0].is_error);
+        let mut ds = c.open_downstream().await.unwrap();
+        let b = ds.get("r", "grpc-test", 3, 1000).await.unwrap();
+        let bodies: Vec<&[u8]> = b.messages.iter().map(|m| m.body.as_slice()).collect();
+        assert_eq!(bodies, [&b"before"[..], b"before-2", b"after"]);
+    });
+    drop(f);
+}
