@@ -65,7 +65,15 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         .add_service(Facade::new(store).into_service())
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            // Small replies must not wait for Nagle's algorithm.
+            TcpListenerStream::new(listener).map(|s| {
+                s.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            }),
+            shutdown,
+        )
         .await
 }
 

@@ -3,10 +3,12 @@
 //! Usage: store-bench [DIR] [MESSAGES]. DIR defaults to a new folder under target/.
 
 use std::io::Write;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use connector::kubemq::QueueMessage;
+use connector::backend::embedded::Embedded;
+use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
+use connector::backend::{Backend, Downstream};
 use connector::store::Store;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -43,69 +45,73 @@ fn main() {
     let _ = std::fs::remove_file(&path);
     println!("fdatasync rate: {sync_rate:.0}/s (4 KiB appends)");
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let store_dir = dir.join("store");
     rt.block_on(async move {
         let (store, _) = Store::open(&store_dir).expect("store");
-        let body = vec![0x5a; 1024];
-
-        // 2. Durable sends: 64 concurrent senders, one message per call, each waiting for its sync.
-        let senders = 64;
-        let per = total / senders;
-        let t = Instant::now();
-        let mut tasks = Vec::new();
-        for s in 0..senders {
-            let (store, body) = (store.clone(), body.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(per);
-                for i in 0..per {
-                    let m = QueueMessage {
-                        message_id: format!("{s}-{i}"),
-                        client_id: "bench".into(),
-                        channel: "bench".into(),
-                        body: body.clone(),
-                        ..Default::default()
-                    };
-                    let t0 = Instant::now();
-                    let r = store.send(vec![m]).await;
-                    assert!(!r[0].is_error, "{}", r[0].error);
-                    lat.push(t0.elapsed());
-                }
-                lat
-            }));
-        }
-        let mut lat = Vec::with_capacity(total);
-        for t in tasks {
-            lat.extend(t.await.expect("sender"));
-        }
-        let secs = t.elapsed().as_secs_f64();
-        lat.sort_unstable();
-        let sent = lat.len();
-        println!(
-            "durable send, 64 concurrent senders, 1 KiB: {sent} msgs in {secs:.2}s = {:.0} msg/s; latency p50 {:?} p99 {:?}",
-            sent as f64 / secs,
-            percentile(&lat, 0.50),
-            percentile(&lat, 0.99)
-        );
-
-        // 3. Get + Ack: one consumer taking what is ready in batches of up to 1000 and acking.
-        let t = Instant::now();
-        let mut got_total = 0usize;
-        while got_total < sent {
-            let want = store.ready_count("bench").clamp(1, 1000);
-            let got = store.get("bench", want, Duration::from_millis(1000)).await;
-            let seqs: Vec<u64> = got.iter().map(|d| d.sequence).collect();
-            got_total += seqs.len();
-            store.ack("bench", &seqs);
-        }
-        let secs = t.elapsed().as_secs_f64();
-        println!("get + ack, batches of 1000, 1 KiB: {got_total} msgs in {secs:.2}s = {:.0} msg/s", got_total as f64 / secs);
-        let store: Arc<Store> = store;
+        run("in-process", &Embedded::new(store.clone()), total).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(connector::store::grpc::serve(store.clone(), listener, std::future::pending()));
+        let client = KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).expect("client");
+        run("gRPC façade, Rust client", &client, total).await;
         store.close();
     });
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Durable sends from 64 concurrent senders (one message per call), then Get + Ack in batches.
+async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
+    let body = vec![0x5a; 1024];
+    let senders = 64;
+    let per = total / senders;
+    let queue = format!("bench-{}", label.len());
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..senders {
+        let (b, body, queue) = (backend.clone(), body.clone(), queue.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::with_capacity(per);
+            for i in 0..per {
+                let m = QueueMessage {
+                    message_id: format!("{s}-{i}"),
+                    client_id: "bench".into(),
+                    channel: queue.clone(),
+                    body: body.clone(),
+                    ..Default::default()
+                };
+                let t0 = Instant::now();
+                let r = b.send_queue(vec![m]).await.expect("send");
+                assert!(!r[0].is_error, "{}", r[0].error);
+                lat.push(t0.elapsed());
+            }
+            lat
+        }));
+    }
+    let mut lat = Vec::with_capacity(total);
+    for t in tasks {
+        lat.extend(t.await.expect("sender"));
+    }
+    let secs = t.elapsed().as_secs_f64();
+    lat.sort_unstable();
+    let sent = lat.len();
+    println!(
+        "[{label}] durable send, 64 concurrent senders, 1 KiB: {sent} msgs in {secs:.2}s = {:.0} msg/s; latency p50 {:?} p99 {:?}",
+        sent as f64 / secs,
+        percentile(&lat, 0.50),
+        percentile(&lat, 0.99)
+    );
+    let mut ds = backend.open_downstream().await.expect("downstream");
+    let t = Instant::now();
+    let mut got_total = 0usize;
+    while got_total < sent {
+        // Ask for no more than is left, so no Get waits for a batch that cannot fill.
+        let want = (sent - got_total).min(1000) as i32;
+        let b = ds.get(&queue, "bench", want, 1000).await.expect("get");
+        let seqs: Vec<u64> = b.messages.iter().filter_map(|m| m.attributes.as_ref().map(|a| a.sequence)).collect();
+        got_total += seqs.len();
+        ds.ack(&b.transaction_id, &seqs).await.expect("ack");
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!("[{label}] get + ack, batches of 1000, 1 KiB: {got_total} msgs in {secs:.2}s = {:.0} msg/s", got_total as f64 / secs);
 }
