@@ -18,7 +18,7 @@ struct Field {
     env: &'static str,
 }
 
-const FIELDS: [Field; 17] = [
+const FIELDS: [Field; 19] = [
     Field {
         key: "Enable",
         env: "CONNECTORS_AMQP10_ENABLE",
@@ -87,6 +87,14 @@ const FIELDS: [Field; 17] = [
         key: "ServeKubemqGrpc",
         env: "CONNECTORS_AMQP10_SERVE_KUBEMQ_GRPC",
     },
+    Field {
+        key: "KubemqAddress",
+        env: "CONNECTORS_AMQP10_KUBEMQ_ADDRESS",
+    },
+    Field {
+        key: "KubemqToken",
+        env: "CONNECTORS_AMQP10_KUBEMQ_TOKEN",
+    },
 ];
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
@@ -133,6 +141,11 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// Where to serve the embedded store as KubeMQ's gRPC API; `None` serves nothing.
     pub serve_kubemq_grpc: Option<std::net::SocketAddr>,
+    /// KubeMQ's gRPC address (`host:port`); `None` uses the embedded store.
+    pub kubemq_address: Option<String>,
+    /// Token sent to KubeMQ as `authorization` metadata.
+    #[serde(skip_serializing)]
+    pub kubemq_token: Option<String>,
 }
 
 impl Default for Settings {
@@ -155,6 +168,8 @@ impl Default for Settings {
             bind_address: IpAddr::from([0, 0, 0, 0]),
             data_dir: PathBuf::from("data"),
             serve_kubemq_grpc: None,
+            kubemq_address: None,
+            kubemq_token: None,
         }
     }
 }
@@ -338,6 +353,19 @@ impl Settings {
                 }
             }
         }
+        if let Some(v) = get("KubemqAddress").filter(|v| !v.is_empty()) {
+            s.kubemq_address = Some(v);
+        }
+        if let Some(v) = get("KubemqToken").filter(|v| !v.is_empty()) {
+            if v.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+                s.kubemq_token = Some(v);
+            } else {
+                errors.push("KubemqToken must be printable ASCII".into());
+            }
+        }
+        if s.kubemq_address.is_some() && s.serve_kubemq_grpc.is_some() {
+            errors.push("ServeKubemqGrpc serves the embedded store, which is not used when KubemqAddress is set".into());
+        }
         if errors.is_empty() && s.port == 0 && s.tls_port == 0 {
             errors.push("Port and TlsPort are both 0: no listener would be bound".into());
         }
@@ -441,12 +469,20 @@ pub struct Cli {
     /// KubeMQ's gRPC API on this address, e.g. 127.0.0.1:50000.
     #[arg(long)]
     pub serve_kubemq_grpc: Option<String>,
+    /// KubemqAddress (CONNECTORS_AMQP10_KUBEMQ_ADDRESS): KubeMQ's gRPC host:port; unset = the
+    /// embedded store.
+    #[arg(long)]
+    pub kubemq_address: Option<String>,
+    /// KubemqToken (CONNECTORS_AMQP10_KUBEMQ_TOKEN): sent as `authorization` metadata. Prefer the
+    /// environment variable: flags are visible to every user of the machine.
+    #[arg(long)]
+    pub kubemq_token: Option<String>,
 }
 
 impl Cli {
     /// The flag layer as raw values keyed like the file.
     pub fn flag_values(&self) -> RawValues {
-        let pairs: [(&str, &Option<String>); 17] = [
+        let pairs: [(&str, &Option<String>); 19] = [
             ("Enable", &self.enable),
             ("Port", &self.port),
             ("TlsPort", &self.tls_port),
@@ -467,6 +503,8 @@ impl Cli {
             ("BindAddress", &self.bind_address),
             ("DataDir", &self.data_dir),
             ("ServeKubemqGrpc", &self.serve_kubemq_grpc),
+            ("KubemqAddress", &self.kubemq_address),
+            ("KubemqToken", &self.kubemq_token),
         ];
         pairs
             .into_iter()
@@ -585,6 +623,31 @@ mod tests {
             ),
             (7, 5, 3)
         );
+    }
+
+    /// OP-CFG-2: the backend settings, and serving the embedded store only without KubeMQ.
+    #[test]
+    fn backend_settings() {
+        let s = Settings::resolve(&[raw(&[
+            ("KubemqAddress", "kubemq:50000"),
+            ("KubemqToken", "jwt"),
+        ])])
+        .unwrap();
+        assert_eq!(
+            (s.kubemq_address.as_deref(), s.kubemq_token.as_deref()),
+            (Some("kubemq:50000"), Some("jwt"))
+        );
+        assert!(
+            !serde_yaml::to_string(&s).unwrap().contains("jwt"),
+            "the token is never printed"
+        );
+        let both = Settings::resolve(&[raw(&[
+            ("KubemqAddress", "k:1"),
+            ("ServeKubemqGrpc", "127.0.0.1:50000"),
+        ])]);
+        assert!(both.unwrap_err().to_string().contains("ServeKubemqGrpc"));
+        assert!(Settings::resolve(&[raw(&[("ServeKubemqGrpc", "nowhere")])]).is_err());
+        assert!(Settings::resolve(&[raw(&[("DataDir", "")])]).is_err());
     }
 
     /// OP-CFG-1: the legacy spelling of the message-size variable is accepted.

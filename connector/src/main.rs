@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
+use connector::backend::Backend;
 use connector::config::Cli;
 use connector::driver::{serve, RefuseLinks, ServeOptions};
 use connector::store::Store;
@@ -65,22 +67,50 @@ fn main() -> ExitCode {
             }
         };
         tracing::info!(%addr, "AMQP 1.0 listener ready");
-        let (store, report) = match Store::open(&settings.data_dir) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(dir = %settings.data_dir.display(), error = %e, "cannot open the embedded store");
-                return ExitCode::FAILURE;
+        // The backend: a KubeMQ over gRPC when an address is given, else the embedded store.
+        // No pattern uses it yet (issue 4); it is opened and checked so that problems show now.
+        let store = match &settings.kubemq_address {
+            Some(kubemq) => {
+                let opts = GrpcOptions {
+                    token: settings.kubemq_token.clone(),
+                    ..GrpcOptions::default()
+                };
+                match KubemqGrpc::connect(kubemq, opts) {
+                    Ok(backend) => {
+                        let kubemq = kubemq.clone();
+                        tokio::spawn(async move {
+                            match backend.ping().await {
+                                Ok(p) => tracing::info!(address = %kubemq, version = %p.version, host = %p.host, "KubeMQ reachable"),
+                                Err(e) => tracing::warn!(address = %kubemq, error = %e, "KubeMQ not reachable yet"),
+                            }
+                        });
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "invalid KubeMQ settings");
+                        return ExitCode::from(2);
+                    }
+                }
+                None
             }
+            None => match Store::open(&settings.data_dir) {
+                Ok((store, report)) => {
+                    tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
+                    store.start_delay_releaser();
+                    Some(store)
+                }
+                Err(e) => {
+                    tracing::error!(dir = %settings.data_dir.display(), error = %e, "cannot open the embedded store");
+                    return ExitCode::FAILURE;
+                }
+            },
         };
-        tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
-        store.start_delay_releaser();
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let grpc = match settings.serve_kubemq_grpc {
-            Some(gaddr) => match tokio::net::TcpListener::bind(gaddr).await {
+        let grpc = match settings.serve_kubemq_grpc.zip(store.clone()) {
+            Some((gaddr, store)) => match tokio::net::TcpListener::bind(gaddr).await {
                 Ok(l) => {
                     tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
                     let mut rx = stop_rx.clone();
-                    Some(tokio::spawn(connector::store::grpc::serve(store.clone(), l, async move {
+                    Some(tokio::spawn(connector::store::grpc::serve(store, l, async move {
                         let _ = rx.changed().await;
                     })))
                 }
@@ -108,7 +138,9 @@ fn main() -> ExitCode {
         if let Some(g) = grpc {
             let _ = g.await;
         }
-        store.close();
+        if let Some(store) = store {
+            store.close();
+        }
         ExitCode::SUCCESS
     })
 }

@@ -38,9 +38,9 @@ pub fn now_ns() -> i64 {
         .map_or(0, |d| d.as_nanos() as i64)
 }
 
-/// A new unique id for messages and transactions.
+/// A new unique id for messages and transactions (a UUIDv4, as KubeMQ uses for transactions).
 pub fn new_id() -> String {
-    uuid::Uuid::new_v4().simple().to_string()
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// Where a stored copy is, and what must be known about it without reading it.

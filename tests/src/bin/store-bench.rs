@@ -5,10 +5,10 @@
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use connector::kubemq::QueueMessage;
 use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
 use connector::backend::{Backend, Downstream};
+use connector::kubemq::QueueMessage;
 use connector::store::Store;
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -45,15 +45,26 @@ fn main() {
     let _ = std::fs::remove_file(&path);
     println!("fdatasync rate: {sync_rate:.0}/s (4 KiB appends)");
 
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let store_dir = dir.join("store");
     rt.block_on(async move {
         let (store, _) = Store::open(&store_dir).expect("store");
         run("in-process", &Embedded::new(store.clone()), total).await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(connector::store::grpc::serve(store.clone(), listener, std::future::pending()));
-        let client = KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).expect("client");
+        tokio::spawn(connector::store::grpc::serve(
+            store.clone(),
+            listener,
+            std::future::pending(),
+        ));
+        let client =
+            KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).expect("client");
         run("gRPC façade, Rust client", &client, total).await;
         store.close();
     });
@@ -108,10 +119,17 @@ async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
         // Ask for no more than is left, so no Get waits for a batch that cannot fill.
         let want = (sent - got_total).min(1000) as i32;
         let b = ds.get(&queue, "bench", want, 1000).await.expect("get");
-        let seqs: Vec<u64> = b.messages.iter().filter_map(|m| m.attributes.as_ref().map(|a| a.sequence)).collect();
+        let seqs: Vec<u64> = b
+            .messages
+            .iter()
+            .filter_map(|m| m.attributes.as_ref().map(|a| a.sequence))
+            .collect();
         got_total += seqs.len();
         ds.ack(&b.transaction_id, &seqs).await.expect("ack");
     }
     let secs = t.elapsed().as_secs_f64();
-    println!("[{label}] get + ack, batches of 1000, 1 KiB: {got_total} msgs in {secs:.2}s = {:.0} msg/s", got_total as f64 / secs);
+    println!(
+        "[{label}] get + ack, batches of 1000, 1 KiB: {got_total} msgs in {secs:.2}s = {:.0} msg/s",
+        got_total as f64 / secs
+    );
 }
