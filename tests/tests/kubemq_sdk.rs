@@ -23,3 +23,36 @@ fn python_sdk_against_facade() {
     );
     assert!(stdout.contains("PASS kubemq_sdk"), "{stdout}");
 }
+
+/// proto/kubemq.proto matches KubeMQ's schema as shipped in the `kubemq` wheel: every message,
+/// field, enum value and RPC the wheel has, identical in name, number, type and streaming
+/// (kubemq-grpc.md section 1's recommended check).
+#[test]
+fn proto_matches_kubemq_wheel() {
+    let dir = tempfile::tempdir().unwrap();
+    let set = dir.path().join("kubemq.pb");
+    let proto_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../proto");
+    let status = Command::new(protoc_bin_vendored::protoc_bin_path().unwrap())
+        .args([
+            "--include_imports",
+            &format!("--descriptor_set_out={}", set.display()),
+            "-I",
+            proto_dir,
+            "kubemq.proto",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success(), "protoc failed");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/proto_compat.py");
+    let out = Command::new("python3")
+        .args([script, set.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "schema differs from KubeMQ's:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("PASS proto_compat"), "{stdout}");
+}
