@@ -187,3 +187,108 @@ fn server_restart_reconnects_and_loses_nothing() {
     });
     drop(f);
 }
+
+/// The façade's wire behaviour for the calls the Rust client does not make itself, with KubeMQ's
+/// raw generated client: SendQueueMessagesBatch (validation errors in-band and not counted in
+/// HaveErrors; an empty batch is a gRPC error), QueuesUpstream (RefRequestID echoed, results in
+/// order, IsError only for a whole-request failure), unary SendQueueMessage, AckAllQueueMessages,
+/// and UNIMPLEMENTED for patterns that do not exist yet (kubemq-grpc.md 4.1, 4.2, 4.4).
+#[test]
+fn facade_wire_edges() {
+    use connector::kubemq::kubemq_client::KubemqClient;
+    use connector::kubemq::{
+        AckAllQueueMessagesRequest, Event, QueueMessagesBatchRequest, QueuesUpstreamRequest,
+    };
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let mut c = KubemqClient::connect(format!("http://{}", f.addr))
+            .await
+            .unwrap();
+        let r = c
+            .send_queue_messages_batch(QueueMessagesBatchRequest {
+                batch_id: "b1".into(),
+                messages: vec![msg("w", "a"), msg("w.", "bad"), msg("w", "c")],
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.batch_id, "b1");
+        assert_eq!(
+            r.results.iter().map(|x| x.is_error).collect::<Vec<_>>(),
+            [false, true, false]
+        );
+        assert!(
+            !r.have_errors,
+            "validation failures do not set HaveErrors (4.2 step 5)"
+        );
+        let e = c
+            .send_queue_messages_batch(QueueMessagesBatchRequest {
+                batch_id: "b2".into(),
+                messages: vec![],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.message(), "empty messages batch");
+
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut replies = c
+            .queues_upstream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        tx.send(QueuesUpstreamRequest {
+            request_id: "u1".into(),
+            messages: vec![msg("w", "d"), msg("w", "e")],
+        })
+        .await
+        .unwrap();
+        tx.send(QueuesUpstreamRequest {
+            request_id: "u2".into(),
+            messages: vec![],
+        })
+        .await
+        .unwrap();
+        use tokio_stream::StreamExt;
+        let a = replies.next().await.unwrap().unwrap();
+        assert_eq!(
+            (a.ref_request_id.as_str(), a.results.len(), a.is_error),
+            ("u1", 2, false)
+        );
+        let b = replies.next().await.unwrap().unwrap();
+        assert_eq!(
+            (b.ref_request_id.as_str(), b.is_error, b.error.as_str()),
+            ("u2", true, "no messages to send")
+        );
+
+        let one = c
+            .send_queue_message(msg("w", "f"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!one.is_error && !one.message_id.is_empty());
+        assert_eq!(f.store.ready_count("w"), 5);
+        let purged = c
+            .ack_all_queue_messages(AckAllQueueMessagesRequest {
+                request_id: "p".into(),
+                client_id: "t".into(),
+                channel: "w".into(),
+                wait_time_seconds: 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(purged.affected_messages, 5);
+        assert_eq!(f.store.ready_count("w"), 0);
+
+        let e = c
+            .send_event(Event {
+                client_id: "t".into(),
+                channel: "e".into(),
+                body: b"x".to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented);
+    });
+}

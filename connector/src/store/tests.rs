@@ -674,3 +674,83 @@ fn concurrent_senders() {
         assert_eq!(seqs, (1..=640).collect::<Vec<u64>>());
     });
 }
+
+/// 4.3.4: NAckAll re-queues every unsettled message with ReceiveCount + 1 and closes the
+/// transaction; ReQueueAll moves every one to another queue as a fresh send.
+#[test]
+fn nack_all_and_requeue_all() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        store.send(vec![msg("q", "a"), msg("q", "b")]).await;
+        let mut ds = Downstream::new(store.clone());
+        let r = ds.handle(get_req("q", 2, 1000)).await.unwrap();
+        assert!(ds
+            .handle(settle(Op::NAckAll, &r.transaction_id, &[]))
+            .await
+            .is_none());
+        let e = ds
+            .handle(settle(Op::AckAll, &r.transaction_id, &[]))
+            .await
+            .unwrap();
+        assert_eq!(e.error, "cannot ack messages with closed response ");
+        let r = ds.handle(get_req("q", 2, 1000)).await.unwrap();
+        let counts: Vec<i32> = r
+            .messages
+            .iter()
+            .map(|m| m.attributes.as_ref().unwrap().receive_count)
+            .collect();
+        assert_eq!(counts, [2, 2]);
+        let mut rq = settle(Op::ReQueueAll, &r.transaction_id, &[]);
+        rq.re_queue_channel = "elsewhere".into();
+        assert!(ds.handle(rq).await.is_none());
+        assert_eq!(store.ready_count("q") + store.locked_count("q"), 0);
+        let r = ds.handle(get_req("elsewhere", 2, 1000)).await.unwrap();
+        let counts: Vec<i32> = r
+            .messages
+            .iter()
+            .map(|m| m.attributes.as_ref().unwrap().receive_count)
+            .collect();
+        assert_eq!(counts, [1, 1], "a re-queued message starts over");
+    });
+}
+
+/// 4.3.8: a delayed message's TTL restarts at release (release time + ExpirationSeconds), and
+/// due messages are released in due-time order.
+#[test]
+fn delay_ttl_restarts_at_release() {
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let p = |d| QueueMessagePolicy {
+            delay_seconds: d,
+            expiration_seconds: 10,
+            ..Default::default()
+        };
+        let r = store
+            .send(vec![
+                with_policy(msg("q", "second"), p(20)),
+                with_policy(msg("q", "first"), p(10)),
+            ])
+            .await;
+        assert_eq!(
+            r[0].expiration_at - r[0].sent_at,
+            30_000_000_000,
+            "TTL counts from send plus delay"
+        );
+        let release = now_ns() + 60_000_000_000;
+        store.release_due(release).await;
+        let got = store.get("q", 2, WAIT).await;
+        assert_eq!(
+            bodies(&got),
+            ["first", "second"],
+            "released in due-time order"
+        );
+        for d in &got {
+            assert_eq!(
+                d.message.attributes.as_ref().unwrap().expiration_at,
+                release + 10_000_000_000
+            );
+        }
+    });
+}
