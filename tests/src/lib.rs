@@ -232,14 +232,88 @@ impl HandlerFactory for NodeFactory {
     }
 }
 
+/// A server running on its own runtime thread: the listener is bound before `spawn` returns; a
+/// stop signal ends it, and dropping its runtime cuts every connection.
+pub struct ServerThread {
+    /// The bound address.
+    pub addr: SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ServerThread {
+    /// Binds `bind` (port 0 for an ephemeral one) and runs `serve(listener, stop)` on a new
+    /// two-worker runtime.
+    pub fn spawn<F, Fut>(bind: SocketAddr, serve: F) -> ServerThread
+    where
+        F: FnOnce(tokio::net::TcpListener, tokio::sync::oneshot::Receiver<()>) -> Fut
+            + Send
+            + 'static,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+                addr_tx
+                    .send(listener.local_addr().expect("addr"))
+                    .expect("send addr");
+                serve(listener, stop_rx).await;
+            });
+            rt.shutdown_timeout(Duration::from_secs(1));
+        });
+        let addr = addr_rx.recv().expect("server started");
+        ServerThread {
+            addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        }
+    }
+
+    /// Signals the stop and waits for the thread.
+    pub fn halt(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for ServerThread {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// Loopback with an ephemeral port.
+fn any_port() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A two-worker runtime for tests.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// The embedded store served as KubeMQ's gRPC API on a loopback port, in its own runtime thread.
 pub struct TestFacade {
     /// Where gRPC clients connect.
     pub addr: SocketAddr,
     /// The store, to inspect.
     pub store: Arc<connector::store::Store>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: ServerThread,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -256,33 +330,21 @@ impl TestFacade {
     /// every connection is cut at once, as when a server dies.
     pub fn start_at(dir: &std::path::Path, addr: Option<SocketAddr>) -> TestFacade {
         let (store, _) = connector::store::Store::open(dir).expect("store opens");
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let served = store.clone();
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
+        let server = ServerThread::spawn(
+            addr.unwrap_or_else(any_port),
+            move |listener, stop| async move {
                 served.start_delay_releaser();
-                let bind = addr.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0)));
-                let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
-                addr_tx.send(listener.local_addr().expect("addr")).expect("send addr");
                 tokio::select! {
                     _ = connector::store::grpc::serve(served, listener, std::future::pending()) => {}
-                    _ = stop_rx => {}
+                    _ = stop => {}
                 }
-            });
-            rt.shutdown_timeout(Duration::from_secs(1));
-        });
-        let addr = addr_rx.recv().expect("facade started");
+            },
+        );
         TestFacade {
-            addr,
+            addr: server.addr,
             store,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            server,
             _dir: None,
         }
     }
@@ -293,12 +355,7 @@ impl TestFacade {
     }
 
     fn halt(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.server.halt();
         self.store.close();
     }
 }
@@ -341,8 +398,7 @@ pub struct TestServer {
     pub addr: SocketAddr,
     /// The node, to inspect.
     pub node: Arc<MemoryNode>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    server: ServerThread,
 }
 
 impl TestServer {
@@ -359,41 +415,24 @@ impl TestServer {
     /// Starts a server with an explicit engine configuration.
     pub fn start_with(cfg: EngineConfig, max_connections: u32, credit_window: u32) -> TestServer {
         let node = Arc::new(MemoryNode::default());
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let factory = Arc::new(NodeFactory {
             node: node.clone(),
             credit_window,
         });
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .expect("bind");
-                addr_tx
-                    .send(listener.local_addr().expect("addr"))
-                    .expect("send addr");
-                let opts = ServeOptions {
-                    max_connections,
-                    shutdown_grace: Duration::from_secs(5),
-                };
-                serve(listener, Arc::new(cfg), opts, factory, async {
-                    let _ = stop_rx.await;
-                })
-                .await;
-            });
+        let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
+            let opts = ServeOptions {
+                max_connections,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            serve(listener, Arc::new(cfg), opts, factory, async {
+                let _ = stop.await;
+            })
+            .await;
         });
-        let addr = addr_rx.recv().expect("server started");
         TestServer {
-            addr,
+            addr: server.addr,
             node,
-            stop: Some(stop_tx),
-            thread: Some(thread),
+            server,
         }
     }
 
@@ -404,26 +443,11 @@ impl TestServer {
 
     /// Signals shutdown and waits for the server to finish (CLOSE forced, bounded wait).
     pub fn shutdown(mut self) {
-        self.stop_and_join();
-    }
-
-    fn stop_and_join(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.server.halt();
     }
 
     /// The `amqp://` URL of the server.
     pub fn url(&self) -> String {
         format!("amqp://{}", self.addr)
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        self.stop_and_join();
     }
 }

@@ -8,11 +8,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use interop_tests::TestServer;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    interop_tests::runtime()
 }
 
 /// Send, receive with credit, accept; the queue is empty afterwards (XFER-1, FLOW-1, FLOW-3).

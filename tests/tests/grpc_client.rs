@@ -10,11 +10,7 @@ use connector::kubemq::{QueueMessage, QueueMessagePolicy};
 use interop_tests::TestFacade;
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    interop_tests::runtime()
 }
 
 fn msg(queue: &str, body: &str) -> QueueMessage {

@@ -15,11 +15,7 @@ fn probe() -> Command {
 }
 
 fn rt() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
+    interop_tests::runtime()
 }
 
 /// Drains the queue, returning (message ids, sequences) in delivery order.

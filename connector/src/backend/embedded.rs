@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use super::{get_request, settle_request, Backend, BackendError, Batch, Downstream};
+use super::{get_request, Backend, BackendError, Batch, Downstream};
 use crate::kubemq::{
-    PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op,
-    QueuesInfo, SendQueueMessageResult,
+    PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
 };
 use crate::store::{downstream, grpc::REPORTED_VERSION, now_ns, Store};
 
@@ -30,15 +29,6 @@ impl Embedded {
 /// A downstream session on the store.
 pub struct EmbeddedDownstream(downstream::Downstream);
 
-impl EmbeddedDownstream {
-    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
-        match self.0.handle(req).await {
-            Some(r) if r.is_error => Err(BackendError::Rejected(r.error)),
-            _ => Ok(()),
-        }
-    }
-}
-
 impl Downstream for EmbeddedDownstream {
     async fn get(
         &mut self,
@@ -61,34 +51,11 @@ impl Downstream for EmbeddedDownstream {
         })
     }
 
-    async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
-            .await
-    }
-
-    async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
-            .await
-    }
-
-    async fn requeue(
-        &mut self,
-        transaction: &str,
-        sequences: &[u64],
-        channel: &str,
-    ) -> Result<(), BackendError> {
-        self.settle(settle_request(
-            Op::ReQueueRange,
-            transaction,
-            sequences,
-            channel,
-        ))
-        .await
-    }
-
-    async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
-            .await
+    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
+        match self.0.handle(req).await {
+            Some(r) if r.is_error => Err(BackendError::Rejected(r.error)),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -23,12 +23,11 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::{get_request, settle_request, Backend, BackendError, Batch, Downstream};
+use super::{get_request, Backend, BackendError, Batch, Downstream};
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::{
-    Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op,
-    QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest, QueuesUpstreamRequest,
-    QueuesUpstreamResponse, SendQueueMessageResult,
+    Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
+    QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, SendQueueMessageResult,
 };
 use crate::store::grpc::MAX_GRPC_MESSAGE;
 use crate::store::new_id;
@@ -308,14 +307,6 @@ impl GrpcDownstream {
             Ok(())
         }
     }
-
-    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
-        self.check()?;
-        self.tx
-            .send(req)
-            .await
-            .map_err(|_| BackendError::Unavailable("downstream stream lost".into()))
-    }
 }
 
 impl Drop for GrpcDownstream {
@@ -370,34 +361,12 @@ impl Downstream for GrpcDownstream {
         }
     }
 
-    async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
+    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
+        self.check()?;
+        self.tx
+            .send(req)
             .await
-    }
-
-    async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
-            .await
-    }
-
-    async fn requeue(
-        &mut self,
-        transaction: &str,
-        sequences: &[u64],
-        channel: &str,
-    ) -> Result<(), BackendError> {
-        self.settle(settle_request(
-            Op::ReQueueRange,
-            transaction,
-            sequences,
-            channel,
-        ))
-        .await
-    }
-
-    async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
-        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
-            .await
+            .map_err(|_| BackendError::Unavailable("downstream stream lost".into()))
     }
 }
 

@@ -10,7 +10,9 @@ pub mod grpc;
 
 use std::future::Future;
 
-use crate::kubemq::{PingResult, QueueMessage, QueuesInfo, SendQueueMessageResult};
+use crate::kubemq::{
+    PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo, SendQueueMessageResult,
+};
 
 /// Why a backend operation failed, as a bridge must act on it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,8 +63,8 @@ pub trait Backend: Send + Sync + 'static {
 }
 
 /// One consumer session: Gets open transactions, settlements apply to them. KubeMQ answers a
-/// successful settlement with nothing, so settlement methods return once the request is sent;
-/// a failure reported later is logged.
+/// successful settlement with nothing, so settlement methods return once the request is sent
+/// (the embedded store applies it before returning); a failure reported later is logged.
 pub trait Downstream: Send + 'static {
     /// Waits for `max_items` messages or `wait_ms` (KubeMQ raises it to at least 1000).
     fn get(
@@ -72,33 +74,58 @@ pub trait Downstream: Send + 'static {
         max_items: i32,
         wait_ms: i32,
     ) -> impl Future<Output = Result<Batch, BackendError>> + Send;
+
+    /// Sends one settlement request of the downstream protocol.
+    fn settle(
+        &mut self,
+        request: crate::kubemq::QueuesDownstreamRequest,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+
     /// AckRange.
     fn ack(
         &mut self,
         transaction: &str,
         sequences: &[u64],
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
+    }
+
     /// NAckRange: each message goes back to the tail with ReceiveCount + 1 (or dead-letters).
     fn nack(
         &mut self,
         transaction: &str,
         sequences: &[u64],
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
+    }
+
     /// ReQueueRange to `channel`.
     fn requeue(
         &mut self,
         transaction: &str,
         sequences: &[u64],
         channel: &str,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        self.settle(settle_request(
+            Op::ReQueueRange,
+            transaction,
+            sequences,
+            channel,
+        ))
+    }
+
     /// CloseByClient: every unsettled message goes back unchanged.
-    fn close(&mut self, transaction: &str)
-        -> impl Future<Output = Result<(), BackendError>> + Send;
+    fn close(
+        &mut self,
+        transaction: &str,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send {
+        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
+    }
 }
 
 /// A settlement request of the downstream protocol.
 pub(crate) fn settle_request(
-    op: crate::kubemq::QueuesDownstreamRequestType,
+    op: Op,
     transaction: &str,
     sequences: &[u64],
     channel: &str,
@@ -123,7 +150,7 @@ pub(crate) fn get_request(
     crate::kubemq::QueuesDownstreamRequest {
         request_id: crate::store::new_id(),
         client_id: client_id.to_string(),
-        request_type_data: crate::kubemq::QueuesDownstreamRequestType::Get as i32,
+        request_type_data: Op::Get as i32,
         channel: channel.to_string(),
         max_items,
         wait_timeout: wait_ms,
