@@ -210,8 +210,13 @@ impl Connection {
         if let Side::Receiver(r) = &mut link.side {
             r.window = accept.credit_window.max(1);
             link.credit = r.window;
+            // A receiver's delivery-count starts at the sender's initial-delivery-count.
+            link.delivery_count = request
+                .as_ref()
+                .and_then(|a| a.initial_delivery_count)
+                .unwrap_or(0);
         }
-        let credit = link.credit;
+        let (credit, delivery_count) = (link.credit, link.delivery_count);
         let reply = reply_attach(link, request, max_message_size, false);
         self.write_perf(ch, &reply);
         if !server_sends {
@@ -219,7 +224,7 @@ impl Connection {
                 ch,
                 Some(LinkFlow {
                     handle,
-                    delivery_count: 0,
+                    delivery_count,
                     credit,
                     drain: false,
                 }),
@@ -578,13 +583,15 @@ impl Connection {
         match link.phase {
             Phase::DetachSent => return, // in flight when we detached
             Phase::Attaching => {
-                return self.send_detach(
+                // No credit was ever granted: answer the ATTACH with the refusal.
+                let _ = self.refuse_link(
                     id,
-                    Some(AmqpError::new(
+                    AmqpError::new(
                         Condition::NotAllowed,
                         "transfer before the link was attached",
-                    )),
+                    ),
                 );
+                return;
             }
             Phase::Attached => {}
         }

@@ -949,6 +949,54 @@ fn flow_1_produce_credit_window() {
     );
 }
 
+/// FLOW-1: a produce link's delivery-count starts at the client's initial-delivery-count, so the
+/// granted credit means what it says to a client that does not start at 0.
+#[test]
+fn flow_1_initial_delivery_count_honoured() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let mut a = attach_sender("p", 0, "queues/a");
+    a.initial_delivery_count = Some(u32::MAX - 1);
+    let id = c.request_link(0, &a);
+    let out = accept(&mut c, id, 4);
+    let Out::Frame(0, Performative::Flow(f)) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (f.delivery_count, f.link_credit),
+        (Some(u32::MAX - 1), Some(4))
+    );
+    let mut out = Vec::new();
+    for i in 0..3u32 {
+        out.extend(c.transfer(
+            0,
+            &transfer(0, Some(i), Some(&[i as u8]), true, false),
+            b"m",
+        ));
+    }
+    let flows: Vec<(Option<u32>, Option<u32>)> = out
+        .iter()
+        .filter_map(|o| match o {
+            Out::Frame(_, Performative::Flow(f)) if f.handle.is_some() => {
+                Some((f.delivery_count, f.link_credit))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        flows,
+        vec![(Some(1), Some(4))],
+        "refill after three deliveries, delivery-count wrapped to 1"
+    );
+    assert_eq!(
+        c.take_events()
+            .iter()
+            .filter(|e| matches!(e, Event::Delivery(_)))
+            .count(),
+        3
+    );
+}
+
 /// FLOW-2 / OP-LINK-6: a transfer beyond link credit detaches the link with not-allowed.
 #[test]
 fn flow_2_transfer_beyond_credit() {
