@@ -182,3 +182,37 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Any bytes at all: parsing never panics and never accepts a record whose checksum
+        /// does not match.
+        #[test]
+        fn parse_arbitrary_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            if let Parsed::Record(_, len) = parse(&bytes) {
+                prop_assert!(len <= bytes.len());
+                let crc = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+                prop_assert_eq!(crc32fast::hash(&bytes[FRAME_HEADER..len]), crc);
+            }
+        }
+
+        /// A valid record with any byte changed is either still the same record or refused.
+        #[test]
+        fn parse_mutated_record(pos in any::<usize>(), byte in any::<u8>()) {
+            let mut out = BytesMut::new();
+            frame(&mut out, Kind::Ack(Ack { queue: "queue".into(), sequence: 42 }));
+            let original = parse(&out);
+            let mut bad = out.to_vec();
+            let at = pos % bad.len();
+            bad[at] = byte;
+            match parse(&bad) {
+                Parsed::Record(r, _) => prop_assert_eq!(Parsed::Record(r, out.len()), original),
+                Parsed::Incomplete | Parsed::Corrupt => {}
+            }
+        }
+    }
+}

@@ -754,3 +754,28 @@ fn delay_ttl_restarts_at_release() {
         }
     });
 }
+
+/// A segment of random bytes (not written by us) opens without a panic, is reported, and yields
+/// no messages.
+#[test]
+fn garbage_segment_yields_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut junk = vec![0u8; 64 * 1024];
+    let mut x: u32 = 12345;
+    for b in junk.iter_mut() {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        *b = x as u8;
+    }
+    std::fs::write(dir.path().join("seg-0000000001.log"), &junk).unwrap();
+    rt().block_on(async {
+        let (store, report) = Store::open(dir.path()).unwrap();
+        assert_eq!(report.ready, 0);
+        assert_eq!(report.dropped.len(), 1);
+        let r = store.send(vec![msg("q", "fresh")]).await;
+        assert!(!r[0].is_error);
+        let got = store.get("q", 1, WAIT).await;
+        assert_eq!(bodies(&got), ["fresh"]);
+    });
+}
