@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bridge;
 pub mod config;
 pub mod driver;
 pub mod engine;
