@@ -1,4 +1,5 @@
 //! Pattern bridges: what sits between AMQP links and the KubeMQ backend. So far: address
-//! resolution; the queues bridge arrives with issue 4.
+//! resolution and the `amqp10` envelope; the queues bridge arrives with issue 4.
 
 pub mod address;
+pub mod envelope;

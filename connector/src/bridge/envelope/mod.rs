@@ -1,0 +1,489 @@
+//! The `amqp10` metadata envelope (envelope.md): the AMQP message context kept as JSON in a KubeMQ
+//! message's `Metadata`, so that a message crosses AMQP → KubeMQ → AMQP without losing a section
+//! or a type.
+//!
+//! Sections are read as generic AMQP values (not fe2o3's typed structs), so nothing a client may
+//! legally send is refused for being unusual. Values are written as JSON with `$` type markers
+//! where JSON alone would lose the AMQP type (ENV-10, ENV-11); the choices the specification
+//! leaves open are in docs/decisions.md.
+
+use base64::Engine as _;
+use serde_amqp::described::Described;
+use serde_amqp::descriptor::Descriptor;
+use serde_amqp::primitives::{Array, OrderedMap, Symbol, Timestamp};
+use serde_amqp::Value;
+use serde_json::{json, Map, Value as Json};
+
+use crate::engine::message::{data_sections, walk, BodyKind, MessageError};
+use crate::engine::validate::value_len;
+
+const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+/// Largest integer a JSON number carries exactly.
+const JSON_SAFE: i64 = 1 << 53;
+
+/// Names of the properties-section fields, by position.
+const PROPS: [&str; 13] = [
+    "message_id",
+    "user_id",
+    "to",
+    "subject",
+    "reply_to",
+    "correlation_id",
+    "content_type",
+    "content_encoding",
+    "absolute_expiry_time",
+    "creation_time",
+    "group_id",
+    "group_sequence",
+    "reply_to_group_id",
+];
+
+/// A message split for KubeMQ: the envelope text and the body bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stored {
+    /// `Metadata`: the JSON envelope.
+    pub metadata: String,
+    /// `Body`: the Data bytes, concatenated, or the AMQP encoding of an AmqpValue.
+    pub body: Vec<u8>,
+}
+
+/// Why a message cannot be stored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IngressError {
+    /// The sections are malformed, out of order or mixed (ERR-9 `amqp:decode-error`).
+    #[error("{0}")]
+    Malformed(#[from] MessageError),
+    /// A section could not be read as an AMQP value (`amqp:decode-error`).
+    #[error("undecodable section: {0}")]
+    Undecodable(&'static str),
+    /// An AmqpSequence body (Q-9, ENV-9: `amqp:not-implemented`).
+    #[error("amqp-sequence bodies are not supported")]
+    SequenceBody,
+}
+
+fn section_value(
+    msg: &[u8],
+    range: &std::ops::Range<usize>,
+    what: &'static str,
+) -> Result<Value, IngressError> {
+    match serde_amqp::from_slice::<Value>(&msg[range.clone()]) {
+        Ok(Value::Described(d)) => Ok(d.value),
+        _ => Err(IngressError::Undecodable(what)),
+    }
+}
+
+/// Ingress (ENV-1 … ENV-9): an encoded AMQP message → envelope and body.
+pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
+    let layout = walk(msg)?;
+    let mut env = Map::new();
+    let mut props = Map::new();
+    if let Some(r) = &layout.properties {
+        if let Value::List(fields) = section_value(msg, r, "properties")? {
+            for (name, v) in PROPS.iter().zip(fields) {
+                if v != Value::Null {
+                    props.insert((*name).to_string(), prop_to_json(name, v));
+                }
+            }
+        }
+    }
+    if let Some(r) = &layout.header {
+        // ENV-3: the header ttl is kept in props; the rest of the header is the connector's own.
+        if let Value::List(fields) = section_value(msg, r, "header")? {
+            if let Some(Value::Uint(ttl)) = fields.get(2) {
+                props.insert("ttl".into(), json!(ttl));
+            }
+        }
+    }
+    if !props.is_empty() {
+        env.insert("props".into(), Json::Object(props));
+    }
+    for (key, range, what) in [
+        (
+            "app",
+            &layout.application_properties,
+            "application-properties",
+        ),
+        (
+            "annotations",
+            &layout.message_annotations,
+            "message-annotations",
+        ),
+        (
+            "delivery_annotations",
+            &layout.delivery_annotations,
+            "delivery-annotations",
+        ),
+        ("footer", &layout.footer, "footer"),
+    ] {
+        if let Some(r) = range {
+            if let Value::Map(m) = section_value(msg, r, what)? {
+                env.insert(key.into(), map_to_json(m));
+            }
+        }
+    }
+    let body = match layout.body_kind {
+        BodyKind::Empty => Vec::new(),
+        BodyKind::Data { .. } => {
+            env.insert("body_section".into(), json!("data"));
+            data_sections(&msg[layout.body.clone()])
+                .flatten()
+                .copied()
+                .collect()
+        }
+        BodyKind::Value => {
+            env.insert("body_section".into(), json!("value"));
+            value_bytes(&msg[layout.body.clone()])?.to_vec()
+        }
+        BodyKind::Sequence => return Err(IngressError::SequenceBody),
+    };
+    let metadata = json!({ "amqp10": Json::Object(env) }).to_string();
+    Ok(Stored { metadata, body })
+}
+
+/// The encoded value inside an AmqpValue section (after its descriptor).
+fn value_bytes(section: &[u8]) -> Result<&[u8], IngressError> {
+    let descriptor = value_len(section.get(1..).unwrap_or(&[]))
+        .map_err(|_| IngressError::Undecodable("amqp-value"))?;
+    section
+        .get(1 + descriptor..)
+        .ok_or(IngressError::Undecodable("amqp-value"))
+}
+
+/// What the connector knows about a delivery that is not in the stored message.
+#[derive(Debug, Clone, Copy)]
+pub struct DeliveryInfo {
+    /// KubeMQ's ReceiveCount for this delivery.
+    pub receive_count: i32,
+}
+
+/// Egress (ENV-12 … ENV-14): stored Metadata and body → an encoded AMQP message. Metadata that is
+/// not an `amqp10` envelope (a plain gRPC producer, OP-ENV-6) is delivered as the
+/// `x-opt-kubemq-metadata` message annotation, with a Data body.
+pub fn egress(
+    metadata: &str,
+    body: &[u8],
+    tags: &std::collections::HashMap<String, String>,
+    info: DeliveryInfo,
+) -> Vec<u8> {
+    let env = serde_json::from_str::<Json>(metadata)
+        .ok()
+        .and_then(|mut j| j.get_mut("amqp10").map(Json::take))
+        .and_then(|j| match j {
+            Json::Object(m) => Some(m),
+            _ => None,
+        });
+    let mut out = Vec::with_capacity(body.len() + 256);
+    let props = env
+        .as_ref()
+        .and_then(|e| e.get("props"))
+        .and_then(Json::as_object);
+    // Header (ENV-14, Q-17): made by the connector.
+    let ttl = props
+        .and_then(|p| p.get("ttl"))
+        .and_then(Json::as_u64)
+        .and_then(|t| u32::try_from(t).ok());
+    let header = Value::List(vec![
+        Value::Bool(true),
+        Value::Null,
+        ttl.map_or(Value::Null, Value::Uint),
+        Value::Bool(info.receive_count <= 1),
+        Value::Uint(u32::try_from(info.receive_count.saturating_sub(1).max(0)).unwrap_or(0)),
+    ]);
+    push_section(&mut out, 0x70, header);
+    match &env {
+        Some(env) => {
+            for (key, code) in [("delivery_annotations", 0x71), ("annotations", 0x72)] {
+                if let Some(Json::Object(m)) = env.get(key) {
+                    push_section(&mut out, code, Value::Map(annotations_from_json(m)));
+                }
+            }
+            if let Some(p) = props {
+                let mut fields: Vec<Value> = PROPS
+                    .iter()
+                    .map(|name| {
+                        p.get(*name)
+                            .map_or(Value::Null, |v| prop_from_json(name, v))
+                    })
+                    .collect();
+                while fields.last() == Some(&Value::Null) {
+                    fields.pop();
+                }
+                if !fields.is_empty() {
+                    push_section(&mut out, 0x73, Value::List(fields));
+                }
+            }
+            if let Some(Json::Object(m)) = env.get("app") {
+                let app = m
+                    .iter()
+                    .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
+                    .collect();
+                push_section(&mut out, 0x74, Value::Map(app));
+            } else if !tags.is_empty() {
+                push_section(&mut out, 0x74, tags_map(tags));
+            }
+        }
+        None => {
+            if !metadata.is_empty() {
+                let mut m = OrderedMap::new();
+                m.insert(
+                    Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
+                    Value::String(metadata.to_string()),
+                );
+                push_section(&mut out, 0x72, Value::Map(m));
+            }
+            if !tags.is_empty() {
+                push_section(&mut out, 0x74, tags_map(tags));
+            }
+        }
+    }
+    let value_body = env
+        .as_ref()
+        .and_then(|e| e.get("body_section"))
+        .and_then(Json::as_str)
+        == Some("value");
+    if value_body && value_len(body).map(|n| n == body.len()).unwrap_or(false) {
+        out.extend_from_slice(&[0x00, 0x53, 0x77]);
+        out.extend_from_slice(body);
+    } else {
+        push_section(
+            &mut out,
+            0x75,
+            Value::Binary(serde_bytes::ByteBuf::from(body.to_vec())),
+        );
+    }
+    if let Some(Json::Object(m)) = env.as_ref().and_then(|e| e.get("footer")) {
+        push_section(&mut out, 0x78, Value::Map(annotations_from_json(m)));
+    }
+    out
+}
+
+fn tags_map(tags: &std::collections::HashMap<String, String>) -> Value {
+    let mut keys: Vec<&String> = tags.keys().collect();
+    keys.sort();
+    Value::Map(
+        keys.into_iter()
+            .map(|k| (Value::String(k.clone()), Value::String(tags[k].clone())))
+            .collect(),
+    )
+}
+
+fn push_section(out: &mut Vec<u8>, code: u64, value: Value) {
+    let section = Described {
+        descriptor: Descriptor::Code(code),
+        value,
+    };
+    match serde_amqp::to_vec(&section) {
+        Ok(bytes) => out.extend_from_slice(&bytes),
+        Err(e) => tracing::error!(error = %e, code, "could not encode a message section"),
+    }
+}
+
+/// Properties fields with a fixed AMQP type are written plainly; the identifier unions
+/// (message-id, correlation-id) keep their type with markers (ENV-3).
+fn prop_to_json(name: &str, v: Value) -> Json {
+    match (name, v) {
+        ("content_type" | "content_encoding", Value::Symbol(s)) => json!(s.as_str()),
+        ("group_sequence", Value::Uint(n)) => json!(n),
+        (_, v) => value_to_json(v),
+    }
+}
+
+fn prop_from_json(name: &str, v: &Json) -> Value {
+    match (name, v) {
+        ("content_type" | "content_encoding", Json::String(s)) => {
+            Value::Symbol(Symbol::from(s.as_str()))
+        }
+        ("group_sequence", Json::Number(n)) => n
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .map_or(Value::Null, Value::Uint),
+        (_, v) => value_from_json(v),
+    }
+}
+
+fn key_to_string(k: Value) -> String {
+    match k {
+        Value::Symbol(s) => s.0,
+        Value::String(s) => s,
+        Value::Ulong(n) => format!("$u64:{n}"),
+        other => value_to_json(other).to_string(),
+    }
+}
+
+fn map_to_json(m: OrderedMap<Value, Value>) -> Json {
+    Json::Object(
+        m.into_inner()
+            .into_iter()
+            .map(|(k, v)| (key_to_string(k), value_to_json(v)))
+            .collect(),
+    )
+}
+
+/// Annotation maps: keys are symbols (or ulongs, written `$u64:N`).
+fn annotations_from_json(m: &Map<String, Json>) -> OrderedMap<Value, Value> {
+    m.iter()
+        .map(|(k, v)| {
+            let key = match k.strip_prefix("$u64:").and_then(|n| n.parse().ok()) {
+                Some(n) => Value::Ulong(n),
+                None => Value::Symbol(Symbol::from(k.as_str())),
+            };
+            (key, value_from_json(v))
+        })
+        .collect()
+}
+
+fn marker(name: &str, v: Json) -> Json {
+    let mut m = Map::new();
+    m.insert(name.to_string(), v);
+    Json::Object(m)
+}
+
+fn float_json(f: f64) -> Json {
+    serde_json::Number::from_f64(f).map_or_else(|| json!(f.to_string()), Json::Number)
+}
+
+/// An AMQP value as JSON (ENV-10, ENV-11, and OP-ENV-3's decisions for the rest).
+pub fn value_to_json(v: Value) -> Json {
+    match v {
+        Value::Null => Json::Null,
+        Value::Bool(b) => json!(b),
+        Value::String(s) => json!(s),
+        Value::Long(n) if (-JSON_SAFE..=JSON_SAFE).contains(&n) => json!(n),
+        Value::Long(n) => marker("$int64", json!(n.to_string())),
+        Value::Ulong(n) => marker("$u64", json!(n.to_string())),
+        Value::Ubyte(n) => marker("$u8", json!(n)),
+        Value::Byte(n) => marker("$i8", json!(n)),
+        Value::Short(n) => marker("$i16", json!(n)),
+        Value::Ushort(n) => marker("$u16", json!(n)),
+        Value::Int(n) => marker("$i32", json!(n)),
+        Value::Uint(n) => marker("$u32", json!(n)),
+        Value::Float(f) => marker("$f32", float_json(f64::from(f.into_inner()))),
+        Value::Double(f) => marker("$f64", float_json(f.into_inner())),
+        // Milliseconds are kept as the fraction, so restoration is exact (OP-ENV-4).
+        Value::Timestamp(t) => marker("$ts", float_json(t.milliseconds() as f64 / 1000.0)),
+        Value::Binary(b) => marker("$bin", json!(B64.encode(b.as_slice()))),
+        Value::Uuid(u) => marker(
+            "$uuid",
+            json!(uuid::Uuid::from_bytes(u.into_inner()).to_string()),
+        ),
+        Value::Symbol(s) => marker("$sym", json!(s.0)),
+        Value::Char(c) => marker("$char", json!(c.to_string())),
+        Value::Decimal32(d) => marker("$dec32", json!(B64.encode(d.as_inner()))),
+        Value::Decimal64(d) => marker("$dec64", json!(B64.encode(d.as_inner()))),
+        Value::Decimal128(d) => marker("$dec128", json!(B64.encode(d.as_inner()))),
+        Value::List(l) => Json::Array(l.into_iter().map(value_to_json).collect()),
+        Value::Map(m) => marker(
+            "$map",
+            Json::Array(
+                m.into_inner()
+                    .into_iter()
+                    .map(|(k, v)| json!([value_to_json(k), value_to_json(v)]))
+                    .collect(),
+            ),
+        ),
+        Value::Array(a) => marker(
+            "$array",
+            Json::Array(a.into_inner().into_iter().map(value_to_json).collect()),
+        ),
+        Value::Described(d) => {
+            let descriptor = match d.descriptor {
+                Descriptor::Code(c) => marker("$u64", json!(c.to_string())),
+                Descriptor::Name(n) => marker("$sym", json!(n.0)),
+            };
+            marker("$described", json!([descriptor, value_to_json(d.value)]))
+        }
+    }
+}
+
+/// JSON back to the AMQP value it stood for; unmarked JSON that we never write (a fraction, an
+/// object) is read leniently.
+pub fn value_from_json(j: &Json) -> Value {
+    match j {
+        Json::Null => Value::Null,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::String(s) => Value::String(s.clone()),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) => Value::Long(i),
+            None => Value::Double(n.as_f64().unwrap_or(0.0).into()),
+        },
+        Json::Array(a) => Value::List(a.iter().map(value_from_json).collect()),
+        Json::Object(m) if m.len() == 1 => {
+            let (k, v) = m
+                .iter()
+                .next()
+                .map(|(k, v)| (k.as_str(), v))
+                .unwrap_or(("", &Json::Null));
+            from_marker(k, v).unwrap_or_else(|| {
+                Value::Map(
+                    m.iter()
+                        .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
+                        .collect(),
+                )
+            })
+        }
+        Json::Object(m) => Value::Map(
+            m.iter()
+                .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
+                .collect(),
+        ),
+    }
+}
+
+fn num<T: TryFrom<i64>>(v: &Json) -> Option<T> {
+    v.as_i64().and_then(|n| T::try_from(n).ok())
+}
+
+fn from_marker(k: &str, v: &Json) -> Option<Value> {
+    let f = || {
+        v.as_f64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+    };
+    let bytes = || v.as_str().and_then(|s| B64.decode(s).ok());
+    Some(match k {
+        "$int64" => Value::Long(v.as_str()?.parse().ok()?),
+        "$u64" => Value::Ulong(v.as_str()?.parse().ok()?),
+        "$u8" => Value::Ubyte(num(v)?),
+        "$i8" => Value::Byte(num(v)?),
+        "$i16" => Value::Short(num(v)?),
+        "$u16" => Value::Ushort(num(v)?),
+        "$i32" => Value::Int(num(v)?),
+        "$u32" => Value::Uint(num(v)?),
+        "$f32" => Value::Float((f()? as f32).into()),
+        "$f64" => Value::Double(f()?.into()),
+        "$ts" => Value::Timestamp(Timestamp::from_milliseconds(
+            (v.as_f64()? * 1000.0).round() as i64
+        )),
+        "$bin" => Value::Binary(serde_bytes::ByteBuf::from(bytes()?)),
+        "$uuid" => Value::Uuid((*uuid::Uuid::parse_str(v.as_str()?).ok()?.as_bytes()).into()),
+        "$sym" => Value::Symbol(Symbol::from(v.as_str()?)),
+        "$char" => Value::Char(v.as_str()?.chars().next()?),
+        "$dec32" => Value::Decimal32(bytes()?.as_slice().try_into().ok()?),
+        "$dec64" => Value::Decimal64(bytes()?.as_slice().try_into().ok()?),
+        "$dec128" => Value::Decimal128(bytes()?.as_slice().try_into().ok()?),
+        "$map" => Value::Map(
+            v.as_array()?
+                .iter()
+                .filter_map(|pair| {
+                    Some((value_from_json(pair.get(0)?), value_from_json(pair.get(1)?)))
+                })
+                .collect(),
+        ),
+        "$array" => Value::Array(Array(v.as_array()?.iter().map(value_from_json).collect())),
+        "$described" => {
+            let pair = v.as_array()?;
+            let descriptor = match value_from_json(pair.first()?) {
+                Value::Ulong(c) => Descriptor::Code(c),
+                Value::Symbol(s) => Descriptor::Name(s),
+                _ => return None,
+            };
+            Value::Described(Box::new(Described {
+                descriptor,
+                value: value_from_json(pair.get(1)?),
+            }))
+        }
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,332 @@
+//! Envelope round trips: every section and every marked type survives AMQP → KubeMQ → AMQP
+//! (ENV-1 … ENV-14), and the shapes the specification shows are produced.
+
+use std::collections::HashMap;
+
+use fe2o3_amqp_types::messaging::message::__private::Serializable;
+use fe2o3_amqp_types::messaging::{
+    AmqpSequence, AmqpValue, ApplicationProperties, Body, Data, Header, Message,
+    MessageAnnotations, Properties,
+};
+use fe2o3_amqp_types::primitives::{OrderedMap, SimpleValue, Symbol, Timestamp};
+use serde_amqp::Value;
+use serde_bytes::ByteBuf;
+
+use super::*;
+
+fn encode<B: fe2o3_amqp_types::messaging::SerializableBody>(m: Message<B>) -> Vec<u8> {
+    serde_amqp::to_vec(&Serializable(m)).unwrap()
+}
+
+fn sections(msg: &[u8]) -> Vec<(u64, Value)> {
+    let layout = walk(msg).unwrap();
+    let mut ranges: Vec<std::ops::Range<usize>> = [
+        layout.header,
+        layout.delivery_annotations,
+        layout.message_annotations,
+        layout.properties,
+        layout.application_properties,
+        layout.footer,
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !layout.body.is_empty() {
+        ranges.push(layout.body.clone());
+    }
+    ranges
+        .into_iter()
+        .map(
+            |r| match serde_amqp::from_slice::<Value>(&msg[r]).unwrap() {
+                Value::Described(d) => (
+                    match d.descriptor {
+                        Descriptor::Code(c) => c,
+                        Descriptor::Name(_) => 0,
+                    },
+                    d.value,
+                ),
+                other => panic!("not a section: {other:?}"),
+            },
+        )
+        .collect()
+}
+
+fn first_delivery() -> DeliveryInfo {
+    DeliveryInfo { receive_count: 1 }
+}
+
+/// ENV-1 … ENV-5, ENV-8, ENV-10 … ENV-13: properties (with a ulong message-id and a uuid
+/// correlation-id), application properties of many types, annotations and several Data sections.
+#[test]
+fn env_full_round_trip() {
+    let uuid = uuid::Uuid::parse_str("0f8fad5b-d9cb-469f-a165-70867728950e").unwrap();
+    let app = ApplicationProperties::builder()
+        .insert("color", "red")
+        .insert("small", 42i64)
+        .insert("big", 1i64 << 60)
+        .insert("u8", SimpleValue::Ubyte(7))
+        .insert("i32", 7i32)
+        .insert("u64", SimpleValue::Ulong(u64::MAX))
+        .insert("f64", 1.5f64)
+        .insert("flag", true)
+        .insert("bin", SimpleValue::Binary(ByteBuf::from(vec![0, 255, 3])))
+        .insert("id", SimpleValue::Uuid((*uuid.as_bytes()).into()))
+        .insert(
+            "when",
+            SimpleValue::Timestamp(Timestamp::from_milliseconds(1_700_000_000_123)),
+        )
+        .insert("sym", SimpleValue::Symbol(Symbol::from("s")))
+        .build();
+    let mut ann = OrderedMap::new();
+    ann.insert(
+        Symbol::from("x-opt-kubemq-group").into(),
+        Value::String("g1".into()),
+    );
+    ann.insert(
+        Symbol::from("x-opt-list").into(),
+        Value::List(vec![Value::Int(1), Value::String("two".into())]),
+    );
+    let msg = Message::builder()
+        .header(Header {
+            ttl: Some(5000),
+            ..Default::default()
+        })
+        .message_annotations(MessageAnnotations(ann))
+        .properties(
+            Properties::builder()
+                .message_id(42u64)
+                .correlation_id(fe2o3_amqp_types::messaging::MessageId::Uuid(
+                    (*uuid.as_bytes()).into(),
+                ))
+                .to("queues/orders")
+                .subject("s")
+                .content_type("application/json")
+                .creation_time(Timestamp::from_milliseconds(1_700_000_000_999))
+                .group_sequence(9)
+                .build(),
+        )
+        .application_properties(app)
+        .body(Body::<Value>::Data(
+            vec![
+                Data(ByteBuf::from(b"hello ".to_vec())),
+                Data(ByteBuf::from(b"world".to_vec())),
+            ]
+            .into(),
+        ))
+        .build();
+    let bytes = encode(msg);
+    let stored = ingress(&bytes).unwrap();
+    assert_eq!(
+        stored.body, b"hello world",
+        "ENV-8: Data sections concatenated"
+    );
+    let j: Json = serde_json::from_str(&stored.metadata).unwrap();
+    let env = &j["amqp10"];
+    assert_eq!(env["body_section"], "data");
+    assert_eq!(
+        env["props"]["content_type"], "application/json",
+        "the documented plain form"
+    );
+    assert_eq!(env["props"]["message_id"], json!({"$u64": "42"}));
+    assert_eq!(env["props"]["ttl"], 5000);
+    assert_eq!(env["app"]["color"], "red");
+    assert_eq!(
+        env["app"]["small"], 42,
+        "ENV-11: a long within 2^53 is a plain number"
+    );
+    assert_eq!(
+        env["app"]["big"],
+        json!({"$int64": (1i64 << 60).to_string()})
+    );
+    assert_eq!(env["annotations"]["x-opt-kubemq-group"], "g1");
+
+    let out = egress(
+        &stored.metadata,
+        &stored.body,
+        &HashMap::new(),
+        first_delivery(),
+    );
+    let before = sections(&bytes);
+    let after = sections(&out);
+    let pick =
+        |v: &[(u64, Value)], code| v.iter().find(|(c, _)| *c == code).map(|(_, v)| v.clone());
+    for code in [0x72, 0x73, 0x74] {
+        assert_eq!(
+            pick(&after, code),
+            pick(&before, code),
+            "section 0x{code:x} restored exactly (ENV-13)"
+        );
+    }
+    // One Data section with the concatenated bytes (ENV-12).
+    assert_eq!(
+        pick(&after, 0x75),
+        Some(Value::Binary(ByteBuf::from(b"hello world".to_vec())))
+    );
+    // The header is the connector's: ttl kept, first delivery.
+    let Some(Value::List(h)) = pick(&after, 0x70) else {
+        panic!()
+    };
+    assert_eq!(h[2], Value::Uint(5000));
+    assert_eq!(
+        (h[3].clone(), h[4].clone()),
+        (Value::Bool(true), Value::Uint(0))
+    );
+}
+
+/// Q-17 / ENV-14: delivery-count = ReceiveCount − 1, first-acquirer = (ReceiveCount == 1).
+#[test]
+fn q_17_redelivery_header() {
+    let stored = ingress(&encode(
+        Message::builder()
+            .data(ByteBuf::from(b"x".to_vec()))
+            .build(),
+    ))
+    .unwrap();
+    let out = egress(
+        &stored.metadata,
+        &stored.body,
+        &HashMap::new(),
+        DeliveryInfo { receive_count: 3 },
+    );
+    let Value::List(h) = sections(&out)[0].1.clone() else {
+        panic!()
+    };
+    assert_eq!(
+        (h[3].clone(), h[4].clone()),
+        (Value::Bool(false), Value::Uint(2))
+    );
+}
+
+/// ENV-8 / OP-ENV-5: an AmqpValue body is stored as its AMQP encoding and restored exactly.
+#[test]
+fn env_value_body_round_trip() {
+    for v in [
+        Value::String("héllo".into()),
+        Value::Long(-5),
+        Value::List(vec![Value::Bool(true)]),
+    ] {
+        let bytes = encode(
+            Message::builder()
+                .body(Body::Value(AmqpValue(v.clone())))
+                .build(),
+        );
+        let stored = ingress(&bytes).unwrap();
+        assert!(stored.metadata.contains(r#""body_section":"value""#));
+        let out = egress(
+            &stored.metadata,
+            &stored.body,
+            &HashMap::new(),
+            first_delivery(),
+        );
+        let body = sections(&out)
+            .into_iter()
+            .find(|(c, _)| *c == 0x77)
+            .map(|(_, v)| v);
+        assert_eq!(body, Some(v));
+    }
+}
+
+/// ENV-2: an empty message still gets the minimal envelope; it comes back as an empty Data body.
+#[test]
+fn env_2_minimal_envelope() {
+    // A header and nothing else: no properties, no annotations, no body section.
+    let bytes = serde_amqp::to_vec(&Header::default()).unwrap();
+    let stored = ingress(&bytes).unwrap();
+    assert_eq!(stored.metadata, r#"{"amqp10":{}}"#);
+    assert!(stored.body.is_empty());
+}
+
+/// ENV-9 / Q-9: AmqpSequence bodies are refused; a mixed body is malformed (engine-notes §1.6).
+#[test]
+fn env_9_sequence_and_mixed_bodies() {
+    let seq = encode(
+        Message::builder()
+            .body(Body::Sequence(
+                vec![AmqpSequence(vec![Value::Int(1)])].into(),
+            ))
+            .build(),
+    );
+    assert_eq!(ingress(&seq), Err(IngressError::SequenceBody));
+    let mut mixed = serde_amqp::to_vec(&Data(ByteBuf::from(b"x".to_vec()))).unwrap();
+    mixed.extend(serde_amqp::to_vec(&AmqpValue("v".to_string())).unwrap());
+    assert!(matches!(ingress(&mixed), Err(IngressError::Malformed(_))));
+}
+
+/// OP-ENV-6: a message from a plain gRPC producer (no envelope) is delivered with a Data body, its
+/// Metadata as the `x-opt-kubemq-metadata` annotation and its Tags as application properties.
+#[test]
+fn op_env_6_plain_grpc_message() {
+    let tags = HashMap::from([("k".to_string(), "v".to_string())]);
+    let out = egress("plain text", b"raw", &tags, first_delivery());
+    let s = sections(&out);
+    let ann = s
+        .iter()
+        .find(|(c, _)| *c == 0x72)
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let Value::Map(m) = ann else { panic!() };
+    assert_eq!(
+        m.get(&Value::Symbol(Symbol::from("x-opt-kubemq-metadata"))),
+        Some(&Value::String("plain text".into()))
+    );
+    assert!(s
+        .iter()
+        .any(|(c, v)| *c == 0x74 && matches!(v, Value::Map(m) if m.len() == 1)));
+    assert!(s
+        .iter()
+        .any(|(c, v)| *c == 0x75 && *v == Value::Binary(ByteBuf::from(b"raw".to_vec()))));
+}
+
+/// ENV-10 / OP-ENV-3: every marker round-trips through JSON.
+#[test]
+fn markers_round_trip() {
+    let uuid = uuid::Uuid::new_v4();
+    let values = vec![
+        Value::Null,
+        Value::Bool(false),
+        Value::Ubyte(255),
+        Value::Byte(-128),
+        Value::Short(-3),
+        Value::Ushort(65535),
+        Value::Int(i32::MIN),
+        Value::Uint(u32::MAX),
+        Value::Long(i64::MAX),
+        Value::Long(-(1 << 53)),
+        Value::Ulong(u64::MAX),
+        Value::Float(1.25f32.into()),
+        Value::Double(f64::MIN_POSITIVE.into()),
+        Value::Timestamp(Timestamp::from_milliseconds(-1)),
+        Value::Binary(ByteBuf::from(vec![1, 2, 3])),
+        Value::Uuid((*uuid.as_bytes()).into()),
+        Value::String("s".into()),
+        Value::Symbol(Symbol::from("sym")),
+        Value::Char('é'),
+        Value::List(vec![Value::Int(1), Value::Null]),
+        Value::Map(
+            [(Value::Int(1), Value::String("a".into()))]
+                .into_iter()
+                .collect(),
+        ),
+        Value::Array(Array(vec![Value::Uint(1), Value::Uint(2)])),
+        Value::Described(Box::new(Described {
+            descriptor: Descriptor::Code(0x1234),
+            value: Value::String("d".into()),
+        })),
+    ];
+    for v in values {
+        let j = value_to_json(v.clone());
+        let text = j.to_string();
+        let back = value_from_json(&serde_json::from_str(&text).unwrap());
+        assert_eq!(back, v, "{text}");
+    }
+}
+
+proptest::proptest! {
+    /// Any bytes into ingress, any text into egress: no panic (every decoder is fuzzed).
+    #[test]
+    fn arbitrary_input_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512), text in ".{0,200}") {
+        let _ = ingress(&bytes);
+        let _ = egress(&text, &bytes, &HashMap::new(), first_delivery());
+        let _ = serde_json::from_str::<Json>(&text).map(|j| value_from_json(&j));
+    }
+}
