@@ -7,10 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
 use connector::backend::Backend;
+use connector::bridge::queues::Queues;
 use connector::config::Cli;
-use connector::driver::{serve, RefuseLinks, ServeOptions};
+use connector::config::Settings;
+use connector::driver::{serve, ServeOptions};
 use connector::store::Store;
 
 fn main() -> ExitCode {
@@ -51,98 +54,116 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(async move {
-        if settings.port == 0 {
-            tracing::error!(
-                "the plain listener is disabled and TLS is not available in this build yet"
-            );
+    rt.block_on(run(settings))
+}
+
+/// Binds the AMQP listener, opens the backend and serves until a shutdown signal.
+async fn run(settings: Settings) -> ExitCode {
+    if settings.port == 0 {
+        tracing::error!(
+            "the plain listener is disabled and TLS is not available in this build yet"
+        );
+        return ExitCode::from(2);
+    }
+    let addr = SocketAddr::new(settings.bind_address, settings.port);
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%addr, error = %e, "cannot bind the AMQP listener");
+            return ExitCode::FAILURE;
+        }
+    };
+    tracing::info!(%addr, "AMQP 1.0 listener ready");
+    // The backend: a KubeMQ over gRPC when an address is given, else the embedded store.
+    let Some(kubemq) = settings.kubemq_address.clone() else {
+        return run_embedded(listener, settings).await;
+    };
+    let opts = GrpcOptions {
+        token: settings.kubemq_token.clone(),
+        ..GrpcOptions::default()
+    };
+    let backend = match KubemqGrpc::connect(&kubemq, opts) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::error!(error = %e, "invalid KubeMQ settings");
             return ExitCode::from(2);
         }
-        let addr = SocketAddr::new(settings.bind_address, settings.port);
-        let listener = match tokio::net::TcpListener::bind(addr).await {
-            Ok(l) => l,
+    };
+    let probe = backend.clone();
+    tokio::spawn(async move {
+        match probe.ping().await {
+            Ok(p) => {
+                tracing::info!(address = %kubemq, version = %p.version, host = %p.host, "KubeMQ reachable")
+            }
+            Err(e) => tracing::warn!(address = %kubemq, error = %e, "KubeMQ not reachable yet"),
+        }
+    });
+    serve_amqp(listener, &settings, backend).await
+}
+
+/// Runs on the embedded store, optionally serving it as KubeMQ's gRPC API too.
+async fn run_embedded(listener: tokio::net::TcpListener, settings: Settings) -> ExitCode {
+    let store = match Store::open(&settings.data_dir) {
+        Ok((store, report)) => {
+            tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
+            store
+        }
+        Err(e) => {
+            tracing::error!(dir = %settings.data_dir.display(), error = %e, "cannot open the embedded store");
+            return ExitCode::FAILURE;
+        }
+    };
+    store.start_delay_releaser();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let grpc = match settings.serve_kubemq_grpc {
+        Some(gaddr) => match tokio::net::TcpListener::bind(gaddr).await {
+            Ok(l) => {
+                tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
+                let mut rx = stop_rx.clone();
+                Some(tokio::spawn(connector::store::grpc::serve(
+                    store.clone(),
+                    l,
+                    async move {
+                        let _ = rx.changed().await;
+                    },
+                )))
+            }
             Err(e) => {
-                tracing::error!(%addr, error = %e, "cannot bind the AMQP listener");
+                tracing::error!(addr = %gaddr, error = %e, "cannot bind the KubeMQ gRPC listener");
                 return ExitCode::FAILURE;
             }
-        };
-        tracing::info!(%addr, "AMQP 1.0 listener ready");
-        // The backend: a KubeMQ over gRPC when an address is given, else the embedded store.
-        // No pattern uses it yet (issue 4); it is opened and checked so that problems show now.
-        let store = match &settings.kubemq_address {
-            Some(kubemq) => {
-                let opts = GrpcOptions {
-                    token: settings.kubemq_token.clone(),
-                    ..GrpcOptions::default()
-                };
-                match KubemqGrpc::connect(kubemq, opts) {
-                    Ok(backend) => {
-                        let kubemq = kubemq.clone();
-                        tokio::spawn(async move {
-                            match backend.ping().await {
-                                Ok(p) => tracing::info!(address = %kubemq, version = %p.version, host = %p.host, "KubeMQ reachable"),
-                                Err(e) => tracing::warn!(address = %kubemq, error = %e, "KubeMQ not reachable yet"),
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        tracing::error!(error = %e, "invalid KubeMQ settings");
-                        return ExitCode::from(2);
-                    }
-                }
-                None
-            }
-            None => match Store::open(&settings.data_dir) {
-                Ok((store, report)) => {
-                    tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
-                    store.start_delay_releaser();
-                    Some(store)
-                }
-                Err(e) => {
-                    tracing::error!(dir = %settings.data_dir.display(), error = %e, "cannot open the embedded store");
-                    return ExitCode::FAILURE;
-                }
-            },
-        };
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let grpc = match settings.serve_kubemq_grpc.zip(store.clone()) {
-            Some((gaddr, store)) => match tokio::net::TcpListener::bind(gaddr).await {
-                Ok(l) => {
-                    tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
-                    let mut rx = stop_rx.clone();
-                    Some(tokio::spawn(connector::store::grpc::serve(store, l, async move {
-                        let _ = rx.changed().await;
-                    })))
-                }
-                Err(e) => {
-                    tracing::error!(addr = %gaddr, error = %e, "cannot bind the KubeMQ gRPC listener");
-                    return ExitCode::FAILURE;
-                }
-            },
-            None => None,
-        };
-        let cfg = Arc::new(settings.engine_config_no_auth());
-        let opts = ServeOptions {
-            max_connections: settings.max_connections,
-            shutdown_grace: Duration::from_secs(10),
-        };
-        serve(
-            listener,
-            cfg,
-            opts,
-            Arc::new(RefuseLinks),
-            shutdown_signal(),
-        )
-        .await;
-        let _ = stop_tx.send(true);
-        if let Some(g) = grpc {
-            let _ = g.await;
-        }
-        if let Some(store) = store {
-            store.close();
-        }
-        ExitCode::SUCCESS
-    })
+        },
+        None => None,
+    };
+    let code = serve_amqp(listener, &settings, Embedded::new(store.clone())).await;
+    let _ = stop_tx.send(true);
+    if let Some(g) = grpc {
+        let _ = g.await;
+    }
+    store.close();
+    code
+}
+
+/// Serves AMQP with the queues bridge over `backend` until SIGTERM or Ctrl-C.
+async fn serve_amqp<B: Backend>(
+    listener: tokio::net::TcpListener,
+    settings: &Settings,
+    backend: B,
+) -> ExitCode {
+    let cfg = Arc::new(settings.engine_config_no_auth());
+    let opts = ServeOptions {
+        max_connections: settings.max_connections,
+        shutdown_grace: Duration::from_secs(10),
+    };
+    serve(
+        listener,
+        cfg,
+        opts,
+        Arc::new(Queues::new(backend, settings)),
+        shutdown_signal(),
+    )
+    .await;
+    ExitCode::SUCCESS
 }
 
 async fn shutdown_signal() {

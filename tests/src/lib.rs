@@ -366,6 +366,56 @@ impl Drop for TestFacade {
     }
 }
 
+/// The real connector — driver, queues bridge, embedded store in a temporary folder — on a
+/// loopback port.
+pub struct TestConnector {
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    /// The store behind it, to inspect.
+    pub store: Arc<connector::store::Store>,
+    server: ServerThread,
+    _dir: tempfile::TempDir,
+}
+
+impl TestConnector {
+    /// Starts one with `settings` (the port is ignored).
+    pub fn start(settings: Settings) -> TestConnector {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (store, _) = connector::store::Store::open(dir.path()).expect("store opens");
+        let backend = connector::backend::embedded::Embedded::new(store.clone());
+        let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
+            let cfg = Arc::new(settings.engine_config_no_auth());
+            let opts = ServeOptions {
+                max_connections: settings.max_connections,
+                shutdown_grace: Duration::from_secs(5),
+            };
+            let bridge = connector::bridge::queues::Queues::new(backend, &settings);
+            serve(listener, cfg, opts, Arc::new(bridge), async {
+                let _ = stop.await;
+            })
+            .await;
+        });
+        TestConnector {
+            addr: server.addr,
+            store,
+            server,
+            _dir: dir,
+        }
+    }
+
+    /// The `amqp://` URL.
+    pub fn url(&self) -> String {
+        format!("amqp://{}", self.addr)
+    }
+}
+
+impl Drop for TestConnector {
+    fn drop(&mut self) {
+        self.server.halt();
+        self.store.close();
+    }
+}
+
 /// Runs a client script (`program args...`) against a fresh default server and asserts it exits
 /// 0 and prints `PASS <scenario>`. `args` may contain `{url}` and `{port}`.
 pub fn run_client_script(program: &str, dir: &str, args: &[&str], scenario: &str) {

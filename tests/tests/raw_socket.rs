@@ -334,44 +334,77 @@ fn long_delivery_tag_invalid_field() {
     expect(&mut p, "amqp:invalid-field");
 }
 
-/// RefuseLinks, the binary's handler until a pattern exists, refuses with not-implemented
-/// (LINK-5: prompt ATTACH + DETACH).
+/// The queues bridge's attach-time refusals over a real socket, each prompt (LINK-5): unknown
+/// prefix → not-found (ADDR-7), invalid channel → not-found (ADDR-6), a pattern not built yet →
+/// not-implemented, `copy` → invalid-field, a selector → not-implemented with the
+/// documented text, a receiver on `responses/` → not-allowed (ADDR-10).
 #[test]
-fn refuse_links_handler_not_implemented() {
-    use connector::driver::{serve, RefuseLinks, ServeOptions};
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .unwrap();
-    let addr = listener.local_addr().unwrap();
-    let cfg = std::sync::Arc::new(Settings::default().engine_config_no_auth());
-    let opts = ServeOptions {
-        max_connections: 10,
-        shutdown_grace: Duration::from_secs(1),
-    };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let handle = rt.spawn(serve(
-        listener,
-        cfg,
-        opts,
-        std::sync::Arc::new(RefuseLinks),
-        async {
-            let _ = rx.await;
-        },
-    ));
-    let mut p = RawPeer::connect(addr);
+fn queues_bridge_attach_refusals() {
+    use fe2o3_amqp_types::messaging::DistributionMode;
+    use fe2o3_amqp_types::primitives::{OrderedMap, Symbol};
+    let c = interop_tests::TestConnector::start(Settings::default());
+    let mut p = RawPeer::connect(c.addr);
     p.write(&HEADER_AMQP);
-    p.frame(0, &open("refused"), &[]);
+    p.frame(0, &open("refusals"), &[]);
     p.frame(0, &begin(), &[]);
-    p.frame(0, &attach_sender("x", 0), &[]);
-    let got = expect(&mut p, "amqp:not-implemented");
-    assert!(got
-        .iter()
-        .any(|r| matches!(r, Received::Frame(_, Performative::Attach(_)))));
-    let _ = tx.send(());
-    rt.block_on(handle).unwrap();
+    let mut copy = peer::attach_receiver("copy", 4, "queues/a");
+    if let Some(s) = copy.source.as_mut() {
+        s.distribution_mode = Some(DistributionMode::Copy);
+    }
+    let mut selector = peer::attach_receiver("sel", 5, "queues/a");
+    if let Some(s) = selector.source.as_mut() {
+        let mut f = OrderedMap::new();
+        let described = serde_amqp::described::Described {
+            descriptor: serde_amqp::descriptor::Descriptor::Name(Symbol::from(
+                "apache.org:selector-filter:string",
+            )),
+            value: serde_amqp::Value::String("a = 1".into()),
+        };
+        f.insert(
+            Symbol::from("jms-selector"),
+            serde_amqp::Value::Described(Box::new(described)),
+        );
+        s.filter = Some(f);
+    }
+    let cases = vec![
+        (
+            peer::attach_sender("unknown", 0, "bogus/prefix/x"),
+            "amqp:not-found",
+            Some("unknown address prefix"),
+        ),
+        (
+            peer::attach_sender("bad", 1, "queues/a b"),
+            "amqp:not-found",
+            Some("channel contains whitespace"),
+        ),
+        (
+            peer::attach_sender("events", 2, "events/x"),
+            "amqp:not-implemented",
+            None,
+        ),
+        (
+            peer::attach_receiver("responses", 3, "responses/abc"),
+            "amqp:not-allowed",
+            None,
+        ),
+        (copy, "amqp:invalid-field", None),
+        (
+            selector,
+            "amqp:not-implemented",
+            Some("selector filter not supported on this address"),
+        ),
+    ];
+    for (attach, cond, text) in cases {
+        let name = attach.name.clone();
+        p.frame(0, &attach, &[]);
+        let got = p.read_until(WAIT, |r| condition(r).is_some());
+        assert_eq!(conditions(&got), [cond], "{name}: {got:?}");
+        if let Some(t) = text {
+            assert_eq!(
+                got.iter().find_map(description).as_deref(),
+                Some(t),
+                "{name}"
+            );
+        }
+    }
 }

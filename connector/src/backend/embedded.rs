@@ -89,6 +89,10 @@ impl Backend for Embedded {
         Ok(crate::store::grpc::queues_summary(queues))
     }
 
+    fn ready_hint(&self, channel: &str) -> Option<u64> {
+        Some(self.store.ready_count(channel) as u64)
+    }
+
     async fn ping(&self) -> Result<PingResult, BackendError> {
         let now = now_ns() / 1_000_000_000;
         Ok(PingResult {

@@ -60,6 +60,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
+
+    /// How many messages `channel` has ready right now, when the backend knows it exactly and
+    /// cheaply (the embedded store does; KubeMQ's QueuesInfo figures are estimates). Lets a Get
+    /// ask for exactly what is there instead of waiting for a batch that cannot fill.
+    fn ready_hint(&self, _channel: &str) -> Option<u64> {
+        None
+    }
 }
 
 /// One consumer session: Gets open transactions, settlements apply to them. KubeMQ answers a

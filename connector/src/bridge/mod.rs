@@ -1,5 +1,6 @@
-//! Pattern bridges: what sits between AMQP links and the KubeMQ backend. So far: address
-//! resolution and the `amqp10` envelope; the queues bridge arrives with issue 4.
+//! Pattern bridges: what sits between AMQP links and the KubeMQ backend. Address resolution and
+//! the `amqp10` envelope are shared; [`queues`] is the first pattern.
 
 pub mod address;
 pub mod envelope;
+pub mod queues;

@@ -36,27 +36,3 @@ pub trait HandlerFactory: Send + Sync + 'static {
     /// A handler for a new connection from `peer`.
     fn new_handler(&self, peer: SocketAddr) -> Self::Handler;
 }
-
-/// A handler for a connector with no messaging pattern wired in yet: connections and sessions
-/// work, every link is refused with `amqp:not-implemented`.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct RefuseLinks;
-
-impl Handler for RefuseLinks {
-    fn on_event(&mut self, conn: &mut Connection, event: Event) {
-        if let Event::AttachRequested { link, .. } = event {
-            let err = crate::engine::AmqpError::new(
-                crate::engine::Condition::NotImplemented,
-                "no messaging pattern is available in this build yet",
-            );
-            let _ = conn.refuse_link(link, err);
-        }
-    }
-}
-
-impl HandlerFactory for RefuseLinks {
-    type Handler = RefuseLinks;
-    fn new_handler(&self, _peer: SocketAddr) -> RefuseLinks {
-        RefuseLinks
-    }
-}

@@ -1,0 +1,442 @@
+//! The queues bridge: AMQP links on `queues/<channel>` ⇄ the KubeMQ backend (queues.md).
+//!
+//! Produce: each complete message becomes one backend send carrying the `amqp10` envelope; the
+//! delivery is settled `accepted` only when the backend confirmed storage. Consume: a
+//! link registers with its channel's shared [`fetcher`] and reports its demand; handed-out messages
+//! are sent within credit, settlements go back as Ack/NAck (Q-11 … Q-30), and a link that ends
+//! NAcks what it still holds, once.
+
+pub mod fetcher;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{
+    Accepted, DeliveryState, DistributionMode, Rejected, TargetArchetype,
+};
+use fe2o3_amqp_types::performatives::Attach;
+use tokio::sync::mpsc;
+
+use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome};
+use super::address::{capability_hint, resolve, Pattern, Resolved};
+use super::envelope::{egress, ingress, DeliveryInfo, IngressError};
+use crate::backend::Backend;
+use crate::config::Settings;
+use crate::driver::{Handler, HandlerFactory};
+use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, LinkAccept, LinkId};
+use crate::kubemq::QueueMessage;
+
+/// Process-wide part of the bridge: the backend, the limits, and one fetcher per channel.
+pub struct Queues<B: Backend> {
+    backend: Arc<B>,
+    credit_window: u32,
+    max_unsettled: u32,
+    limits: FetchLimits,
+    default_pattern: Pattern,
+    fetchers: Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>,
+    next_connection: AtomicU64,
+}
+
+impl<B: Backend> Queues<B> {
+    /// The bridge over `backend` with the connector's settings.
+    pub fn new(backend: B, settings: &Settings) -> Arc<Self> {
+        Arc::new(Queues {
+            backend: Arc::new(backend),
+            credit_window: settings.produce_credit_window(),
+            max_unsettled: settings.max_unsettled_per_link.max(1),
+            limits: FetchLimits {
+                max_batch: 1000.max(settings.get_batch_size),
+                client_id: "kubemq-amqp-connector",
+            },
+            default_pattern: Pattern::from_setting(&settings.default_pattern),
+            fetchers: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(1),
+        })
+    }
+
+    /// The command channel of `channel`'s fetcher, starting it if needed.
+    fn fetcher(&self, channel: &str) -> mpsc::UnboundedSender<Command> {
+        let mut map = self.fetchers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(tx) = map.get(channel).filter(|tx| !tx.is_closed()) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(fetcher::run(
+            self.backend.clone(),
+            channel.to_string(),
+            self.limits,
+            rx,
+        ));
+        map.insert(channel.to_string(), tx.clone());
+        tx
+    }
+}
+
+impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
+    type Handler = QueuesHandler<B>;
+
+    fn new_handler(&self, _peer: SocketAddr) -> QueuesHandler<B> {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let (handout_tx, handout_rx) = mpsc::unbounded_channel();
+        QueuesHandler {
+            bridge: self.clone(),
+            connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
+            client_id: String::new(),
+            links: HashMap::new(),
+            done_tx,
+            done_rx,
+            handout_tx,
+            handout_rx,
+            deliveries: HashMap::new(),
+            next_token: 1,
+            closed: HashMap::new(),
+            ready_done: Vec::new(),
+            ready_handouts: Vec::new(),
+        }
+    }
+}
+
+/// A produce that finished in the backend.
+struct Done {
+    link: LinkId,
+    delivery_id: u32,
+    state: DeliveryState,
+}
+
+enum LinkKind {
+    /// The client produces to this channel.
+    Produce { channel: String },
+    /// The client consumes from this channel.
+    Consume {
+        fetcher: mpsc::UnboundedSender<Command>,
+        presettled: bool,
+    },
+}
+
+/// One connection's side of the bridge.
+pub struct QueuesHandler<B: Backend> {
+    bridge: Arc<Queues<B>>,
+    connection: u64,
+    client_id: String,
+    links: HashMap<LinkId, LinkKind>,
+    done_tx: mpsc::UnboundedSender<Done>,
+    done_rx: mpsc::UnboundedReceiver<Done>,
+    handout_tx: mpsc::UnboundedSender<Handout>,
+    handout_rx: mpsc::UnboundedReceiver<Handout>,
+    /// Unsettled consume deliveries: token → (transaction, sequence).
+    deliveries: HashMap<u64, (Arc<str>, u64)>,
+    next_token: u64,
+    /// Fetchers of consume links that ended, for handouts still on their way to them.
+    closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
+    ready_done: Vec<Done>,
+    ready_handouts: Vec<Handout>,
+}
+
+fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
+    DeliveryState::Rejected(Rejected {
+        error: Some(AmqpError::new(condition, text).to_wire()),
+    })
+}
+
+impl<B: Backend> QueuesHandler<B> {
+    fn attach(&mut self, conn: &mut Connection, link: LinkId, a: &Attach) -> Result<(), AmqpError> {
+        let client_sends = a.role == Role::Sender;
+        let (address, caps): (Option<String>, Vec<String>) = if client_sends {
+            match a.target.as_deref() {
+                Some(TargetArchetype::Target(t)) => (
+                    t.address.clone(),
+                    t.capabilities
+                        .iter()
+                        .flat_map(|c| c.0.iter().map(|s| s.as_str().to_string()))
+                        .collect(),
+                ),
+                None => (None, Vec::new()),
+            }
+        } else {
+            match a.source.as_deref() {
+                Some(s) => (
+                    s.address.clone(),
+                    s.capabilities
+                        .iter()
+                        .flat_map(|c| c.0.iter().map(|s| s.as_str().to_string()))
+                        .collect(),
+                ),
+                None => (None, Vec::new()),
+            }
+        };
+        let Some(address) = address.filter(|a| !a.is_empty()) else {
+            return Err(AmqpError::new(
+                Condition::NotImplemented,
+                "anonymous and dynamic termini are not available yet",
+            ));
+        };
+        let hint = capability_hint(caps.iter().map(String::as_str));
+        let channel =
+            match resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())? {
+                Resolved::Node {
+                    pattern: Pattern::Queues,
+                    channel,
+                } => channel,
+                Resolved::Node { pattern, .. } => {
+                    return Err(AmqpError::new(
+                        Condition::NotImplemented,
+                        format!("the {pattern} pattern is not available yet"),
+                    ));
+                }
+                Resolved::Response { .. } if !client_sends => {
+                    // ADDR-10.
+                    return Err(AmqpError::bare(Condition::NotAllowed));
+                }
+                Resolved::Response { .. } => {
+                    return Err(AmqpError::new(
+                        Condition::NotImplemented,
+                        "commands and queries are not available yet",
+                    ));
+                }
+            };
+        if client_sends {
+            self.links.insert(link, LinkKind::Produce { channel });
+            conn.accept_link(
+                link,
+                LinkAccept {
+                    credit_window: self.bridge.credit_window,
+                },
+            )
+            .map_err(|_| AmqpError::bare(Condition::InternalError))?;
+            return Ok(());
+        }
+        let source = a.source.as_deref();
+        if source.and_then(|s| s.distribution_mode.as_ref()) == Some(&DistributionMode::Copy) {
+            //
+            return Err(AmqpError::new(
+                Condition::InvalidField,
+                "distribution-mode copy is not supported on queues",
+            ));
+        }
+        if source
+            .and_then(|s| s.filter.as_ref())
+            .is_some_and(|f| !f.is_empty())
+        {
+            //
+            return Err(AmqpError::new(
+                Condition::NotImplemented,
+                "selector filter not supported on this address",
+            ));
+        }
+        let fetcher = self.bridge.fetcher(&channel);
+        let key: ConsumerKey = (self.connection, link);
+        let _ = fetcher.send(Command::Join(key, self.handout_tx.clone()));
+        self.links.insert(
+            link,
+            LinkKind::Consume {
+                fetcher,
+                presettled: a.snd_settle_mode == SenderSettleMode::Settled,
+            },
+        );
+        conn.accept_link(link, LinkAccept { credit_window: 0 })
+            .map_err(|_| AmqpError::bare(Condition::InternalError))?;
+        Ok(())
+    }
+
+    /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
+    fn report_demand(&self, conn: &Connection, link: LinkId) {
+        if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
+            let room =
+                (self.bridge.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
+            let demand = (conn.credit(link) as usize).min(room) as u32;
+            let _ = fetcher.send(Command::Demand((self.connection, link), demand));
+        }
+    }
+
+    fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
+        let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
+            return;
+        };
+        let stored = match ingress(&d.payload) {
+            Ok(s) => s,
+            Err(IngressError::SequenceBody) => {
+                // rejected, then the link is detached, both not-implemented.
+                let _ = conn.settle(
+                    d.link,
+                    d.delivery_id,
+                    rejected(
+                        Condition::NotImplemented,
+                        "amqp-sequence bodies are not supported",
+                    ),
+                );
+                let _ = conn.detach(
+                    d.link,
+                    Some(AmqpError::new(
+                        Condition::NotImplemented,
+                        "amqp-sequence bodies are not supported",
+                    )),
+                );
+                return;
+            }
+            Err(e) => {
+                // ERR-9: a message that does not decode.
+                let _ = conn.settle(
+                    d.link,
+                    d.delivery_id,
+                    rejected(Condition::DecodeError, e.to_string()),
+                );
+                return;
+            }
+        };
+        let message = QueueMessage {
+            client_id: self.client_id.clone(),
+            channel: channel.clone(),
+            metadata: stored.metadata,
+            body: stored.body,
+            ..Default::default()
+        };
+        let backend = self.bridge.backend.clone();
+        let done = self.done_tx.clone();
+        let (link, delivery_id) = (d.link, d.delivery_id);
+        tokio::spawn(async move {
+            let state = match backend.send_queue(vec![message]).await {
+                Ok(r) if r.first().is_some_and(|r| !r.is_error) => {
+                    DeliveryState::Accepted(Accepted {})
+                }
+                Ok(r) => {
+                    let text = r.first().map(|r| r.error.clone()).unwrap_or_default();
+                    // ERR-9: the broker refused the message as sent.
+                    rejected(Condition::InvalidField, text)
+                }
+                Err(e) => rejected(Condition::InternalError, e.to_string()),
+            };
+            let _ = done.send(Done {
+                link,
+                delivery_id,
+                state,
+            });
+        });
+    }
+
+    /// Sends a handed-out message on its link within credit, or gives it back to the fetcher.
+    fn consume(&mut self, conn: &mut Connection, h: Handout) {
+        let link = h.consumer.1;
+        let Some(LinkKind::Consume {
+            fetcher,
+            presettled,
+        }) = self.links.get(&link)
+        else {
+            // The link ended while the message was on its way: the fetcher offers it again.
+            if let Some(f) = self.closed.get(&link) {
+                let _ = f.send(Command::Return(Box::new(h)));
+            }
+            return;
+        };
+        let (fetcher, presettled) = (fetcher.clone(), *presettled);
+        let receive_count = h.message.attributes.as_ref().map_or(1, |a| a.receive_count);
+        let payload = egress(
+            &h.message.metadata,
+            &h.message.body,
+            &h.message.tags,
+            DeliveryInfo { receive_count },
+        );
+        let token = self.next_token;
+        self.next_token += 1;
+        match conn.send(link, &token.to_be_bytes(), &payload, presettled, token) {
+            Ok(_) if presettled => {
+                // at-most-once, acked as it is sent.
+                let _ = fetcher.send(Command::Settle(h.transaction, h.sequence, Outcome::Ack));
+            }
+            Ok(_) => {
+                self.deliveries.insert(token, (h.transaction, h.sequence));
+            }
+            // No credit (a drain or a lower FLOW won the race): never sent beyond credit, Q-16.
+            Err(_) => {
+                let _ = fetcher.send(Command::Return(Box::new(h)));
+            }
+        }
+    }
+}
+
+impl<B: Backend> Handler for QueuesHandler<B> {
+    fn on_event(&mut self, conn: &mut Connection, event: Event) {
+        match event {
+            Event::Opened { client_id, .. } => self.client_id = client_id,
+            Event::AttachRequested { link, attach } => {
+                if let Err(e) = self.attach(conn, link, &attach) {
+                    let _ = conn.refuse_link(link, e);
+                }
+            }
+            Event::Delivery(d) => self.produce(conn, d),
+            Event::Credit { link, drain, .. } => {
+                if drain {
+                    // FLOW-5: complete at once; later handouts find no credit and go back.
+                    let _ = conn.drain_done(link);
+                }
+                self.report_demand(conn, link);
+            }
+            Event::Settled { link, token, state } => {
+                let Some((txn, seq)) = self.deliveries.remove(&token) else {
+                    return;
+                };
+                let outcome = match state {
+                    //
+                    Some(DeliveryOutcome::Accepted) | Some(DeliveryOutcome::Rejected(_)) | None => {
+                        Outcome::Ack
+                    }
+                    //
+                    _ => Outcome::Nack,
+                };
+                if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
+                    let _ = fetcher.send(Command::Settle(txn, seq, outcome));
+                }
+                self.report_demand(conn, link);
+            }
+            Event::LinkClosed {
+                link, unsettled, ..
+            } => {
+                if let Some(LinkKind::Consume { fetcher, .. }) = self.links.remove(&link) {
+                    // every unsettled delivery NAcked, once (the engine reports each once).
+                    for token in unsettled {
+                        if let Some((txn, seq)) = self.deliveries.remove(&token) {
+                            let _ = fetcher.send(Command::Settle(txn, seq, Outcome::Nack));
+                        }
+                    }
+                    let _ = fetcher.send(Command::Leave((self.connection, link)));
+                    self.closed.insert(link, fetcher);
+                }
+            }
+            Event::Closed { .. } => {}
+        }
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while let Poll::Ready(Some(d)) = self.done_rx.poll_recv(cx) {
+            self.ready_done.push(d);
+        }
+        while let Poll::Ready(Some(h)) = self.handout_rx.poll_recv(cx) {
+            self.ready_handouts.push(h);
+        }
+        if self.ready_done.is_empty() && self.ready_handouts.is_empty() {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+
+    fn on_ready(&mut self, conn: &mut Connection) {
+        for d in std::mem::take(&mut self.ready_done) {
+            // the outcome the backend reported; a link gone meanwhile needs nothing.
+            let _ = conn.settle(d.link, d.delivery_id, d.state);
+        }
+        let mut touched = Vec::new();
+        for h in std::mem::take(&mut self.ready_handouts) {
+            touched.push(h.consumer.1);
+            self.consume(conn, h);
+        }
+        touched.sort_unstable();
+        touched.dedup();
+        for link in touched {
+            self.report_demand(conn, link);
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The Queues concept page's scenarios with python-qpid-proton against the real connector (driver,
+//! queues bridge, embedded store) over a real socket (queues.md Q-S1 … Q-S4, Q-32).
+
+use std::process::Command;
+
+use connector::config::Settings;
+use interop_tests::TestConnector;
+
+fn run(scenario: &str) {
+    let c = TestConnector::start(Settings::default());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/queues.py");
+    let out = Command::new("python3")
+        .args([script, scenario, &c.url()])
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+}
+
+/// Q-S1: send / receive / accept / confirm empty.
+#[test]
+fn q_s1_send_receive_accept() {
+    run("q_s1");
+}
+
+/// Q-S2: release, reject, accept and redelivery headers (Q-17, Q-20 … Q-22).
+#[test]
+fn q_s2_outcomes_and_redelivery() {
+    run("q_s2");
+}
+
+/// Q-S3: pre-settled and unsettled produce drained by one receiver; `second` refused.
+#[test]
+fn q_s3_settle_modes() {
+    run("q_s3");
+}
+
+/// Q-S4: 1 MiB at max-frame-size 4096.
+#[test]
+fn q_s4_large_message() {
+    run("q_s4");
+}
+
+/// a disconnecting consumer loses nothing.
+#[test]
+fn q_32_teardown_returns_messages() {
+    run("teardown");
+}
