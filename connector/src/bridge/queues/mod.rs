@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{egress, ingress, DeliveryInfo, IngressError};
-use crate::backend::Backend;
+use crate::backend::{Backend, BackendError};
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, LinkAccept, LinkId};
@@ -100,6 +100,53 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
     }
 }
 
+/// The task that stores one produce link's messages, in the order they arrived: it takes every
+/// message waiting (up to 1,000) as one backend send, so a fast producer gets batching and group
+/// commit, and each message still gets its own outcome.
+fn spawn_sender<B: Backend>(
+    backend: Arc<B>,
+    link: LinkId,
+    done: mpsc::UnboundedSender<Done>,
+) -> mpsc::UnboundedSender<(u32, QueueMessage)> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, QueueMessage)>();
+    tokio::spawn(async move {
+        while let Some(first) = rx.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < 1000 {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let (ids, messages): (Vec<u32>, Vec<QueueMessage>) = batch.into_iter().unzip();
+            let results = backend.send_queue(messages).await;
+            for (i, delivery_id) in ids.into_iter().enumerate() {
+                // ERR-9's mapping of produce failures.
+                let state = match &results {
+                    Ok(r) => match r.get(i) {
+                        Some(r) if !r.is_error => DeliveryState::Accepted(Accepted {}),
+                        Some(r) if r.error.starts_with("Error 500") => {
+                            rejected(Condition::InternalError, r.error.clone())
+                        }
+                        Some(r) => rejected(Condition::InvalidField, r.error.clone()),
+                        None => rejected(Condition::InternalError, "no result for the message"),
+                    },
+                    Err(BackendError::Unavailable(e)) => {
+                        rejected(Condition::NotAllowed, format!("broker not ready: {e}"))
+                    }
+                    Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
+                };
+                let _ = done.send(Done {
+                    link,
+                    delivery_id,
+                    state,
+                });
+            }
+        }
+    });
+    tx
+}
+
 /// A produce that finished in the backend.
 struct Done {
     link: LinkId,
@@ -108,8 +155,11 @@ struct Done {
 }
 
 enum LinkKind {
-    /// The client produces to this channel.
-    Produce { channel: String },
+    /// The client produces to this channel; messages go through the link's send task in order.
+    Produce {
+        channel: String,
+        sends: mpsc::UnboundedSender<(u32, QueueMessage)>,
+    },
     /// The client consumes from this channel.
     Consume {
         fetcher: mpsc::UnboundedSender<Command>,
@@ -199,7 +249,9 @@ impl<B: Backend> QueuesHandler<B> {
                 }
             };
         if client_sends {
-            self.links.insert(link, LinkKind::Produce { channel });
+            let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
+            self.links
+                .insert(link, LinkKind::Produce { channel, sends });
             conn.accept_link(
                 link,
                 LinkAccept {
@@ -253,7 +305,7 @@ impl<B: Backend> QueuesHandler<B> {
     }
 
     fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
-        let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
+        let Some(LinkKind::Produce { channel, sends }) = self.links.get(&d.link) else {
             return;
         };
         let stored = match ingress(&d.payload) {
@@ -294,27 +346,13 @@ impl<B: Backend> QueuesHandler<B> {
             body: stored.body,
             ..Default::default()
         };
-        let backend = self.bridge.backend.clone();
-        let done = self.done_tx.clone();
-        let (link, delivery_id) = (d.link, d.delivery_id);
-        tokio::spawn(async move {
-            let state = match backend.send_queue(vec![message]).await {
-                Ok(r) if r.first().is_some_and(|r| !r.is_error) => {
-                    DeliveryState::Accepted(Accepted {})
-                }
-                Ok(r) => {
-                    let text = r.first().map(|r| r.error.clone()).unwrap_or_default();
-                    // ERR-9: the broker refused the message as sent.
-                    rejected(Condition::InvalidField, text)
-                }
-                Err(e) => rejected(Condition::InternalError, e.to_string()),
-            };
-            let _ = done.send(Done {
-                link,
-                delivery_id,
-                state,
-            });
-        });
+        if sends.send((d.delivery_id, message)).is_err() {
+            let _ = conn.settle(
+                d.link,
+                d.delivery_id,
+                rejected(Condition::InternalError, "send task stopped"),
+            );
+        }
     }
 
     /// Sends a handed-out message on its link within credit, or gives it back to the fetcher.
