@@ -375,32 +375,74 @@ pub struct TestConnector {
     pub store: Arc<connector::store::Store>,
     server: ServerThread,
     _dir: tempfile::TempDir,
+    _facade: Option<TestFacade>,
 }
 
 impl TestConnector {
-    /// Starts one with `settings` (the port is ignored).
+    /// Starts one on the embedded store with `settings` (the port is ignored).
     pub fn start(settings: Settings) -> TestConnector {
         let dir = tempfile::tempdir().expect("temp dir");
         let (store, _) = connector::store::Store::open(dir.path()).expect("store opens");
         let backend = connector::backend::embedded::Embedded::new(store.clone());
+        Self::serve(settings, backend, store, dir, None)
+    }
+
+    /// Starts one whose backend is the KubeMQ gRPC client, talking to the store's façade over
+    /// loopback: the same tests then run "KubeMQ over gRPC".
+    pub fn start_over_grpc(settings: Settings) -> TestConnector {
+        let facade = TestFacade::start();
+        let store = facade.store.clone();
+        let addr = facade.addr.to_string();
+        let dir = tempfile::tempdir().expect("temp dir");
         let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
-            let cfg = Arc::new(settings.engine_config_no_auth());
-            let opts = ServeOptions {
-                max_connections: settings.max_connections,
-                shutdown_grace: Duration::from_secs(5),
-            };
-            let bridge = connector::bridge::queues::Queues::new(backend, &settings);
-            serve(listener, cfg, opts, Arc::new(bridge), async {
-                let _ = stop.await;
-            })
-            .await;
+            let backend = connector::backend::grpc::KubemqGrpc::connect(&addr, Default::default())
+                .expect("client");
+            Self::run(settings, backend, listener, stop).await;
         });
         TestConnector {
             addr: server.addr,
             store,
             server,
             _dir: dir,
+            _facade: Some(facade),
         }
+    }
+
+    fn serve<B: connector::backend::Backend>(
+        settings: Settings,
+        backend: B,
+        store: Arc<connector::store::Store>,
+        dir: tempfile::TempDir,
+        facade: Option<TestFacade>,
+    ) -> TestConnector {
+        let server = ServerThread::spawn(any_port(), move |listener, stop| {
+            Self::run(settings, backend, listener, stop)
+        });
+        TestConnector {
+            addr: server.addr,
+            store,
+            server,
+            _dir: dir,
+            _facade: facade,
+        }
+    }
+
+    async fn run<B: connector::backend::Backend>(
+        settings: Settings,
+        backend: B,
+        listener: tokio::net::TcpListener,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        let cfg = Arc::new(settings.engine_config_no_auth());
+        let opts = ServeOptions {
+            max_connections: settings.max_connections,
+            shutdown_grace: Duration::from_secs(5),
+        };
+        let bridge = connector::bridge::queues::Queues::new(backend, &settings);
+        serve(listener, cfg, opts, Arc::new(bridge), async {
+            let _ = stop.await;
+        })
+        .await;
     }
 
     /// The `amqp://` URL.

@@ -1,5 +1,6 @@
 //! The Queues concept page's scenarios with python-qpid-proton against the real connector (driver,
-//! queues bridge, embedded store) over a real socket (queues.md Q-S1 … Q-S4, Q-32).
+//! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
+//! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
 
 use std::process::Command;
 
@@ -7,7 +8,15 @@ use connector::config::Settings;
 use interop_tests::TestConnector;
 
 fn run(scenario: &str) {
-    let c = TestConnector::start(Settings::default());
+    run_on(scenario, TestConnector::start(Settings::default()));
+    run_on(
+        scenario,
+        TestConnector::start_over_grpc(Settings::default()),
+    );
+}
+
+/// One scenario against one connector: the embedded store in-process, or KubeMQ over gRPC.
+fn run_on(scenario: &str, c: TestConnector) {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/queues.py");
     let out = Command::new("python3")
         .args([script, scenario, &c.url()])
