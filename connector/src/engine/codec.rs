@@ -139,15 +139,49 @@ impl DeliveryOutcome {
         }
     }
 
+    /// A state fe2o3's strict decode refused (an unusual but legal encoding of a known state, or
+    /// a state we do not know): known descriptors keep their meaning, fields that do not fit are
+    /// dropped; anything else is Unknown.
     fn from_value(v: Value) -> Self {
-        let name = match &v {
-            Value::Described(d) => match &d.descriptor {
+        let Value::Described(d) = v else {
+            return DeliveryOutcome::Unknown(format!("{v:?}"));
+        };
+        let code = match &d.descriptor {
+            Descriptor::Code(c) => Some(*c),
+            Descriptor::Name(n) => match n.as_str() {
+                "amqp:received:list" => Some(0x23),
+                "amqp:accepted:list" => Some(0x24),
+                "amqp:rejected:list" => Some(0x25),
+                "amqp:released:list" => Some(0x26),
+                "amqp:modified:list" => Some(0x27),
+                _ => None,
+            },
+        };
+        let fields = match &d.value {
+            Value::List(l) => l.as_slice(),
+            _ => &[],
+        };
+        let flag = |i: usize| matches!(fields.get(i), Some(Value::Bool(true)));
+        match code {
+            Some(0x23) => DeliveryOutcome::Received,
+            Some(0x24) => DeliveryOutcome::Accepted,
+            Some(0x25) => {
+                let error = fields
+                    .first()
+                    .and_then(|e| serde_amqp::to_vec(e).ok())
+                    .and_then(|b| serde_amqp::from_slice::<WireError>(&b).ok());
+                DeliveryOutcome::Rejected(error)
+            }
+            Some(0x26) => DeliveryOutcome::Released,
+            Some(0x27) => DeliveryOutcome::Modified {
+                delivery_failed: flag(0),
+                undeliverable_here: flag(1),
+            },
+            _ => DeliveryOutcome::Unknown(match &d.descriptor {
                 Descriptor::Code(c) => format!("0x{c:x}"),
                 Descriptor::Name(n) => n.as_str().to_string(),
-            },
-            other => format!("{other:?}"),
-        };
-        DeliveryOutcome::Unknown(name)
+            }),
+        }
     }
 }
 
@@ -509,6 +543,47 @@ mod tests {
         sym.extend_from_slice(b"amqp:open:list");
         assert_eq!(descriptor_code(&sym), Some(0x10));
         assert_eq!(descriptor_code(&[0x40]), None);
+    }
+
+    /// A `rejected` state whose error fe2o3 refuses (rhea sends an empty error map) is still
+    /// `rejected`, not an unknown state: Q-21 acks it instead of requeueing it.
+    #[test]
+    fn lenient_known_states() {
+        // disposition(role=receiver, first=1, settled=true, state=rejected(error = {} map))
+        let described = |code: u64, fields: Vec<Value>| {
+            Value::Described(Box::new(serde_amqp::described::Described {
+                descriptor: Descriptor::Code(code),
+                value: Value::List(fields),
+            }))
+        };
+        let state = described(0x25, vec![Value::Map(Default::default())]);
+        let disp = described(
+            0x15,
+            vec![
+                Value::Bool(true),
+                Value::Uint(1),
+                Value::Null,
+                Value::Bool(true),
+                state,
+            ],
+        );
+        let body = serde_amqp::to_vec(&disp).unwrap();
+        let p = decode_performative(&Bytes::from(body)).unwrap();
+        let Performative::Disposition(d) = p else {
+            panic!("not a disposition")
+        };
+        assert_eq!(d.state, Some(DeliveryOutcome::Rejected(None)));
+        let modified = Value::Described(Box::new(serde_amqp::described::Described {
+            descriptor: Descriptor::Name("amqp:modified:list".into()),
+            value: Value::List(vec![Value::Bool(true), Value::Null]),
+        }));
+        assert_eq!(
+            DeliveryOutcome::from_value(modified),
+            DeliveryOutcome::Modified {
+                delivery_failed: true,
+                undeliverable_here: false
+            }
+        );
     }
 
     /// engine-notes §1.6: a DISPOSITION with an unknown state decodes; the state is kept as Unknown.

@@ -759,6 +759,7 @@ impl Connection {
     }
 
     pub(super) fn on_disposition(&mut self, ch: u16, d: DispositionFrame) {
+        tracing::trace!(channel = ch, first = d.first, last = d.last, settled = d.settled, state = ?d.state, "disposition");
         if self.live_session(ch).is_none() {
             return;
         }

@@ -1,0 +1,48 @@
+//! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
+//! embedded store (queues.md Q-S1 … Q-S4).
+
+use std::process::Command;
+
+use connector::config::Settings;
+use interop_tests::TestConnector;
+
+fn run(scenario: &str) {
+    let c = TestConnector::start(Settings::default());
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
+    let out = Command::new("node")
+        .current_dir(dir)
+        .args(["queues.js", scenario, &c.addr.port().to_string()])
+        .output()
+        .expect("node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+}
+
+/// Q-S1.
+#[test]
+fn q_s1_send_receive_accept() {
+    run("q_s1");
+}
+
+/// Q-S2.
+#[test]
+fn q_s2_outcomes_and_redelivery() {
+    run("q_s2");
+}
+
+/// Q-S3.
+#[test]
+fn q_s3_settle_modes() {
+    run("q_s3");
+}
+
+/// Q-S4.
+#[test]
+fn q_s4_large_message() {
+    run("q_s4");
+}
