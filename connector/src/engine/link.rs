@@ -231,6 +231,21 @@ impl Connection {
             );
         }
         tracing::debug!(link = id, channel = ch, handle, "link attached");
+        if let Some(Link {
+            side: Side::Sender(s),
+            credit,
+            ..
+        }) = self.links.get(&id)
+        {
+            if *credit > 0 || s.drain {
+                // Credit that arrived with the ATTACH, before acceptance.
+                self.events.push_back(Event::Credit {
+                    link: id,
+                    credit: *credit,
+                    drain: s.drain,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -379,9 +394,12 @@ impl Connection {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
-        if link.phase != Phase::Attached {
+        if link.phase == Phase::DetachSent {
             return;
         }
+        // A client may send its FLOW right behind its ATTACH, before the application has
+        // accepted the link: the credit is kept and reported on acceptance.
+        let attached = link.phase == Phase::Attached;
         if let Side::Sender(s) = &mut link.side {
             // FLOW-3; a FLOW without delivery-count counts from the initial 0 (OP-LINK-7).
             let peer_count = flow.delivery_count.unwrap_or(0);
@@ -392,11 +410,16 @@ impl Connection {
                 0
             };
             s.drain = flow.drain;
-            self.events.push_back(Event::Credit {
-                link: id,
-                credit: link.credit,
-                drain: flow.drain,
-            });
+            if attached {
+                self.events.push_back(Event::Credit {
+                    link: id,
+                    credit: link.credit,
+                    drain: flow.drain,
+                });
+            }
+        }
+        if !attached {
+            return;
         }
         if flow.echo {
             self.write_link_flow(id);

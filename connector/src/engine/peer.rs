@@ -120,6 +120,15 @@ pub fn transfer(
     }
 }
 
+/// DETACH(closed) of `handle`.
+pub fn detach(handle: u32) -> fe2o3_amqp_types::performatives::Detach {
+    fe2o3_amqp_types::performatives::Detach {
+        handle: handle.into(),
+        closed: true,
+        error: None,
+    }
+}
+
 /// The bytes of one AMQP frame on `channel` carrying `perf` and `payload`.
 pub fn frame<T: serde::Serialize>(channel: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
     let mut out = BytesMut::new();

@@ -1047,6 +1047,31 @@ fn flow_3_consume_credit() {
     assert_eq!(c.conn.credit(rx), 4);
 }
 
+/// FLOW-3: a FLOW pipelined right behind the ATTACH, before the application accepted the link,
+/// is not lost: its credit is reported on acceptance.
+#[test]
+fn flow_3_credit_before_acceptance() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let mut bytes = amqp_frame(0, &attach_receiver("r", 0, "queues/a"), &[]);
+    bytes.extend(amqp_frame(0, &link_flow(0, 0, 7, false), &[]));
+    c.raw(&bytes);
+    let evs = c.take_events();
+    let Some(Event::AttachRequested { link, .. }) = evs.into_iter().next() else {
+        panic!()
+    };
+    accept(&mut c, link, 0);
+    assert!(matches!(
+        c.take_events()[..],
+        [Event::Credit {
+            credit: 7,
+            drain: false,
+            ..
+        }]
+    ));
+    assert_eq!(c.conn.credit(link), 7);
+}
+
 /// FLOW-5 / FLOW-6: drain sends what is available, then advances delivery-count by the unused
 /// credit and reports credit 0 with drain = true; nothing can be sent afterwards.
 #[test]

@@ -1,0 +1,425 @@
+//! Queue requirements no client library expresses directly, with raw frames over a real socket
+//! against the real connector on the embedded store; each test cites its requirement (queues.md).
+
+use std::time::Duration;
+
+use connector::config::Settings;
+use connector::engine::codec::{DeliveryOutcome, Performative};
+use connector::engine::peer::{self, begin, link_flow, open};
+use connector::engine::HEADER_AMQP;
+use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{
+    Accepted, AmqpSequence, AmqpValue, Data, DeliveryState, Modified, Released,
+};
+use fe2o3_amqp_types::performatives::Disposition;
+use interop_tests::raw::{condition, RawPeer, Received};
+use interop_tests::TestConnector;
+use serde_amqp::Value;
+use serde_bytes::ByteBuf;
+
+const WAIT: Duration = Duration::from_secs(3);
+
+fn data(body: &[u8]) -> Vec<u8> {
+    serde_amqp::to_vec(&Data(ByteBuf::from(body.to_vec()))).unwrap()
+}
+
+fn session(c: &TestConnector) -> RawPeer {
+    let mut p = RawPeer::connect(c.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("raw-queues"), &[]);
+    p.frame(0, &begin(), &[]);
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Begin(_)))
+    });
+    p
+}
+
+/// Attaches a producer on `handle` and waits for its credit.
+fn producer(p: &mut RawPeer, name: &str, handle: u32, channel: &str, mode: SenderSettleMode) {
+    let mut a = peer::attach_sender(name, handle, &format!("queues/{channel}"));
+    a.snd_settle_mode = mode;
+    p.frame(0, &a, &[]);
+    let got = p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(handle)));
+    assert!(
+        got.iter()
+            .any(|r| matches!(r, Received::Frame(_, Performative::Flow(_)))),
+        "no credit for {name}: {got:?}"
+    );
+}
+
+fn disposition_of(got: &[Received], id: u32) -> Option<Option<DeliveryOutcome>> {
+    got.iter().find_map(|r| match r {
+        Received::Frame(_, Performative::Disposition(d)) if d.first <= id && id <= d.last => {
+            Some(d.state.clone())
+        }
+        _ => None,
+    })
+}
+
+/// Sends one unsettled message and returns the outcome the connector answered with.
+fn produce(p: &mut RawPeer, handle: u32, id: u32, payload: &[u8]) -> Option<DeliveryOutcome> {
+    p.frame(
+        0,
+        &peer::transfer(handle, Some(id), Some(&id.to_be_bytes()), false, false),
+        payload,
+    );
+    let got = p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Disposition(d)) if d.first <= id && id <= d.last));
+    disposition_of(&got, id).flatten()
+}
+
+/// Attaches a consumer and grants `credit`; returns the transfers (delivery-id, payload) that
+/// arrive within `within`.
+fn consume(
+    p: &mut RawPeer,
+    name: &str,
+    handle: u32,
+    channel: &str,
+    credit: u32,
+    mode: SenderSettleMode,
+    within: Duration,
+) -> Vec<(u32, bool, bytes::Bytes)> {
+    let mut a = peer::attach_receiver(name, handle, &format!("queues/{channel}"));
+    a.snd_settle_mode = mode;
+    p.frame(0, &a, &[]);
+    p.frame(0, &link_flow(handle, 0, credit, false), &[]);
+    let (got, _) = p.read_all(within);
+    transfers(&got)
+}
+
+fn transfers(got: &[Received]) -> Vec<(u32, bool, bytes::Bytes)> {
+    got.iter()
+        .filter_map(|r| match r {
+            Received::Frame(_, Performative::Transfer(t, payload)) => Some((
+                t.delivery_id.unwrap_or(0),
+                t.settled.unwrap_or(false),
+                payload.clone(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn settle(p: &mut RawPeer, first: u32, last: u32, state: Option<DeliveryState>) {
+    let d = Disposition {
+        role: Role::Receiver,
+        first,
+        last: Some(last),
+        settled: true,
+        state,
+        batchable: false,
+    };
+    p.frame(0, &d, &[]);
+}
+
+/// The delivery-count in a delivered message's header.
+fn delivery_count(payload: &[u8]) -> u32 {
+    match serde_amqp::from_slice::<Value>(payload) {
+        Ok(Value::Described(d)) => match d.value {
+            Value::List(f) => match f.get(4) {
+                Some(Value::Uint(n)) => *n,
+                _ => 0,
+            },
+            _ => 0,
+        },
+        _ => 0,
+    }
+}
+
+/// `accepted` only once the message is stored; Q-9: multiple Data sections, an AmqpValue
+/// and an empty body are all accepted.
+#[test]
+fn q_6_q_9_accepted_bodies() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "bodies", SenderSettleMode::Unsettled);
+    let two_data = [data(b"ab"), data(b"cd")].concat();
+    assert_eq!(
+        produce(&mut p, 0, 0, &two_data),
+        Some(DeliveryOutcome::Accepted)
+    );
+    assert_eq!(c.store.ready_count("bodies"), 1, "stored before accepted");
+    let value = serde_amqp::to_vec(&AmqpValue("text".to_string())).unwrap();
+    assert_eq!(
+        produce(&mut p, 0, 1, &value),
+        Some(DeliveryOutcome::Accepted)
+    );
+    let header_only = serde_amqp::to_vec(&fe2o3_amqp_types::messaging::Header::default()).unwrap();
+    assert_eq!(
+        produce(&mut p, 0, 2, &header_only),
+        Some(DeliveryOutcome::Accepted)
+    );
+    assert_eq!(c.store.ready_count("bodies"), 3);
+}
+
+/// Q-9 / ENV-9: an AmqpSequence body is rejected and the link detached, both not-implemented.
+#[test]
+fn q_9_sequence_body_rejected_and_detached() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "seq", SenderSettleMode::Unsettled);
+    let seq = serde_amqp::to_vec(&AmqpSequence(vec![1i32])).unwrap();
+    p.frame(
+        0,
+        &peer::transfer(0, Some(0), Some(b"s"), false, false),
+        &seq,
+    );
+    let got = p.read_until(WAIT, |r| condition(r).is_some());
+    assert!(
+        matches!(
+            disposition_of(&got, 0),
+            Some(Some(DeliveryOutcome::Rejected(Some(_))))
+        ),
+        "{got:?}"
+    );
+    assert_eq!(
+        got.iter().filter_map(condition).collect::<Vec<_>>(),
+        ["amqp:not-implemented"]
+    );
+    assert_eq!(c.store.ready_count("seq"), 0);
+}
+
+/// ERR-9: a message whose sections do not decode is rejected with decode-error; the link stays.
+#[test]
+fn err_9_undecodable_message_rejected() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "bad", SenderSettleMode::Unsettled);
+    let mixed = [data(b"x"), serde_amqp::to_vec(&AmqpValue(1i32)).unwrap()].concat();
+    match produce(&mut p, 0, 0, &mixed) {
+        Some(DeliveryOutcome::Rejected(Some(e))) => {
+            assert_eq!(peer::error_symbol(&e), "amqp:decode-error")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        produce(&mut p, 0, 1, &data(b"fine")),
+        Some(DeliveryOutcome::Accepted),
+        "the link stays attached"
+    );
+}
+
+/// pre-settled transfers get no disposition and are stored; `mixed` is accepted on a
+/// produce link and each transfer's own flag decides.
+#[test]
+fn q_7_q_10_presettled_and_mixed() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "mixed", 0, "ps", SenderSettleMode::Mixed);
+    p.frame(
+        0,
+        &peer::transfer(0, Some(0), Some(b"a"), true, false),
+        &data(b"pre"),
+    );
+    let (got, _) = p.read_all(Duration::from_millis(300));
+    assert!(
+        disposition_of(&got, 0).is_none(),
+        "no disposition for a pre-settled transfer"
+    );
+    assert_eq!(
+        produce(&mut p, 0, 1, &data(b"unsettled")),
+        Some(DeliveryOutcome::Accepted)
+    );
+    assert_eq!(c.store.ready_count("ps"), 2);
+}
+
+/// with credit 0 nothing is fetched or delivered; messages wait in the queue.
+#[test]
+fn q_11_no_credit_no_delivery() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "zero", SenderSettleMode::Unsettled);
+    produce(&mut p, 0, 0, &data(b"waiting"));
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "zero",
+        0,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(600),
+    );
+    assert!(got.is_empty());
+    assert_eq!(
+        (c.store.ready_count("zero"), c.store.locked_count("zero")),
+        (1, 0)
+    );
+}
+
+/// FLOW-5 / Q-16: a drain on an empty queue completes at once (credit 0); a message sent later is
+/// not delivered without new credit, and is not lost: fresh credit delivers it.
+#[test]
+fn q_16_drain_while_waiting() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "drain", SenderSettleMode::Unsettled);
+    p.frame(0, &peer::attach_receiver("rx", 1, "queues/drain"), &[]);
+    p.frame(0, &link_flow(1, 0, 5, false), &[]);
+    std::thread::sleep(Duration::from_millis(100)); // a Get is now waiting on the empty queue
+    p.frame(0, &link_flow(1, 0, 5, true), &[]);
+    let got = p.read_until(
+        Duration::from_secs(1),
+        |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.drain && f.handle.is_some()),
+    );
+    let flow = got.iter().find_map(|r| match r {
+        Received::Frame(_, Performative::Flow(f)) if f.drain => Some(f.clone()),
+        _ => None,
+    });
+    let flow = flow.expect("drain completed promptly");
+    assert_eq!((flow.link_credit, flow.delivery_count), (Some(0), Some(5)));
+    produce(&mut p, 0, 0, &data(b"after drain"));
+    let (got, _) = p.read_all(Duration::from_millis(500));
+    assert!(
+        transfers(&got).is_empty(),
+        "FLOW-6: nothing after a drain without new credit"
+    );
+    p.frame(0, &link_flow(1, 5, 1, false), &[]);
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Transfer(..)))
+    });
+    assert_eq!(
+        transfers(&got).len(),
+        1,
+        "fresh credit delivers the held message"
+    );
+}
+
+/// Q-20 …: accepted, rejected and nil remove; released, modified and an unknown state
+/// requeue with delivery-count + 1; one DISPOSITION range settles several deliveries.
+#[test]
+fn q_20_to_27_outcomes() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "out", SenderSettleMode::Unsettled);
+    for i in 0..6u32 {
+        produce(&mut p, 0, i, &data(format!("m{i}").as_bytes()));
+    }
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "out",
+        6,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(500),
+    );
+    assert_eq!(got.len(), 6);
+    let ids: Vec<u32> = got.iter().map(|g| g.0).collect();
+    // one range accepts the first two.
+    settle(
+        &mut p,
+        ids[0],
+        ids[1],
+        Some(DeliveryState::Accepted(Accepted {})),
+    );
+    settle(&mut p, ids[2], ids[2], None); // nil
+    settle(
+        &mut p,
+        ids[3],
+        ids[3],
+        Some(DeliveryState::Released(Released {})),
+    );
+    settle(
+        &mut p,
+        ids[4],
+        ids[4],
+        Some(DeliveryState::Modified(Modified {
+            delivery_failed: Some(true),
+            undeliverable_here: Some(true),
+            message_annotations: None,
+        })),
+    );
+       // an unknown terminal state (descriptor 0x1234:0x77), written by hand.
+    let unknown = Value::Described(Box::new(serde_amqp::described::Described {
+        descriptor: serde_amqp::descriptor::Descriptor::Code(0x0000_1234_0000_0077),
+        value: Value::List(vec![]),
+    }));
+    let disp = Value::Described(Box::new(serde_amqp::described::Described {
+        descriptor: serde_amqp::descriptor::Descriptor::Code(0x15),
+        value: Value::List(vec![
+            Value::Bool(true),
+            Value::Uint(ids[5]),
+            Value::Null,
+            Value::Bool(true),
+            unknown,
+        ]),
+    }));
+    p.frame(0, &disp, &[]);
+    p.frame(0, &link_flow(1, 6, 3, false), &[]);
+    let got = transfers(&p.read_until(WAIT, |_| false));
+    let counts: Vec<u32> = got.iter().map(|g| delivery_count(&g.2)).collect();
+    assert_eq!(
+        counts,
+        vec![1, 1, 1],
+        "released, modified and unknown come back once each with delivery-count 1"
+    );
+    assert_eq!(c.store.ready_count("out") + c.store.locked_count("out"), 3);
+}
+
+/// a consumer asking for settled deliveries gets them pre-settled, and they are gone from
+/// the queue at send time.
+#[test]
+fn q_30_presettled_consume() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "atmost", SenderSettleMode::Unsettled);
+    produce(&mut p, 0, 0, &data(b"once"));
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "atmost",
+        1,
+        SenderSettleMode::Settled,
+        Duration::from_millis(500),
+    );
+    assert_eq!(got.len(), 1);
+    assert!(got[0].1, "sent settled");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        c.store.ready_count("atmost") + c.store.locked_count("atmost"),
+        0
+    );
+}
+
+/// a DETACH with unsettled deliveries NAcks each once: they come back with
+/// delivery-count 1 to the next consumer, and a late DISPOSITION for them is ignored.
+#[test]
+fn q_32_detach_nacks_once() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "td", SenderSettleMode::Unsettled);
+    for i in 0..2u32 {
+        produce(&mut p, 0, i, &data(b"x"));
+    }
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "td",
+        2,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(500),
+    );
+    assert_eq!(got.len(), 2);
+    p.frame(0, &peer::detach(1), &[]);
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Detach(_)))
+    });
+    settle(
+        &mut p,
+        got[0].0,
+        got[1].0,
+        Some(DeliveryState::Accepted(Accepted {})),
+    ); // too late: ignored
+    let again = consume(
+        &mut p,
+        "rx2",
+        2,
+        "td",
+        5,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(800),
+    );
+    let counts: Vec<u32> = again.iter().map(|g| delivery_count(&g.2)).collect();
+    assert_eq!(counts, vec![1, 1], "each returned once, as a redelivery");
+}
