@@ -379,6 +379,11 @@ pub struct TestConnector {
 }
 
 impl TestConnector {
+    /// The gRPC façade of the store behind a connector started with `start_over_grpc`.
+    pub fn facade_addr(&self) -> Option<SocketAddr> {
+        self._facade.as_ref().map(|f| f.addr)
+    }
+
     /// Starts one on the embedded store with `settings` (the port is ignored).
     pub fn start(settings: Settings) -> TestConnector {
         let dir = tempfile::tempdir().expect("temp dir");

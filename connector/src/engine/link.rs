@@ -17,6 +17,9 @@ use super::serial;
 use super::session::LinkFlow;
 use super::LinkId;
 
+/// Ids of one DISPOSITION range considered beyond the first (Q-28: 65536 ids in all).
+pub const MAX_DISPOSITION_SPAN: u32 = 65_535;
+
 /// Longest delivery tag accepted (AMQP allows 32 bytes).
 pub const MAX_TAG_LEN: usize = 32;
 
@@ -798,7 +801,15 @@ impl Connection {
         if !d.settled && !terminal {
             return;
         }
-        // Walk only the unsettled ids inside the range; a wrapped range is two spans.
+        // at most 65536 ids of one range are considered; the rest stay unsettled (and are
+        // NAcked at teardown). Walk only the unsettled ids inside; a wrapped range is two spans.
+        let span = d.last.wrapping_sub(d.first);
+        let last = if span > MAX_DISPOSITION_SPAN {
+            d.first.wrapping_add(MAX_DISPOSITION_SPAN)
+        } else {
+            d.last
+        };
+        let d = DispositionFrame { last, ..d };
         let ids: Vec<(u32, LinkId)> = if d.first <= d.last {
             s.out_unsettled
                 .range(d.first..=d.last)

@@ -1365,6 +1365,36 @@ fn disposition_ranges_and_states() {
     assert_eq!(c.conn.unsettled_count(rx), 1);
 }
 
+/// Q-28: one DISPOSITION is scanned for at most 65536 ids; deliveries beyond stay unsettled.
+#[test]
+fn q_28_disposition_scan_ceiling() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let rx = consumer(&mut c, "r", 0);
+    c.frame(0, &link_flow(0, 0, 70_000, false));
+    for t in 0..65_538u64 {
+        c.conn.send(rx, &t.to_be_bytes(), b"m", false, t).unwrap();
+    }
+    c.take_events();
+    let _ = c.collect();
+    c.frame(
+        0,
+        &disposition(
+            0,
+            Some(65_537),
+            true,
+            Some(DeliveryState::Accepted(Accepted {})),
+        ),
+    );
+    let settled = c
+        .take_events()
+        .iter()
+        .filter(|e| matches!(e, Event::Settled { .. }))
+        .count();
+    assert_eq!(settled, 65_536);
+    assert_eq!(c.conn.unsettled_count(rx), 2);
+}
+
 /// Outgoing dispositions for contiguous deliveries with the same state are batched into one range.
 #[test]
 fn disposition_batched_ranges() {
