@@ -423,3 +423,66 @@ fn q_32_detach_nacks_once() {
     let counts: Vec<u32> = again.iter().map(|g| delivery_count(&g.2)).collect();
     assert_eq!(counts, vec![1, 1], "each returned once, as a redelivery");
 }
+
+fn with_to(to: Option<&str>, body: &[u8]) -> Vec<u8> {
+    let props = fe2o3_amqp_types::messaging::Properties {
+        to: to.map(String::from),
+        ..Default::default()
+    };
+    [serde_amqp::to_vec(&props).unwrap(), data(body)].concat()
+}
+
+/// ADDR-13 … ADDR-17: a sender with a null target routes each message by its `to`; a missing or
+/// unresolvable `to` is rejected with precondition-failed and the link stays attached; a
+/// pre-settled unroutable message is dropped without a disposition.
+#[test]
+fn addr_13_anonymous_terminus() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    let mut a = peer::attach_sender("anon", 0, "unused");
+    a.target = None;
+    p.frame(0, &a, &[]);
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
+    assert_eq!(
+        produce(&mut p, 0, 0, &with_to(Some("queues/anon-a"), b"a")),
+        Some(DeliveryOutcome::Accepted)
+    );
+    assert_eq!(
+        produce(&mut p, 0, 1, &with_to(Some("/queues/anon-b"), b"b")),
+        Some(DeliveryOutcome::Accepted),
+        "ADDR-18: several nodes on one link"
+    );
+    for (id, to) in [
+        (2u32, None),
+        (3, Some("bogus/prefix/x")),
+        (4, Some("queues/a b")),
+    ] {
+        match produce(&mut p, 0, id, &with_to(to, b"x")) {
+            Some(DeliveryOutcome::Rejected(Some(e))) => {
+                assert_eq!(peer::error_symbol(&e), "amqp:precondition-failed", "{to:?}")
+            }
+            other => panic!("{to:?}: {other:?}"),
+        }
+    }
+    p.frame(
+        0,
+        &peer::transfer(0, Some(5), Some(b"p"), true, false),
+        &with_to(None, b"dropped"),
+    );
+    let (got, _) = p.read_all(Duration::from_millis(300));
+    assert!(
+        disposition_of(&got, 5).is_none(),
+        "ADDR-17: no disposition for a pre-settled message"
+    );
+    assert_eq!(
+        produce(&mut p, 0, 6, &with_to(Some("queues/anon-a"), b"c")),
+        Some(DeliveryOutcome::Accepted),
+        "the link stays"
+    );
+    assert_eq!(
+        (c.store.ready_count("anon-a"), c.store.ready_count("anon-b")),
+        (2, 1)
+    );
+}

@@ -45,6 +45,8 @@ pub struct Stored {
     pub metadata: String,
     /// `Body`: the Data bytes, concatenated, or the AMQP encoding of an AmqpValue.
     pub body: Vec<u8>,
+    /// The properties `to`, for routing messages of an anonymous link (ADDR-13).
+    pub to: Option<String>,
 }
 
 /// Why a message cannot be stored.
@@ -77,8 +79,12 @@ pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
     let layout = walk(msg)?;
     let mut env = Map::new();
     let mut props = Map::new();
+    let mut to = None;
     if let Some(r) = &layout.properties {
         if let Value::List(fields) = section_value(msg, r, "properties")? {
+            if let Some(Value::String(t)) = fields.get(2) {
+                to = Some(t.clone());
+            }
             for (name, v) in PROPS.iter().zip(fields) {
                 if v != Value::Null {
                     props.insert((*name).to_string(), prop_to_json(name, v));
@@ -137,7 +143,7 @@ pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
         BodyKind::Sequence => return Err(IngressError::SequenceBody),
     };
     let metadata = json!({ "amqp10": Json::Object(env) }).to_string();
-    Ok(Stored { metadata, body })
+    Ok(Stored { metadata, body, to })
 }
 
 /// The encoded value inside an AmqpValue section (after its descriptor).

@@ -155,9 +155,10 @@ struct Done {
 }
 
 enum LinkKind {
-    /// The client produces to this channel; messages go through the link's send task in order.
+    /// The client produces to this channel, or with `None` (an anonymous link, ADDR-13) to each
+    /// message's `to`; messages go through the link's send task in order.
     Produce {
-        channel: String,
+        channel: Option<String>,
         sends: mpsc::UnboundedSender<(u32, QueueMessage)>,
     },
     /// The client consumes from this channel.
@@ -218,11 +219,39 @@ impl<B: Backend> QueuesHandler<B> {
                 None => (None, Vec::new()),
             }
         };
+        let dynamic = if client_sends {
+            matches!(a.target.as_deref(), Some(TargetArchetype::Target(t)) if t.dynamic)
+        } else {
+            a.source.as_deref().is_some_and(|s| s.dynamic)
+        };
         let Some(address) = address.filter(|a| !a.is_empty()) else {
-            return Err(AmqpError::new(
-                Condition::NotImplemented,
-                "anonymous and dynamic termini are not available yet",
-            ));
+            if client_sends && !dynamic {
+                // ADDR-13: an anonymous link; every message names its node in `to`.
+                let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
+                self.links.insert(
+                    link,
+                    LinkKind::Produce {
+                        channel: None,
+                        sends,
+                    },
+                );
+                conn.accept_link(
+                    link,
+                    LinkAccept {
+                        credit_window: self.bridge.credit_window,
+                    },
+                )
+                .map_err(|_| AmqpError::bare(Condition::InternalError))?;
+                return Ok(());
+            }
+            if dynamic {
+                return Err(AmqpError::new(
+                    Condition::NotImplemented,
+                    "dynamic nodes are not available yet",
+                ));
+            }
+            // OP-ADDR-9.
+            return Err(super::address::AddressError::EmptyAddress.to_amqp());
         };
         let hint = capability_hint(caps.iter().map(String::as_str));
         let channel =
@@ -250,8 +279,13 @@ impl<B: Backend> QueuesHandler<B> {
             };
         if client_sends {
             let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
-            self.links
-                .insert(link, LinkKind::Produce { channel, sends });
+            self.links.insert(
+                link,
+                LinkKind::Produce {
+                    channel: Some(channel),
+                    sends,
+                },
+            );
             conn.accept_link(
                 link,
                 LinkAccept {
@@ -292,6 +326,31 @@ impl<B: Backend> QueuesHandler<B> {
         conn.accept_link(link, LinkAccept { credit_window: 0 })
             .map_err(|_| AmqpError::bare(Condition::InternalError))?;
         Ok(())
+    }
+
+    /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14).
+    fn route(&self, to: Option<&str>) -> Result<String, AmqpError> {
+        let to = to
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| AmqpError::new(Condition::PreconditionFailed, "message has no to"))?;
+        match resolve(to, None, self.bridge.default_pattern) {
+            Ok(Resolved::Node {
+                pattern: Pattern::Queues,
+                channel,
+            }) => Ok(channel),
+            Ok(Resolved::Node { pattern, .. }) => Err(AmqpError::new(
+                Condition::NotImplemented,
+                format!("the {pattern} pattern is not available yet"),
+            )),
+            Ok(Resolved::Response { .. }) => Err(AmqpError::new(
+                Condition::NotImplemented,
+                "commands and queries are not available yet",
+            )),
+            Err(e) => Err(AmqpError::new(
+                Condition::PreconditionFailed,
+                e.description(),
+            )),
+        }
     }
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
@@ -339,9 +398,28 @@ impl<B: Backend> QueuesHandler<B> {
                 return;
             }
         };
+        let channel = match channel {
+            Some(c) => c.clone(),
+            None => match self.route(stored.to.as_deref()) {
+                Ok(c) => c,
+                Err(e) => {
+                    // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
+                    // is dropped (settle sends nothing for it).
+                    tracing::debug!(error = %e, "unroutable message on an anonymous link");
+                    let _ = conn.settle(
+                        d.link,
+                        d.delivery_id,
+                        DeliveryState::Rejected(Rejected {
+                            error: Some(e.to_wire()),
+                        }),
+                    );
+                    return;
+                }
+            },
+        };
         let message = QueueMessage {
             client_id: self.client_id.clone(),
-            channel: channel.clone(),
+            channel,
             metadata: stored.metadata,
             body: stored.body,
             ..Default::default()
