@@ -1,0 +1,302 @@
+//! amqp-bench: drives an AMQP 1.0 queue with pipelined producers and credit-window consumers and
+//! reports throughput, latency percentiles and whether every message sent was received.
+//!
+//! Each message carries its number and send time, so the consumers can tell lost, duplicated
+//! and late messages apart. Exits 1 when a message is lost.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::types::definitions::SenderSettleMode;
+use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
+use fe2o3_amqp::types::primitives::Binary;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+
+/// Command line.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "amqp-bench", about = "Load tool for AMQP 1.0 queues")]
+struct Args {
+    /// Connector URL.
+    #[arg(long, default_value = "amqp://127.0.0.1:5672")]
+    url: String,
+    /// Node address.
+    #[arg(long, default_value = "queues/amqp-bench")]
+    address: String,
+    /// Producer connections.
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    /// Consumer connections.
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
+    /// Messages in all.
+    #[arg(long, default_value_t = 10_000)]
+    messages: u64,
+    /// Body size in bytes (at least 16).
+    #[arg(long, default_value_t = 1024)]
+    size: usize,
+    /// Send pre-settled (at-most-once) instead of waiting for `accepted`.
+    #[arg(long)]
+    presettled: bool,
+    /// Unsettled sends in flight per producer.
+    #[arg(long, default_value_t = 100)]
+    pipeline: usize,
+    /// Credit window of each consumer.
+    #[arg(long, default_value_t = 100)]
+    credit: u32,
+    /// Messages per second in all (0 = as fast as possible); use it to measure latency.
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
+    /// Give up waiting for the rest after this many seconds without progress.
+    #[arg(long, default_value_t = 10)]
+    idle_timeout: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    sent: AtomicU64,
+    accepted: AtomicU64,
+    failed: AtomicU64,
+    received: AtomicU64,
+}
+
+fn body(n: u64, started: Instant, size: usize) -> Vec<u8> {
+    let mut b = vec![0x5a; size.max(16)];
+    b[..8].copy_from_slice(&n.to_be_bytes());
+    b[8..16].copy_from_slice(&(started.elapsed().as_nanos() as u64).to_be_bytes());
+    b
+}
+
+async fn produce(
+    args: Args,
+    who: usize,
+    first: u64,
+    count: u64,
+    started: Instant,
+    tally: Arc<Tally>,
+) -> Result<(), String> {
+    let mut conn = Connection::open(format!("amqp-bench-producer-{who}"), args.url.as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
+    let mode = if args.presettled {
+        SenderSettleMode::Settled
+    } else {
+        SenderSettleMode::Unsettled
+    };
+    let mut sender = Sender::builder()
+        .name(format!("producer-{who}"))
+        .target(args.address.clone())
+        .sender_settle_mode(mode)
+        .attach(&mut session)
+        .await
+        .map_err(|e| e.to_string())?;
+    let per_producer_rate = if args.rate == 0 {
+        0.0
+    } else {
+        args.rate as f64 / args.producers as f64
+    };
+    let mut in_flight = tokio::task::JoinSet::new();
+    for i in 0..count {
+        if per_producer_rate > 0.0 {
+            let due = started + Duration::from_secs_f64(i as f64 / per_producer_rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
+        let msg = Message::builder()
+            .data(Binary::from(body(first + i, started, args.size)))
+            .build();
+        let fut = sender
+            .send_batchable(msg)
+            .await
+            .map_err(|e| e.to_string())?;
+        tally.sent.fetch_add(1, Ordering::Relaxed);
+        let t = tally.clone();
+        let presettled = args.presettled;
+        in_flight.spawn(async move {
+            match fut.await {
+                Ok(Outcome::Accepted(_)) => t.accepted.fetch_add(1, Ordering::Relaxed),
+                Ok(_) | Err(_) if !presettled => t.failed.fetch_add(1, Ordering::Relaxed),
+                _ => t.accepted.fetch_add(1, Ordering::Relaxed),
+            };
+        });
+        while in_flight.len() >= args.pipeline.max(1) {
+            in_flight.join_next().await;
+        }
+    }
+    while in_flight.join_next().await.is_some() {}
+    let _ = sender.close().await;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+async fn consume(
+    args: Args,
+    who: usize,
+    started: Instant,
+    tally: Arc<Tally>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Result<(), String> {
+    let mut conn = Connection::open(format!("amqp-bench-consumer-{who}"), args.url.as_str())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
+    let mut receiver = Receiver::builder()
+        .name(format!("consumer-{who}"))
+        .source(args.address.clone())
+        .credit_mode(CreditMode::Auto(args.credit))
+        .attach(&mut session)
+        .await
+        .map_err(|e| e.to_string())?;
+    loop {
+        let d = tokio::select! {
+            d = receiver.recv::<Data>() => d.map_err(|e| e.to_string())?,
+            _ = stop.notified() => break,
+        };
+        let b = &d.body().0;
+        if b.len() >= 16 {
+            let n = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
+            let sent_ns = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
+            let latency = (started.elapsed().as_nanos() as u64).saturating_sub(sent_ns);
+            seen.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(n, latency);
+        }
+        receiver.accept(&d).await.map_err(|e| e.to_string())?;
+        tally.received.fetch_add(1, Ordering::Relaxed);
+    }
+    let _ = receiver.close().await;
+    let _ = conn.close().await;
+    Ok(())
+}
+
+#[derive(Default)]
+struct Seen {
+    counts: Vec<u8>,
+    latencies: Vec<u64>,
+}
+
+impl Seen {
+    fn record(&mut self, n: u64, latency_ns: u64) {
+        if let Some(c) = self.counts.get_mut(n as usize) {
+            *c = c.saturating_add(1);
+        }
+        self.latencies.push(latency_ns);
+    }
+}
+
+fn pct(sorted: &[u64], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(sorted[((sorted.len() - 1) as f64 * p).round() as usize])
+}
+
+#[tokio::main]
+async fn main() {
+    let args = Args::parse();
+    let started = Instant::now();
+    let tally = Arc::new(Tally::default());
+    let seen = Arc::new(Mutex::new(Seen {
+        counts: vec![0; args.messages as usize],
+        latencies: Vec::with_capacity(args.messages as usize),
+    }));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let mut consumers = Vec::new();
+    for c in 0..args.consumers {
+        consumers.push(tokio::spawn(consume(
+            args.clone(),
+            c,
+            started,
+            tally.clone(),
+            seen.clone(),
+            stop.clone(),
+        )));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut producers = Vec::new();
+    let per = args.messages / args.producers.max(1) as u64;
+    for p in 0..args.producers {
+        let first = per * p as u64;
+        let count = if p + 1 == args.producers {
+            args.messages - first
+        } else {
+            per
+        };
+        producers.push(tokio::spawn(produce(
+            args.clone(),
+            p,
+            first,
+            count,
+            started,
+            tally.clone(),
+        )));
+    }
+    // Progress once a second until everything arrived or nothing moved for idle_timeout.
+    let mut last = (0, Instant::now());
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (s, r) = (
+            tally.sent.load(Ordering::Relaxed),
+            tally.received.load(Ordering::Relaxed),
+        );
+        eprintln!(
+            "[{:>5.1}s] sent {s} accepted {} received {r} ({:.0} msg/s)",
+            started.elapsed().as_secs_f64(),
+            tally.accepted.load(Ordering::Relaxed),
+            r as f64 / started.elapsed().as_secs_f64()
+        );
+        if r >= args.messages {
+            break;
+        }
+        if r > last.0 {
+            last = (r, Instant::now());
+        } else if last.1.elapsed() > Duration::from_secs(args.idle_timeout) {
+            eprintln!("no progress for {} s; stopping", args.idle_timeout);
+            break;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    for p in producers {
+        if let Ok(Err(e)) = p.await {
+            eprintln!("producer failed: {e}");
+        }
+    }
+    stop.notify_waiters();
+    for c in consumers {
+        let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
+    }
+    let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    let lost = seen.counts.iter().filter(|c| **c == 0).count();
+    let duplicated = seen.counts.iter().filter(|c| **c > 1).count();
+    let mut lat = seen.latencies.clone();
+    lat.sort_unstable();
+    let received = tally.received.load(Ordering::Relaxed);
+    println!(
+        "messages {} size {} B producers {} consumers {} {}: {received} received in {elapsed:.2}s = {:.0} msg/s",
+        args.messages,
+        args.size,
+        args.producers,
+        args.consumers,
+        if args.presettled { "pre-settled" } else { "unsettled" },
+        received as f64 / elapsed
+    );
+    println!(
+        "latency p50 {:?} p90 {:?} p99 {:?} max {:?}",
+        pct(&lat, 0.5),
+        pct(&lat, 0.9),
+        pct(&lat, 0.99),
+        lat.last()
+            .map(|n| Duration::from_nanos(*n))
+            .unwrap_or_default()
+    );
+    println!(
+        "lost {lost} duplicated {duplicated} failed sends {}",
+        tally.failed.load(Ordering::Relaxed)
+    );
+    if lost > 0 {
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,69 @@
+//! amqp-bench against the real connector: it runs, reports, and finds no loss (its exit code says
+//! so); and it exits non-zero when messages are missing. No timing is asserted.
+
+use std::process::Command;
+
+use connector::config::Settings;
+use interop_tests::TestConnector;
+
+fn bench(url: &str, extra: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_amqp-bench"))
+        .args(["--url", url, "--idle-timeout", "3"])
+        .args(extra)
+        .output()
+        .expect("amqp-bench runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn unsettled_and_presettled_runs_lose_nothing() {
+    let c = TestConnector::start(Settings::default());
+    let (ok, out) = bench(
+        &c.url(),
+        &["--messages", "2000", "--producers", "2", "--consumers", "2"],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("2000 received") && out.contains("lost 0 duplicated 0"),
+        "{out}"
+    );
+    let (ok, out) = bench(
+        &c.url(),
+        &[
+            "--messages",
+            "500",
+            "--presettled",
+            "--address",
+            "queues/pre",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("lost 0"), "{out}");
+}
+
+/// The loss check is real: with no consumer, every message sent counts as lost and the run fails.
+#[test]
+fn missing_messages_fail_the_run() {
+    let c = TestConnector::start(Settings::default());
+    let (ok, out) = bench(
+        &c.url(),
+        &[
+            "--messages",
+            "300",
+            "--address",
+            "queues/nobody",
+            "--consumers",
+            "0",
+        ],
+    );
+    assert!(!ok, "a run with lost messages must fail:\n{out}");
+    assert!(out.contains("lost 300"), "{out}");
+    assert_eq!(
+        c.store.ready_count("nobody"),
+        300,
+        "the messages are safe in the queue, just not received"
+    );
+}
