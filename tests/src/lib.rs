@@ -463,12 +463,17 @@ impl Drop for TestConnector {
     }
 }
 
-/// Runs a client script (`program args...`) against a fresh default server and asserts it exits
-/// 0 and prints `PASS <scenario>`. `args` may contain `{url}` and `{port}`.
-pub fn run_client_script(program: &str, dir: &str, args: &[&str], scenario: &str) {
-    let server = TestServer::start_default();
-    let port = server.addr.port().to_string();
-    let url = server.url();
+/// Runs a client script (`program args...` in `dir`) against the server at `addr` and asserts it
+/// exits 0 and prints `PASS <scenario>`. `args` may contain `{url}` and `{port}`.
+pub fn run_client_script(
+    program: &str,
+    dir: &str,
+    args: &[&str],
+    scenario: &str,
+    addr: SocketAddr,
+) {
+    let port = addr.port().to_string();
+    let url = format!("amqp://{addr}");
     let args: Vec<String> = args
         .iter()
         .map(|a| a.replace("{url}", &url).replace("{port}", &port))

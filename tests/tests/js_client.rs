@@ -1,11 +1,18 @@
 //! Interop with rhea and rhea-promise (npm) over real sockets, against the test-only in-memory
 //! node. The packages are installed into tests/js by `tests/run.sh`; missing ones fail loudly.
 
-use interop_tests::run_client_script;
+use interop_tests::{run_client_script, TestServer};
 
 fn run(scenario: &str) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
-    run_client_script("node", dir, &["interop.js", scenario, "{port}"], scenario);
+    let server = TestServer::start_default();
+    run_client_script(
+        "node",
+        dir,
+        &["interop.js", scenario, "{port}"],
+        scenario,
+        server.addr,
+    );
 }
 
 /// Send (awaiting accepted), receive with credit, accept.

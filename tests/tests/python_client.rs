@@ -1,11 +1,18 @@
 //! Interop with python-qpid-proton (PyPI) over real sockets, against the test-only in-memory node.
 //! The client is installed by `tests/run.sh`; a missing client fails these tests loudly.
 
-use interop_tests::run_client_script;
+use interop_tests::{run_client_script, TestServer};
 
 fn run(scenario: &str) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
-    run_client_script("python3", dir, &["interop.py", scenario, "{url}"], scenario);
+    let server = TestServer::start_default();
+    run_client_script(
+        "python3",
+        dir,
+        &["interop.py", scenario, "{url}"],
+        scenario,
+        server.addr,
+    );
 }
 
 /// Send, receive with credit, accept, release and redelivery.

@@ -1,26 +1,19 @@
 //! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
 //! embedded store (queues.md Q-S1 … Q-S4).
 
-use std::process::Command;
-
 use connector::config::Settings;
-use interop_tests::TestConnector;
+use interop_tests::{run_client_script, TestConnector};
 
 fn run(scenario: &str) {
     let c = TestConnector::start(Settings::default());
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
-    let out = Command::new("node")
-        .current_dir(dir)
-        .args(["queues.js", scenario, &c.addr.port().to_string()])
-        .output()
-        .expect("node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    run_client_script(
+        "node",
+        dir,
+        &["queues.js", scenario, "{port}"],
+        scenario,
+        c.addr,
     );
-    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
 }
 
 /// Q-S1.

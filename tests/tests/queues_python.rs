@@ -2,10 +2,8 @@
 //! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
 //! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
 
-use std::process::Command;
-
 use connector::config::Settings;
-use interop_tests::TestConnector;
+use interop_tests::{run_client_script, TestConnector};
 
 fn run(scenario: &str) {
     run_on(scenario, TestConnector::start(Settings::default()));
@@ -17,18 +15,14 @@ fn run(scenario: &str) {
 
 /// One scenario against one connector: the embedded store in-process, or KubeMQ over gRPC.
 fn run_on(scenario: &str, c: TestConnector) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/queues.py");
-    let out = Command::new("python3")
-        .args([script, scenario, &c.url()])
-        .output()
-        .expect("python3");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "scenario {scenario} failed:\n{stdout}\n{stderr}"
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
+    run_client_script(
+        "python3",
+        dir,
+        &["queues.py", scenario, "{url}"],
+        scenario,
+        c.addr,
     );
-    assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
 }
 
 /// Q-S1: send / receive / accept / confirm empty.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{get_request, Backend, BackendError, Batch, Downstream};
+use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream};
 use crate::kubemq::{
     PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
 };
@@ -42,13 +42,7 @@ impl Downstream for EmbeddedDownstream {
             .handle(get_request(channel, client_id, max_items, wait_ms))
             .await
             .ok_or_else(|| BackendError::Unavailable("no response to Get".into()))?;
-        if r.is_error {
-            return Err(BackendError::Rejected(r.error));
-        }
-        Ok(Batch {
-            transaction_id: r.transaction_id,
-            messages: r.messages,
-        })
+        batch_from(r)
     }
 
     async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {

@@ -23,7 +23,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::{get_request, Backend, BackendError, Batch, Downstream};
+use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream};
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::{
     Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
@@ -343,11 +343,7 @@ impl Downstream for GrpcDownstream {
         let limit =
             Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0).max(1000)) + self.deadline;
         match tokio::time::timeout(limit, wait).await {
-            Ok(Ok(r)) if r.is_error => Err(BackendError::Rejected(r.error)),
-            Ok(Ok(r)) => Ok(Batch {
-                transaction_id: r.transaction_id,
-                messages: r.messages,
-            }),
+            Ok(Ok(r)) => batch_from(r),
             Ok(Err(_)) => Err(BackendError::Unavailable(
                 "downstream stream lost during Get".into(),
             )),

@@ -147,6 +147,19 @@ pub(crate) fn settle_request(
     }
 }
 
+/// The Batch of a Get's response, or KubeMQ's refusal.
+pub(crate) fn batch_from(
+    r: crate::kubemq::QueuesDownstreamResponse,
+) -> Result<Batch, BackendError> {
+    if r.is_error {
+        return Err(BackendError::Rejected(r.error));
+    }
+    Ok(Batch {
+        transaction_id: r.transaction_id,
+        messages: r.messages,
+    })
+}
+
 /// A Get request of the downstream protocol.
 pub(crate) fn get_request(
     channel: &str,

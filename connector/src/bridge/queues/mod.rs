@@ -100,6 +100,28 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
     }
 }
 
+/// The queue channel an address resolved to, or the refusal for what this bridge does not serve.
+fn queue_channel(resolved: Resolved, server_receives: bool) -> Result<String, AmqpError> {
+    match resolved {
+        Resolved::Node {
+            pattern: Pattern::Queues,
+            channel,
+        } => Ok(channel),
+        Resolved::Node { pattern, .. } => Err(AmqpError::new(
+            Condition::NotImplemented,
+            format!("the {pattern} pattern is not available yet"),
+        )),
+        // ADDR-10: reply tokens are only for senders.
+        Resolved::Response { .. } if !server_receives => {
+            Err(AmqpError::bare(Condition::NotAllowed))
+        }
+        Resolved::Response { .. } => Err(AmqpError::new(
+            Condition::NotImplemented,
+            "commands and queries are not available yet",
+        )),
+    }
+}
+
 /// The task that stores one produce link's messages, in the order they arrived: it takes every
 /// message waiting (up to 1,000) as one backend send, so a fast producer gets batching and group
 /// commit, and each message still gets its own outcome.
@@ -227,22 +249,7 @@ impl<B: Backend> QueuesHandler<B> {
         let Some(address) = address.filter(|a| !a.is_empty()) else {
             if client_sends && !dynamic {
                 // ADDR-13: an anonymous link; every message names its node in `to`.
-                let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
-                self.links.insert(
-                    link,
-                    LinkKind::Produce {
-                        channel: None,
-                        sends,
-                    },
-                );
-                conn.accept_link(
-                    link,
-                    LinkAccept {
-                        credit_window: self.bridge.credit_window,
-                    },
-                )
-                .map_err(|_| AmqpError::bare(Condition::InternalError))?;
-                return Ok(());
+                return self.accept_producer(conn, link, None);
             }
             if dynamic {
                 return Err(AmqpError::new(
@@ -254,46 +261,11 @@ impl<B: Backend> QueuesHandler<B> {
             return Err(super::address::AddressError::EmptyAddress.to_amqp());
         };
         let hint = capability_hint(caps.iter().map(String::as_str));
-        let channel =
-            match resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())? {
-                Resolved::Node {
-                    pattern: Pattern::Queues,
-                    channel,
-                } => channel,
-                Resolved::Node { pattern, .. } => {
-                    return Err(AmqpError::new(
-                        Condition::NotImplemented,
-                        format!("the {pattern} pattern is not available yet"),
-                    ));
-                }
-                Resolved::Response { .. } if !client_sends => {
-                    // ADDR-10.
-                    return Err(AmqpError::bare(Condition::NotAllowed));
-                }
-                Resolved::Response { .. } => {
-                    return Err(AmqpError::new(
-                        Condition::NotImplemented,
-                        "commands and queries are not available yet",
-                    ));
-                }
-            };
+        let resolved =
+            resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())?;
+        let channel = queue_channel(resolved, client_sends)?;
         if client_sends {
-            let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
-            self.links.insert(
-                link,
-                LinkKind::Produce {
-                    channel: Some(channel),
-                    sends,
-                },
-            );
-            conn.accept_link(
-                link,
-                LinkAccept {
-                    credit_window: self.bridge.credit_window,
-                },
-            )
-            .map_err(|_| AmqpError::bare(Condition::InternalError))?;
-            return Ok(());
+            return self.accept_producer(conn, link, Some(channel));
         }
         let source = a.source.as_deref();
         if source.and_then(|s| s.distribution_mode.as_ref()) == Some(&DistributionMode::Copy) {
@@ -328,29 +300,34 @@ impl<B: Backend> QueuesHandler<B> {
         Ok(())
     }
 
-    /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14).
+    /// Accepts a produce link bound to `channel`, or anonymous with `None` (ADDR-13).
+    fn accept_producer(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        channel: Option<String>,
+    ) -> Result<(), AmqpError> {
+        let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
+        self.links
+            .insert(link, LinkKind::Produce { channel, sends });
+        conn.accept_link(
+            link,
+            LinkAccept {
+                credit_window: self.bridge.credit_window,
+            },
+        )
+        .map_err(|_| AmqpError::bare(Condition::InternalError))
+    }
+
+    /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14): what does not
+    /// resolve is a precondition failure of that message.
     fn route(&self, to: Option<&str>) -> Result<String, AmqpError> {
         let to = to
             .filter(|t| !t.is_empty())
             .ok_or_else(|| AmqpError::new(Condition::PreconditionFailed, "message has no to"))?;
-        match resolve(to, None, self.bridge.default_pattern) {
-            Ok(Resolved::Node {
-                pattern: Pattern::Queues,
-                channel,
-            }) => Ok(channel),
-            Ok(Resolved::Node { pattern, .. }) => Err(AmqpError::new(
-                Condition::NotImplemented,
-                format!("the {pattern} pattern is not available yet"),
-            )),
-            Ok(Resolved::Response { .. }) => Err(AmqpError::new(
-                Condition::NotImplemented,
-                "commands and queries are not available yet",
-            )),
-            Err(e) => Err(AmqpError::new(
-                Condition::PreconditionFailed,
-                e.description(),
-            )),
-        }
+        let resolved = resolve(to, None, self.bridge.default_pattern)
+            .map_err(|e| AmqpError::new(Condition::PreconditionFailed, e.description()))?;
+        queue_channel(resolved, true)
     }
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
