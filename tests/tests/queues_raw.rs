@@ -486,3 +486,56 @@ fn addr_13_anonymous_terminus() {
         (2, 1)
     );
 }
+
+/// Q-1 / ADDR-3 / ADDR-8: `queues/<ch>`, `/queues/<ch>` and a bare address with the default
+/// pattern all bind to the same KubeMQ queue `<ch>`.
+#[test]
+fn q_1_address_forms_bind_one_queue() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    for (h, addr) in [(0u32, "queues/same"), (1, "/queues/same"), (2, "same")] {
+        let a = peer::attach_sender(&format!("tx{h}"), h, addr);
+        p.frame(0, &a, &[]);
+        p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|x| x.0) == Some(h)));
+        assert_eq!(
+            produce(&mut p, h, h, &data(addr.as_bytes())),
+            Some(DeliveryOutcome::Accepted),
+            "{addr}"
+        );
+    }
+    assert_eq!(c.store.ready_count("same"), 3);
+}
+
+/// Q-18 / FLOW-7: a consume link never holds more than MaxUnsettledPerLink unsettled deliveries,
+/// whatever credit the client grants; settling frees room for more.
+#[test]
+fn q_18_unsettled_cap() {
+    let settings = Settings {
+        max_unsettled_per_link: 3,
+        ..Settings::default()
+    };
+    let c = TestConnector::start(settings);
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "cap", SenderSettleMode::Unsettled);
+    for i in 0..6u32 {
+        produce(&mut p, 0, i, &data(b"x"));
+    }
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "cap",
+        10,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(800),
+    );
+    assert_eq!(got.len(), 3, "only MaxUnsettledPerLink in flight");
+    settle(
+        &mut p,
+        got[0].0,
+        got[2].0,
+        Some(DeliveryState::Accepted(Accepted {})),
+    );
+    let more = transfers(&p.read_until(WAIT, |_| false));
+    assert_eq!(more.len(), 3, "room freed by settlement is used");
+}
