@@ -539,3 +539,38 @@ fn q_18_unsettled_cap() {
     let more = transfers(&p.read_until(WAIT, |_| false));
     assert_eq!(more.len(), 3, "room freed by settlement is used");
 }
+
+/// FLOW-5 / Q-16: a drain gets what the queue holds right now (up to its credit), then credit 0:
+/// a client that only ever drains (JMS receive with a timeout) still receives waiting messages.
+#[test]
+fn flow_5_drain_gets_ready_messages() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "ready", SenderSettleMode::Unsettled);
+    for i in 0..2u32 {
+        produce(&mut p, 0, i, &data(b"waiting"));
+    }
+    p.frame(0, &peer::attach_receiver("rx", 1, "queues/ready"), &[]);
+    p.frame(0, &link_flow(1, 0, 5, true), &[]);
+    let got = p.read_until(
+        WAIT,
+        |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.drain && f.handle.is_some()),
+    );
+    assert_eq!(transfers(&got).len(), 2, "{got:?}");
+    let flow = got.iter().rev().find_map(|r| match r {
+        Received::Frame(_, Performative::Flow(f)) if f.drain => Some(f.clone()),
+        _ => None,
+    });
+    let flow = flow.expect("drain completed");
+    assert_eq!((flow.link_credit, flow.delivery_count), (Some(0), Some(5)));
+    let last_transfer = got
+        .iter()
+        .rposition(|r| matches!(r, Received::Frame(_, Performative::Transfer(..))));
+    let drain_flow = got
+        .iter()
+        .rposition(|r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.drain));
+    assert!(
+        last_transfer < drain_flow,
+        "the drain FLOW follows the transfers"
+    );
+}

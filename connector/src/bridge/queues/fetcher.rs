@@ -27,6 +27,15 @@ pub struct Handout {
     pub message: QueueMessage,
 }
 
+/// What the fetcher sends to a consumer's connection.
+#[derive(Debug)]
+pub enum ToConsumer {
+    /// A message to deliver within credit.
+    Message(Handout),
+    /// The consumer's drain is complete: everything immediately available was handed out.
+    DrainDone(ConsumerKey),
+}
+
 /// How a delivery ends (Q-20 … Q-25).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -43,9 +52,12 @@ pub enum Outcome {
 #[derive(Debug)]
 pub enum Command {
     /// A consumer joined; its messages go to `to`.
-    Join(ConsumerKey, mpsc::UnboundedSender<Handout>),
+    Join(ConsumerKey, mpsc::UnboundedSender<ToConsumer>),
     /// A consumer's demand (credit it can still take), as an absolute value.
     Demand(ConsumerKey, u32),
+    /// A consumer drains (FLOW-5): hand it what is immediately available within `demand`, then
+    /// report DrainDone. Never waits for new messages.
+    Drain(ConsumerKey, u32),
     /// A consumer left; its remaining demand is gone (its unsettled deliveries come as Settle).
     Leave(ConsumerKey),
     /// A delivery was settled.
@@ -65,7 +77,8 @@ pub struct FetchLimits {
 
 struct Consumer {
     demand: u32,
-    to: mpsc::UnboundedSender<Handout>,
+    draining: bool,
+    to: mpsc::UnboundedSender<ToConsumer>,
 }
 
 /// Runs the loop for `channel` until every consumer has left and nothing is pending.
@@ -100,6 +113,16 @@ pub async fn run<B: Backend>(
             handed.clear();
         }
         hand_out(&mut consumers, &mut order, &mut buffer, &mut handed);
+        // Drains complete once nothing more is immediately available for them: with an exact
+        // ready count another Get can still be answered at once; without one it cannot.
+        let ready_now = buffer.is_empty() && backend.ready_hint(&channel).is_some_and(|r| r > 0);
+        for (k, c) in consumers.iter_mut() {
+            if c.draining && (c.demand == 0 || !ready_now) {
+                c.draining = false;
+                c.demand = 0;
+                let _ = c.to.send(ToConsumer::DrainDone(*k));
+            }
+        }
         if !settle.is_empty() {
             if let Some(d) = ds.as_mut() {
                 flush(d, &mut settle).await;
@@ -231,12 +254,27 @@ fn apply(
 ) {
     match cmd {
         Command::Join(k, to) => {
-            consumers.insert(k, Consumer { demand: 0, to });
+            consumers.insert(
+                k,
+                Consumer {
+                    demand: 0,
+                    draining: false,
+                    to,
+                },
+            );
             order.push_back(k);
         }
         Command::Demand(k, d) => {
             if let Some(c) = consumers.get_mut(&k) {
+                if !c.draining {
+                    c.demand = d;
+                }
+            }
+        }
+        Command::Drain(k, d) => {
+            if let Some(c) = consumers.get_mut(&k) {
                 c.demand = d;
+                c.draining = true;
             }
         }
         Command::Leave(k) => {
@@ -282,7 +320,9 @@ fn hand_out(
             sequence,
             message,
         };
-        if let Err(mpsc::error::SendError(h)) = c.to.send(h) {
+        if let Err(mpsc::error::SendError(ToConsumer::Message(h))) =
+            c.to.send(ToConsumer::Message(h))
+        {
             // The connection is gone: keep the message for someone else.
             c.demand = 0;
             buffer.push_front((h.transaction, h.sequence, h.message));

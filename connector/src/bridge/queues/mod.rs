@@ -21,7 +21,7 @@ use fe2o3_amqp_types::messaging::{
 use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
-use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome};
+use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, ToConsumer};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{egress, ingress, DeliveryInfo, IngressError};
 use crate::backend::{Backend, BackendError};
@@ -198,15 +198,15 @@ pub struct QueuesHandler<B: Backend> {
     links: HashMap<LinkId, LinkKind>,
     done_tx: mpsc::UnboundedSender<Done>,
     done_rx: mpsc::UnboundedReceiver<Done>,
-    handout_tx: mpsc::UnboundedSender<Handout>,
-    handout_rx: mpsc::UnboundedReceiver<Handout>,
+    handout_tx: mpsc::UnboundedSender<ToConsumer>,
+    handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
     /// Unsettled consume deliveries: token → (transaction, sequence).
     deliveries: HashMap<u64, (Arc<str>, u64)>,
     next_token: u64,
     /// Fetchers of consume links that ended, for handouts still on their way to them.
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
     ready_done: Vec<Done>,
-    ready_handouts: Vec<Handout>,
+    ready_handouts: Vec<ToConsumer>,
 }
 
 fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
@@ -333,13 +333,18 @@ impl<B: Backend> QueuesHandler<B> {
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
     fn report_demand(&self, conn: &Connection, link: LinkId) {
         if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
-            let room =
-                (self.bridge.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
-            let demand = (conn.credit(link) as usize).min(room) as u32;
-            let _ = fetcher.send(Command::Demand((self.connection, link), demand));
+            let _ = fetcher.send(Command::Demand(
+                (self.connection, link),
+                self.demand(conn, link),
+            ));
         }
     }
 
+    /// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7).
+    fn demand(&self, conn: &Connection, link: LinkId) -> u32 {
+        let room = (self.bridge.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
+        (conn.credit(link) as usize).min(room) as u32
+    }
     fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
         let Some(LinkKind::Produce { channel, sends }) = self.links.get(&d.link) else {
             return;
@@ -462,10 +467,22 @@ impl<B: Backend> Handler for QueuesHandler<B> {
             Event::Delivery(d) => self.produce(conn, d),
             Event::Credit { link, drain, .. } => {
                 if drain {
-                    // FLOW-5: complete at once; later handouts find no credit and go back.
-                    let _ = conn.drain_done(link);
+                    // FLOW-5: the fetcher hands over what is immediately available, then says
+                    // DrainDone; it never waits for new messages.
+                    match self.links.get(&link) {
+                        Some(LinkKind::Consume { fetcher, .. }) => {
+                            let _ = fetcher.send(Command::Drain(
+                                (self.connection, link),
+                                self.demand(conn, link),
+                            ));
+                        }
+                        _ => {
+                            let _ = conn.drain_done(link);
+                        }
+                    }
+                } else {
+                    self.report_demand(conn, link);
                 }
-                self.report_demand(conn, link);
             }
             Event::Settled { link, token, state } => {
                 let Some((txn, seq)) = self.deliveries.remove(&token) else {
@@ -522,9 +539,16 @@ impl<B: Backend> Handler for QueuesHandler<B> {
             let _ = conn.settle(d.link, d.delivery_id, d.state);
         }
         let mut touched = Vec::new();
-        for h in std::mem::take(&mut self.ready_handouts) {
-            touched.push(h.consumer.1);
-            self.consume(conn, h);
+        for item in std::mem::take(&mut self.ready_handouts) {
+            match item {
+                ToConsumer::Message(h) => {
+                    touched.push(h.consumer.1);
+                    self.consume(conn, h);
+                }
+                ToConsumer::DrainDone((_, link)) => {
+                    let _ = conn.drain_done(link);
+                }
+            }
         }
         touched.sort_unstable();
         touched.dedup();
