@@ -31,7 +31,7 @@ pub struct Handout {
 #[derive(Debug)]
 pub enum ToConsumer {
     /// A message to deliver within credit.
-    Message(Handout),
+    Message(Box<Handout>),
     /// The consumer's drain is complete: everything immediately available was handed out.
     DrainDone(ConsumerKey),
 }

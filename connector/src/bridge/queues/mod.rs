@@ -543,7 +543,7 @@ impl<B: Backend> Handler for QueuesHandler<B> {
             match item {
                 ToConsumer::Message(h) => {
                     touched.push(h.consumer.1);
-                    self.consume(conn, h);
+                    self.consume(conn, *h);
                 }
                 ToConsumer::DrainDone((_, link)) => {
                     let _ = conn.drain_done(link);
