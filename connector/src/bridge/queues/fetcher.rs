@@ -321,7 +321,7 @@ fn hand_out(
             message,
         };
         if let Err(mpsc::error::SendError(ToConsumer::Message(h))) =
-            c.to.send(ToConsumer::Message(h))
+            c.to.send(ToConsumer::Message(Box::new(h)))
         {
             // The connection is gone: keep the message for someone else.
             c.demand = 0;
