@@ -574,3 +574,54 @@ fn flow_5_drain_gets_ready_messages() {
         "the drain FLOW follows the transfers"
     );
 }
+
+/// every release raises ReceiveCount, and a message released often enough is removed by the
+/// broker's MaxReceiveCount / MaxReceiveQueue policy (here set by a gRPC-side producer), though
+/// no consumer ever rejected it.
+#[test]
+fn q_26_release_limit_dead_letters() {
+    let c = TestConnector::start(Settings::default());
+    let msg = connector::kubemq::QueueMessage {
+        client_id: "grpc-producer".into(),
+        channel: "poison".into(),
+        body: b"again and again".to_vec(),
+        policy: Some(connector::kubemq::QueueMessagePolicy {
+            max_receive_count: 2,
+            max_receive_queue: "poison-dlq".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let r = interop_tests::runtime().block_on(c.store.send(vec![msg]));
+    assert!(!r[0].is_error);
+    let mut p = session(&c);
+    p.frame(0, &peer::attach_receiver("rx", 1, "queues/poison"), &[]);
+    for round in 0..2u32 {
+        p.frame(0, &link_flow(1, round, 1, false), &[]);
+        let got = transfers(&p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Transfer(..)))
+        }));
+        assert_eq!(got.len(), 1, "round {round}");
+        assert_eq!(
+            delivery_count(&got[0].2),
+            round,
+            "ReceiveCount rises with each release"
+        );
+        settle(
+            &mut p,
+            got[0].0,
+            got[0].0,
+            Some(DeliveryState::Released(Released {})),
+        );
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        c.store.ready_count("poison") + c.store.locked_count("poison"),
+        0
+    );
+    assert_eq!(
+        c.store.ready_count("poison-dlq"),
+        1,
+        "moved to the dead-letter queue by the broker's policy"
+    );
+}
