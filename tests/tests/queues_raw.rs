@@ -625,3 +625,90 @@ fn q_26_release_limit_dead_letters() {
         "moved to the dead-letter queue by the broker's policy"
     );
 }
+
+/// ADDR-11 / ADDR-12: a dynamic source gets a minted `_amqp10.tmp.` address; the owning
+/// connection reaches it through `to` on an anonymous link and the message arrives bit-exact;
+/// another connection is refused with precondition-failed; a fixed link to it is not-found; the
+/// node goes away with its link.
+#[test]
+fn addr_11_12_dynamic_nodes() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    let mut a = peer::attach_receiver("dyn", 1, "unused");
+    if let Some(s) = a.source.as_mut() {
+        s.address = None;
+        s.dynamic = true;
+    }
+    p.frame(0, &a, &[]);
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Attach(_)))
+    });
+    let minted = got
+        .iter()
+        .find_map(|r| match r {
+            Received::Frame(
+                _,
+                Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
+            ) => a.source.as_ref().and_then(|s| s.address.clone()),
+            _ => None,
+        })
+        .expect("minted address");
+    assert!(minted.starts_with("_amqp10.tmp."), "{minted}");
+    p.frame(0, &link_flow(1, 0, 5, false), &[]);
+    let mut anon = peer::attach_sender("anon", 0, "unused");
+    anon.target = None;
+    p.frame(0, &anon, &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(0)));
+    let message = with_to(Some(&minted), b"private");
+    p.frame(
+        0,
+        &peer::transfer(0, Some(0), Some(b"t"), false, false),
+        &message,
+    );
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Transfer(..)))
+    });
+    assert!(
+        matches!(
+            disposition_of(&got, 0),
+            Some(Some(DeliveryOutcome::Accepted))
+        ),
+        "{got:?}"
+    );
+    let delivered = transfers(&got);
+    assert_eq!(delivered.len(), 1);
+    assert_eq!(&delivered[0].2[..], &message[..], "bit-exact");
+
+    // Another connection cannot reach it.
+    let mut q = session(&c);
+    let mut anon2 = peer::attach_sender("anon2", 0, "unused");
+    anon2.target = None;
+    q.frame(0, &anon2, &[]);
+    q.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Flow(_)))
+    });
+    match produce(&mut q, 0, 0, &with_to(Some(&minted), b"intruder")) {
+        Some(DeliveryOutcome::Rejected(Some(e))) => {
+            assert_eq!(peer::error_symbol(&e), "amqp:precondition-failed")
+        }
+        other => panic!("{other:?}"),
+    }
+    // A fixed link to it is refused.
+    q.frame(0, &peer::attach_sender("fixed", 1, &minted), &[]);
+    let got = q.read_until(WAIT, |r| condition(r).is_some());
+    assert_eq!(
+        got.iter().filter_map(condition).collect::<Vec<_>>(),
+        ["amqp:not-found"]
+    );
+    // Freed with its link.
+    p.frame(0, &peer::detach(1), &[]);
+    p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Detach(_)))
+    });
+    match produce(&mut p, 0, 1, &with_to(Some(&minted), b"late")) {
+        Some(DeliveryOutcome::Rejected(Some(e))) => {
+            assert_eq!(peer::error_symbol(&e), "amqp:precondition-failed")
+        }
+        other => panic!("{other:?}"),
+    }
+}

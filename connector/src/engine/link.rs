@@ -252,6 +252,30 @@ impl Connection {
         Ok(())
     }
 
+    /// Accepts a link whose client asked for a dynamic node, naming the node the server minted in
+    /// the reply's terminus (ADDR-11).
+    pub fn accept_dynamic(
+        &mut self,
+        id: LinkId,
+        accept: LinkAccept,
+        address: String,
+    ) -> Result<(), CommandError> {
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        let server_sends = matches!(link.side, Side::Sender(_));
+        if let Some(req) = link.request.as_mut() {
+            if server_sends {
+                if let Some(source) = req.source.as_mut() {
+                    source.address = Some(address);
+                }
+            } else if let Some(fe2o3_amqp_types::messaging::TargetArchetype::Target(t)) =
+                req.target.as_deref_mut()
+            {
+                t.address = Some(address);
+            }
+        }
+        self.accept_link(id, accept)
+    }
+
     /// Refuses a link: a reply ATTACH with a null terminus, then DETACH (closed) with `err`
     /// (LINK-5, and the specification's form of OP-LINK-1).
     pub fn refuse_link(&mut self, id: LinkId, err: AmqpError) -> Result<(), CommandError> {

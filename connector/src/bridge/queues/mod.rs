@@ -96,6 +96,8 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             closed: HashMap::new(),
             ready_done: Vec::new(),
             ready_handouts: Vec::new(),
+            mailboxes: HashMap::new(),
+            dynamic_unsettled: HashMap::new(),
         }
     }
 }
@@ -183,6 +185,9 @@ enum LinkKind {
         channel: Option<String>,
         sends: mpsc::UnboundedSender<(u32, QueueMessage)>,
     },
+    /// The client consumes from a dynamic node this connection minted (ADDR-11): an in-memory
+    /// mailbox fed only by this connection's anonymous senders.
+    Dynamic { address: String, presettled: bool },
     /// The client consumes from this channel.
     Consume {
         fetcher: mpsc::UnboundedSender<Command>,
@@ -207,7 +212,14 @@ pub struct QueuesHandler<B: Backend> {
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
     ready_done: Vec<Done>,
     ready_handouts: Vec<ToConsumer>,
+    /// Dynamic nodes of this connection: address → waiting messages (bit-exact AMQP bytes).
+    mailboxes: HashMap<String, std::collections::VecDeque<bytes::Bytes>>,
+    /// Unsettled deliveries from dynamic nodes: token → (address, message).
+    dynamic_unsettled: HashMap<u64, (String, bytes::Bytes)>,
 }
+
+/// Prefix of the dynamic node addresses the connector mints (ADDR-11).
+pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
 
 fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
     DeliveryState::Rejected(Rejected {
@@ -251,15 +263,43 @@ impl<B: Backend> QueuesHandler<B> {
                 // ADDR-13: an anonymous link; every message names its node in `to`.
                 return self.accept_producer(conn, link, None);
             }
+            if dynamic && !client_sends {
+                // ADDR-11: mint a private node for this connection.
+                let address = format!(
+                    "{DYNAMIC_PREFIX}{}.{}",
+                    self.connection,
+                    crate::store::new_id()
+                );
+                self.mailboxes.insert(address.clone(), Default::default());
+                let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+                self.links.insert(
+                    link,
+                    LinkKind::Dynamic {
+                        address: address.clone(),
+                        presettled,
+                    },
+                );
+                return conn
+                    .accept_dynamic(link, LinkAccept { credit_window: 0 }, address)
+                    .map_err(|_| AmqpError::bare(Condition::InternalError));
+            }
             if dynamic {
+                // OP-ADDR-7: a dynamic target has no described behaviour.
                 return Err(AmqpError::new(
                     Condition::NotImplemented,
-                    "dynamic nodes are not available yet",
+                    "dynamic targets are not supported",
                 ));
             }
             // OP-ADDR-9.
             return Err(super::address::AddressError::EmptyAddress.to_amqp());
         };
+        if address.starts_with(DYNAMIC_PREFIX) {
+            // ADDR-12 / OP-ADDR-7: dynamic nodes are reached only through a message's `to`.
+            return Err(AmqpError::new(
+                Condition::NotFound,
+                "dynamic nodes are reachable only through a message's to",
+            ));
+        }
         let hint = capability_hint(caps.iter().map(String::as_str));
         let resolved =
             resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())?;
@@ -298,6 +338,39 @@ impl<B: Backend> QueuesHandler<B> {
         conn.accept_link(link, LinkAccept { credit_window: 0 })
             .map_err(|_| AmqpError::bare(Condition::InternalError))?;
         Ok(())
+    }
+
+    /// Delivers a dynamic node's waiting messages within its link's credit.
+    fn pump_dynamic(&mut self, conn: &mut Connection, address: &str) {
+        let Some((&link, presettled)) = self.links.iter().find_map(|(l, k)| match k {
+            LinkKind::Dynamic {
+                address: a,
+                presettled,
+            } if a == address => Some((l, *presettled)),
+            _ => None,
+        }) else {
+            return;
+        };
+        while conn.credit(link) > 0 {
+            let Some(payload) = self.mailboxes.get_mut(address).and_then(|m| m.pop_front()) else {
+                break;
+            };
+            let token = self.next_token;
+            self.next_token += 1;
+            match conn.send(link, &token.to_be_bytes(), &payload, presettled, token) {
+                Ok(_) if presettled => {}
+                Ok(_) => {
+                    self.dynamic_unsettled
+                        .insert(token, (address.to_string(), payload));
+                }
+                Err(_) => {
+                    if let Some(m) = self.mailboxes.get_mut(address) {
+                        m.push_front(payload);
+                    }
+                    break;
+                }
+            }
+        }
     }
 
     /// Accepts a produce link bound to `channel`, or anonymous with `None` (ADDR-13).
@@ -380,6 +453,29 @@ impl<B: Backend> QueuesHandler<B> {
                 return;
             }
         };
+        if channel.is_none() {
+            if let Some(to) = stored
+                .to
+                .as_deref()
+                .filter(|t| t.starts_with(DYNAMIC_PREFIX))
+            {
+                // ADDR-12: only this connection's own dynamic nodes are reachable.
+                let state = match self.mailboxes.get_mut(to) {
+                    Some(mailbox) => {
+                        mailbox.push_back(d.payload.clone());
+                        DeliveryState::Accepted(Accepted {})
+                    }
+                    None => rejected(
+                        Condition::PreconditionFailed,
+                        "dynamic node the connection cannot reach",
+                    ),
+                };
+                let _ = conn.settle(d.link, d.delivery_id, state);
+                let to = to.to_string();
+                self.pump_dynamic(conn, &to);
+                return;
+            }
+        }
         let channel = match channel {
             Some(c) => c.clone(),
             None => match self.route(stored.to.as_deref()) {
@@ -476,15 +572,36 @@ impl<B: Backend> Handler for QueuesHandler<B> {
                                 self.demand(conn, link),
                             ));
                         }
+                        Some(LinkKind::Dynamic { address, .. }) => {
+                            let address = address.clone();
+                            self.pump_dynamic(conn, &address);
+                            let _ = conn.drain_done(link);
+                        }
                         _ => {
                             let _ = conn.drain_done(link);
                         }
                     }
+                } else if let Some(LinkKind::Dynamic { address, .. }) = self.links.get(&link) {
+                    let address = address.clone();
+                    self.pump_dynamic(conn, &address);
                 } else {
                     self.report_demand(conn, link);
                 }
             }
             Event::Settled { link, token, state } => {
+                if let Some((address, payload)) = self.dynamic_unsettled.remove(&token) {
+                    // Accepted, rejected or nil ends it; anything else offers it again.
+                    if !matches!(
+                        state,
+                        Some(DeliveryOutcome::Accepted) | Some(DeliveryOutcome::Rejected(_)) | None
+                    ) {
+                        if let Some(m) = self.mailboxes.get_mut(&address) {
+                            m.push_front(payload);
+                        }
+                        self.pump_dynamic(conn, &address);
+                    }
+                    return;
+                }
                 let Some((txn, seq)) = self.deliveries.remove(&token) else {
                     return;
                 };
@@ -504,7 +621,15 @@ impl<B: Backend> Handler for QueuesHandler<B> {
             Event::LinkClosed {
                 link, unsettled, ..
             } => {
-                if let Some(LinkKind::Consume { fetcher, .. }) = self.links.remove(&link) {
+                let kind = self.links.remove(&link);
+                if let Some(LinkKind::Dynamic { address, .. }) = &kind {
+                    // ADDR-11: the node and whatever it holds go with its link.
+                    self.mailboxes.remove(address);
+                    for token in &unsettled {
+                        self.dynamic_unsettled.remove(token);
+                    }
+                }
+                if let Some(LinkKind::Consume { fetcher, .. }) = kind {
                     // every unsettled delivery NAcked, once (the engine reports each once).
                     for token in unsettled {
                         if let Some((txn, seq)) = self.deliveries.remove(&token) {

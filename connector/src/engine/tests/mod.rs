@@ -675,6 +675,33 @@ fn link_1_4_reply_attach() {
     );
 }
 
+/// ADDR-11: a dynamic source is answered with the address the application minted.
+#[test]
+fn addr_11_dynamic_address_in_reply() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let mut a = attach_receiver("dyn", 0, "ignored");
+    if let Some(s) = a.source.as_mut() {
+        s.address = None;
+        s.dynamic = true;
+    }
+    let id = c.request_link(0, &a);
+    c.conn
+        .accept_dynamic(
+            id,
+            LinkAccept { credit_window: 0 },
+            "_amqp10.tmp.1.x".into(),
+        )
+        .unwrap();
+    let out = c.collect();
+    let Out::Frame(0, Performative::Attach(super::codec::AttachFrame::Full(r))) = &out[0] else {
+        panic!("{out:?}")
+    };
+    let source = r.source.as_ref().unwrap();
+    assert_eq!(source.address.as_deref(), Some("_amqp10.tmp.1.x"));
+    assert!(source.dynamic);
+}
+
 /// LINK-2: `second` is refused first (before the duplicate-name check), with not-implemented.
 #[test]
 fn link_2_order_second_before_duplicate() {
