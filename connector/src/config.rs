@@ -18,7 +18,7 @@ struct Field {
     env: &'static str,
 }
 
-const FIELDS: [Field; 19] = [
+const FIELDS: [Field; 20] = [
     Field {
         key: "Enable",
         env: "CONNECTORS_AMQP10_ENABLE",
@@ -95,6 +95,10 @@ const FIELDS: [Field; 19] = [
         key: "KubemqToken",
         env: "CONNECTORS_AMQP10_KUBEMQ_TOKEN",
     },
+    Field {
+        key: "HttpAddress",
+        env: "CONNECTORS_AMQP10_HTTP_ADDRESS",
+    },
 ];
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
@@ -146,6 +150,8 @@ pub struct Settings {
     /// Token sent to KubeMQ as `authorization` metadata.
     #[serde(skip_serializing)]
     pub kubemq_token: Option<String>,
+    /// Where `/metrics`, `/livez` and `/readyz` are served; `None` serves nothing.
+    pub http_address: Option<std::net::SocketAddr>,
 }
 
 impl Default for Settings {
@@ -170,6 +176,7 @@ impl Default for Settings {
             serve_kubemq_grpc: None,
             kubemq_address: None,
             kubemq_token: None,
+            http_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
         }
     }
 }
@@ -363,6 +370,16 @@ impl Settings {
                 errors.push("KubemqToken must be printable ASCII".into());
             }
         }
+        if let Some(v) = get("HttpAddress") {
+            if v.is_empty() || v == "off" {
+                s.http_address = None;
+            } else {
+                match v.parse() {
+                    Ok(a) => s.http_address = Some(a),
+                    Err(_) => errors.push(format!("HttpAddress must be ip:port or off, got {v:?}")),
+                }
+            }
+        }
         if s.kubemq_address.is_some() && s.serve_kubemq_grpc.is_some() {
             errors.push("ServeKubemqGrpc serves the embedded store, which is not used when KubemqAddress is set".into());
         }
@@ -477,12 +494,16 @@ pub struct Cli {
     /// environment variable: flags are visible to every user of the machine.
     #[arg(long)]
     pub kubemq_token: Option<String>,
+    /// HttpAddress (CONNECTORS_AMQP10_HTTP_ADDRESS): where /metrics, /livez and /readyz are
+    /// served, default 0.0.0.0:8080; `off` disables it.
+    #[arg(long)]
+    pub http_address: Option<String>,
 }
 
 impl Cli {
     /// The flag layer as raw values keyed like the file.
     pub fn flag_values(&self) -> RawValues {
-        let pairs: [(&str, &Option<String>); 19] = [
+        let pairs: [(&str, &Option<String>); 20] = [
             ("Enable", &self.enable),
             ("Port", &self.port),
             ("TlsPort", &self.tls_port),
@@ -505,6 +526,7 @@ impl Cli {
             ("ServeKubemqGrpc", &self.serve_kubemq_grpc),
             ("KubemqAddress", &self.kubemq_address),
             ("KubemqToken", &self.kubemq_token),
+            ("HttpAddress", &self.http_address),
         ];
         pairs
             .into_iter()
@@ -648,6 +670,13 @@ mod tests {
         assert!(both.unwrap_err().to_string().contains("ServeKubemqGrpc"));
         assert!(Settings::resolve(&[raw(&[("ServeKubemqGrpc", "nowhere")])]).is_err());
         assert!(Settings::resolve(&[raw(&[("DataDir", "")])]).is_err());
+        assert_eq!(
+            Settings::resolve(&[raw(&[("HttpAddress", "off")])])
+                .unwrap()
+                .http_address,
+            None
+        );
+        assert!(Settings::resolve(&[raw(&[("HttpAddress", "8080")])]).is_err());
     }
 
     /// OP-CFG-1: the legacy spelling of the message-size variable is accepted.

@@ -10,5 +10,7 @@ pub mod bridge;
 pub mod config;
 pub mod driver;
 pub mod engine;
+pub mod http;
 pub mod kubemq;
+pub mod metrics;
 pub mod store;

@@ -14,7 +14,10 @@ use connector::bridge::queues::Queues;
 use connector::config::Cli;
 use connector::config::Settings;
 use connector::driver::{serve, ServeOptions};
+use connector::http::Health;
+use connector::metrics::Metrics;
 use connector::store::Store;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -145,11 +148,40 @@ async fn run_embedded(listener: tokio::net::TcpListener, settings: Settings) -> 
 }
 
 /// Serves AMQP with the queues bridge over `backend` until SIGTERM or Ctrl-C.
-async fn serve_amqp<B: Backend>(
+async fn serve_amqp<B: Backend + Clone>(
     listener: tokio::net::TcpListener,
     settings: &Settings,
     backend: B,
 ) -> ExitCode {
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(false));
+    if let Some(addr) = settings.http_address {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(%addr, "serving /metrics, /livez and /readyz");
+                tokio::spawn(connector::http::serve(
+                    l,
+                    Health {
+                        metrics: metrics.clone(),
+                        ready: ready.clone(),
+                    },
+                ));
+            }
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "cannot bind the HTTP endpoint");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    // Ready = the AMQP listener is bound (it is, here) and the backend answers a ping.
+    let probe = backend.clone();
+    let flag = ready.clone();
+    tokio::spawn(async move {
+        loop {
+            flag.store(probe.ping().await.is_ok(), Ordering::Release);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        }
+    });
     let cfg = Arc::new(settings.engine_config_no_auth());
     let opts = ServeOptions {
         max_connections: settings.max_connections,
@@ -159,7 +191,7 @@ async fn serve_amqp<B: Backend>(
         listener,
         cfg,
         opts,
-        Arc::new(Queues::new(backend, settings)),
+        Arc::new(Queues::new(backend, settings, metrics)),
         shutdown_signal(),
     )
     .await;

@@ -373,6 +373,8 @@ pub struct TestConnector {
     pub addr: SocketAddr,
     /// The store behind it, to inspect.
     pub store: Arc<connector::store::Store>,
+    /// Its metrics, to inspect.
+    pub metrics: Arc<connector::metrics::Metrics>,
     server: ServerThread,
     _dir: tempfile::TempDir,
     _facade: Option<TestFacade>,
@@ -399,14 +401,17 @@ impl TestConnector {
         let store = facade.store.clone();
         let addr = facade.addr.to_string();
         let dir = tempfile::tempdir().expect("temp dir");
+        let metrics = Arc::new(connector::metrics::Metrics::new());
+        let m = metrics.clone();
         let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
             let backend = connector::backend::grpc::KubemqGrpc::connect(&addr, Default::default())
                 .expect("client");
-            Self::run(settings, backend, listener, stop).await;
+            Self::run(settings, backend, m, listener, stop).await;
         });
         TestConnector {
             addr: server.addr,
             store,
+            metrics,
             server,
             _dir: dir,
             _facade: Some(facade),
@@ -420,12 +425,15 @@ impl TestConnector {
         dir: tempfile::TempDir,
         facade: Option<TestFacade>,
     ) -> TestConnector {
+        let metrics = Arc::new(connector::metrics::Metrics::new());
+        let m = metrics.clone();
         let server = ServerThread::spawn(any_port(), move |listener, stop| {
-            Self::run(settings, backend, listener, stop)
+            Self::run(settings, backend, m, listener, stop)
         });
         TestConnector {
             addr: server.addr,
             store,
+            metrics,
             server,
             _dir: dir,
             _facade: facade,
@@ -435,6 +443,7 @@ impl TestConnector {
     async fn run<B: connector::backend::Backend>(
         settings: Settings,
         backend: B,
+        metrics: Arc<connector::metrics::Metrics>,
         listener: tokio::net::TcpListener,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) {
@@ -443,7 +452,7 @@ impl TestConnector {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
         };
-        let bridge = connector::bridge::queues::Queues::new(backend, &settings);
+        let bridge = connector::bridge::queues::Queues::new(backend, &settings, metrics);
         serve(listener, cfg, opts, Arc::new(bridge), async {
             let _ = stop.await;
         })

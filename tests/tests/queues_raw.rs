@@ -712,3 +712,88 @@ fn addr_11_12_dynamic_nodes() {
         other => panic!("{other:?}"),
     }
 }
+
+fn metric(c: &TestConnector, line_prefix: &str) -> f64 {
+    let text = c.metrics.encode();
+    text.lines()
+        .find(|l| l.starts_with(line_prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{line_prefix} not in\n{text}"))
+}
+
+/// Q-39 / MET-1 … MET-5, MET-7: queue transfers, outcomes, gauges and emitted errors are counted.
+#[test]
+fn q_39_metrics() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(metric(&c, "kubemq_amqp10_connections "), 1.0);
+    assert_eq!(metric(&c, "kubemq_amqp10_sessions "), 1.0);
+    producer(&mut p, "tx", 0, "met", SenderSettleMode::Unsettled);
+    for i in 0..3u32 {
+        produce(&mut p, 0, i, &data(b"m"));
+    }
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "met",
+        3,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(500),
+    );
+    assert_eq!(metric(&c, r#"kubemq_amqp10_links{role="receiver"}"#), 1.0);
+    assert_eq!(metric(&c, r#"kubemq_amqp10_links{role="sender"}"#), 1.0);
+    settle(
+        &mut p,
+        got[0].0,
+        got[1].0,
+        Some(DeliveryState::Accepted(Accepted {})),
+    );
+    settle(
+        &mut p,
+        got[2].0,
+        got[2].0,
+        Some(DeliveryState::Released(Released {})),
+    );
+    p.frame(0, &peer::attach_sender("bad", 2, "bogus/x/y"), &[]);
+    p.read_until(WAIT, |r| condition(r).is_some());
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        metric(
+            &c,
+            r#"kubemq_amqp10_transfers_total{direction="in",pattern="queues"}"#
+        ),
+        3.0
+    );
+    assert!(
+        metric(
+            &c,
+            r#"kubemq_amqp10_transfers_total{direction="out",pattern="queues"}"#
+        ) >= 3.0
+    );
+    assert_eq!(
+        metric(
+            &c,
+            r#"kubemq_amqp10_dispositions_total{outcome="accepted"}"#
+        ),
+        2.0
+    );
+    assert_eq!(
+        metric(
+            &c,
+            r#"kubemq_amqp10_dispositions_total{outcome="released"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(&c, r#"kubemq_amqp10_errors_total{scope="link"}"#),
+        1.0
+    );
+    drop(p);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(metric(&c, "kubemq_amqp10_connections "), 0.0);
+    assert_eq!(metric(&c, "kubemq_amqp10_sessions "), 0.0);
+    assert_eq!(metric(&c, r#"kubemq_amqp10_links{role="sender"}"#), 0.0);
+}

@@ -124,6 +124,10 @@ pub struct Connection {
     close_deadline: Option<Instant>,
     closed_event_sent: bool,
     pub(super) pending_disposition: Option<PendingDisposition>,
+    /// Error conditions written since last taken: [CLOSE, END, DETACH or rejected] (ERR-6).
+    pub(super) errors_sent: [u64; 3],
+    /// Inbound messages dropped by the engine (oversize) since last taken (MET-8).
+    pub(super) dropped_in: u64,
 }
 
 impl Connection {
@@ -158,6 +162,8 @@ impl Connection {
             close_deadline: None,
             closed_event_sent: false,
             pending_disposition: None,
+            errors_sent: [0; 3],
+            dropped_in: 0,
         }
     }
 
@@ -619,6 +625,9 @@ impl Connection {
 
     fn write_close(&mut self, error: Option<AmqpError>) {
         self.flush_disposition();
+        if error.is_some() {
+            self.errors_sent[0] += 1;
+        }
         let close = Close {
             error: error.map(|e| e.to_wire()),
         };
@@ -645,6 +654,21 @@ impl Connection {
             self.closed_event_sent = true;
             self.events.push_back(Event::Closed { error });
         }
+    }
+
+    /// Error conditions sent since the last call, by scope: [connection, session, link] (ERR-6).
+    pub fn take_error_counts(&mut self) -> [u64; 3] {
+        std::mem::take(&mut self.errors_sent)
+    }
+
+    /// Inbound messages the engine dropped (over MaxMessageSize) since the last call (MET-8).
+    pub fn take_dropped_in(&mut self) -> u64 {
+        std::mem::take(&mut self.dropped_in)
+    }
+
+    /// Sessions that are live (BEGIN exchanged, not ending).
+    pub fn session_count(&self) -> usize {
+        self.sessions.values().filter(|s| !s.ending).count()
     }
 
     /// The channel-max we advertised.

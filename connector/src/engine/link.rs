@@ -310,6 +310,9 @@ impl Connection {
             return;
         };
         let (ch, handle) = (link.channel, link.handle);
+        if err.is_some() {
+            self.errors_sent[2] += 1;
+        }
         let detach = Detach {
             handle: handle.into(),
             closed: true,
@@ -722,7 +725,9 @@ impl Connection {
                 Condition::MessageSizeExceeded,
                 format!("message exceeds max-message-size {max_message_size}"),
             );
+            self.dropped_in += 1;
             if !settled {
+                self.errors_sent[2] += 1;
                 let state = DeliveryState::Rejected(Rejected {
                     error: Some(err.to_wire()),
                 });

@@ -97,6 +97,7 @@ impl Connection {
         self.write_perf(ch, &reply);
         if refuse {
             // SESS-2.
+            self.errors_sent[1] += 1;
             let end = End {
                 error: Some(
                     AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
@@ -140,6 +141,7 @@ impl Connection {
             s.out_unsettled.clear();
             s.names.clear();
         }
+        self.errors_sent[1] += 1;
         self.write_perf(
             ch,
             &End {

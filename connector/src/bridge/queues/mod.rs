@@ -29,6 +29,7 @@ use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, LinkAccept, LinkId};
 use crate::kubemq::QueueMessage;
+use crate::metrics::{self, Direction, Metrics};
 
 /// Process-wide part of the bridge: the backend, the limits, and one fetcher per channel.
 pub struct Queues<B: Backend> {
@@ -39,11 +40,12 @@ pub struct Queues<B: Backend> {
     default_pattern: Pattern,
     fetchers: Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>,
     next_connection: AtomicU64,
+    metrics: Arc<Metrics>,
 }
 
 impl<B: Backend> Queues<B> {
     /// The bridge over `backend` with the connector's settings.
-    pub fn new(backend: B, settings: &Settings) -> Arc<Self> {
+    pub fn new(backend: B, settings: &Settings, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Queues {
             backend: Arc::new(backend),
             credit_window: settings.produce_credit_window(),
@@ -55,6 +57,7 @@ impl<B: Backend> Queues<B> {
             default_pattern: Pattern::from_setting(&settings.default_pattern),
             fetchers: Mutex::new(HashMap::new()),
             next_connection: AtomicU64::new(1),
+            metrics,
         })
     }
 
@@ -98,6 +101,8 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             ready_handouts: Vec::new(),
             mailboxes: HashMap::new(),
             dynamic_unsettled: HashMap::new(),
+            counted_open: false,
+            counted_sessions: 0,
         }
     }
 }
@@ -131,8 +136,8 @@ fn spawn_sender<B: Backend>(
     backend: Arc<B>,
     link: LinkId,
     done: mpsc::UnboundedSender<Done>,
-) -> mpsc::UnboundedSender<(u32, QueueMessage)> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, QueueMessage)>();
+) -> mpsc::UnboundedSender<(u32, bool, QueueMessage)> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, bool, QueueMessage)>();
     tokio::spawn(async move {
         while let Some(first) = rx.recv().await {
             let mut batch = vec![first];
@@ -142,9 +147,14 @@ fn spawn_sender<B: Backend>(
                     Err(_) => break,
                 }
             }
-            let (ids, messages): (Vec<u32>, Vec<QueueMessage>) = batch.into_iter().unzip();
+            let mut ids = Vec::with_capacity(batch.len());
+            let mut messages = Vec::with_capacity(batch.len());
+            for (id, presettled, m) in batch {
+                ids.push((id, presettled));
+                messages.push(m);
+            }
             let results = backend.send_queue(messages).await;
-            for (i, delivery_id) in ids.into_iter().enumerate() {
+            for (i, (delivery_id, presettled)) in ids.into_iter().enumerate() {
                 // ERR-9's mapping of produce failures.
                 let state = match &results {
                     Ok(r) => match r.get(i) {
@@ -163,6 +173,7 @@ fn spawn_sender<B: Backend>(
                 let _ = done.send(Done {
                     link,
                     delivery_id,
+                    presettled,
                     state,
                 });
             }
@@ -175,6 +186,7 @@ fn spawn_sender<B: Backend>(
 struct Done {
     link: LinkId,
     delivery_id: u32,
+    presettled: bool,
     state: DeliveryState,
 }
 
@@ -183,7 +195,7 @@ enum LinkKind {
     /// message's `to`; messages go through the link's send task in order.
     Produce {
         channel: Option<String>,
-        sends: mpsc::UnboundedSender<(u32, QueueMessage)>,
+        sends: mpsc::UnboundedSender<(u32, bool, QueueMessage)>,
     },
     /// The client consumes from a dynamic node this connection minted (ADDR-11): an in-memory
     /// mailbox fed only by this connection's anonymous senders.
@@ -216,6 +228,9 @@ pub struct QueuesHandler<B: Backend> {
     mailboxes: HashMap<String, std::collections::VecDeque<bytes::Bytes>>,
     /// Unsettled deliveries from dynamic nodes: token → (address, message).
     dynamic_unsettled: HashMap<u64, (String, bytes::Bytes)>,
+    /// Whether this connection is counted as open (MET-1), and its sessions as counted (MET-2).
+    counted_open: bool,
+    counted_sessions: i64,
 }
 
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
@@ -272,6 +287,7 @@ impl<B: Backend> QueuesHandler<B> {
                 );
                 self.mailboxes.insert(address.clone(), Default::default());
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+                self.bridge.metrics.link(metrics::Role::sender).inc();
                 self.links.insert(
                     link,
                     LinkKind::Dynamic {
@@ -326,6 +342,7 @@ impl<B: Backend> QueuesHandler<B> {
             ));
         }
         let fetcher = self.bridge.fetcher(&channel);
+        self.bridge.metrics.link(metrics::Role::sender).inc();
         let key: ConsumerKey = (self.connection, link);
         let _ = fetcher.send(Command::Join(key, self.handout_tx.clone()));
         self.links.insert(
@@ -338,6 +355,39 @@ impl<B: Backend> QueuesHandler<B> {
         conn.accept_link(link, LinkAccept { credit_window: 0 })
             .map_err(|_| AmqpError::bare(Condition::InternalError))?;
         Ok(())
+    }
+
+    /// Settles an inbound delivery, counting a rejection as a link-scope error when it goes on the
+    /// wire (ERR-6) and as a dropped message when the client had pre-settled it (Q-7, MET-8).
+    fn settle_in(
+        &self,
+        conn: &mut Connection,
+        link: LinkId,
+        delivery_id: u32,
+        presettled: bool,
+        state: DeliveryState,
+    ) {
+        if matches!(state, DeliveryState::Rejected(_)) {
+            if presettled {
+                self.bridge.metrics.transfers_in_dropped.inc();
+            } else {
+                self.bridge.metrics.errors(metrics::Scope::link, 1);
+            }
+        }
+        let _ = conn.settle(link, delivery_id, state);
+    }
+
+    /// Brings the session gauge, error counters and engine drops up to date (MET-2, MET-7, MET-8).
+    fn sync_metrics(&mut self, conn: &mut Connection) {
+        let m = &self.bridge.metrics;
+        let sessions = conn.session_count() as i64;
+        m.sessions.inc_by(sessions - self.counted_sessions);
+        self.counted_sessions = sessions;
+        let [c, s, l] = conn.take_error_counts();
+        m.errors(metrics::Scope::conn, c);
+        m.errors(metrics::Scope::session, s);
+        m.errors(metrics::Scope::link, l);
+        m.transfers_in_dropped.inc_by(conn.take_dropped_in());
     }
 
     /// Delivers a dynamic node's waiting messages within its link's credit.
@@ -383,6 +433,7 @@ impl<B: Backend> QueuesHandler<B> {
         let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
         self.links
             .insert(link, LinkKind::Produce { channel, sends });
+        self.bridge.metrics.link(metrics::Role::receiver).inc();
         conn.accept_link(
             link,
             LinkAccept {
@@ -422,13 +473,17 @@ impl<B: Backend> QueuesHandler<B> {
         let Some(LinkKind::Produce { channel, sends }) = self.links.get(&d.link) else {
             return;
         };
+        // MET-4: every complete inbound message on a queues link.
+        self.bridge.metrics.transfer(Direction::In, "queues");
         let stored = match ingress(&d.payload) {
             Ok(s) => s,
             Err(IngressError::SequenceBody) => {
                 // rejected, then the link is detached, both not-implemented.
-                let _ = conn.settle(
+                self.settle_in(
+                    conn,
                     d.link,
                     d.delivery_id,
+                    d.settled,
                     rejected(
                         Condition::NotImplemented,
                         "amqp-sequence bodies are not supported",
@@ -445,9 +500,11 @@ impl<B: Backend> QueuesHandler<B> {
             }
             Err(e) => {
                 // ERR-9: a message that does not decode.
-                let _ = conn.settle(
+                self.settle_in(
+                    conn,
                     d.link,
                     d.delivery_id,
+                    d.settled,
                     rejected(Condition::DecodeError, e.to_string()),
                 );
                 return;
@@ -470,7 +527,7 @@ impl<B: Backend> QueuesHandler<B> {
                         "dynamic node the connection cannot reach",
                     ),
                 };
-                let _ = conn.settle(d.link, d.delivery_id, state);
+                self.settle_in(conn, d.link, d.delivery_id, d.settled, state);
                 let to = to.to_string();
                 self.pump_dynamic(conn, &to);
                 return;
@@ -484,9 +541,11 @@ impl<B: Backend> QueuesHandler<B> {
                     // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
                     // is dropped (settle sends nothing for it).
                     tracing::debug!(error = %e, "unroutable message on an anonymous link");
-                    let _ = conn.settle(
+                    self.settle_in(
+                        conn,
                         d.link,
                         d.delivery_id,
+                        d.settled,
                         DeliveryState::Rejected(Rejected {
                             error: Some(e.to_wire()),
                         }),
@@ -502,10 +561,12 @@ impl<B: Backend> QueuesHandler<B> {
             body: stored.body,
             ..Default::default()
         };
-        if sends.send((d.delivery_id, message)).is_err() {
-            let _ = conn.settle(
+        if sends.send((d.delivery_id, d.settled, message)).is_err() {
+            self.settle_in(
+                conn,
                 d.link,
                 d.delivery_id,
+                d.settled,
                 rejected(Condition::InternalError, "send task stopped"),
             );
         }
@@ -535,7 +596,12 @@ impl<B: Backend> QueuesHandler<B> {
         );
         let token = self.next_token;
         self.next_token += 1;
-        match conn.send(link, &token.to_be_bytes(), &payload, presettled, token) {
+        let sent = conn.send(link, &token.to_be_bytes(), &payload, presettled, token);
+        if sent.is_ok() {
+            // MET-4.
+            self.bridge.metrics.transfer(Direction::Out, "queues");
+        }
+        match sent {
             Ok(_) if presettled => {
                 // at-most-once, acked as it is sent.
                 let _ = fetcher.send(Command::Settle(h.transaction, h.sequence, Outcome::Ack));
@@ -553,8 +619,28 @@ impl<B: Backend> QueuesHandler<B> {
 
 impl<B: Backend> Handler for QueuesHandler<B> {
     fn on_event(&mut self, conn: &mut Connection, event: Event) {
+        self.handle_event(conn, event);
+        self.sync_metrics(conn);
+    }
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.poll_work(cx)
+    }
+
+    fn on_ready(&mut self, conn: &mut Connection) {
+        self.do_work(conn);
+        self.sync_metrics(conn);
+    }
+}
+
+impl<B: Backend> QueuesHandler<B> {
+    fn handle_event(&mut self, conn: &mut Connection, event: Event) {
         match event {
-            Event::Opened { client_id, .. } => self.client_id = client_id,
+            Event::Opened { client_id, .. } => {
+                self.client_id = client_id;
+                self.counted_open = true;
+                self.bridge.metrics.connections.inc();
+            }
             Event::AttachRequested { link, attach } => {
                 if let Err(e) = self.attach(conn, link, &attach) {
                     let _ = conn.refuse_link(link, e);
@@ -605,6 +691,17 @@ impl<B: Backend> Handler for QueuesHandler<B> {
                 let Some((txn, seq)) = self.deliveries.remove(&token) else {
                     return;
                 };
+                // MET-5.
+                let counted = match &state {
+                    Some(DeliveryOutcome::Accepted) => Some(metrics::Outcome::accepted),
+                    Some(DeliveryOutcome::Rejected(_)) => Some(metrics::Outcome::rejected),
+                    Some(DeliveryOutcome::Released) => Some(metrics::Outcome::released),
+                    Some(DeliveryOutcome::Modified { .. }) => Some(metrics::Outcome::modified),
+                    _ => None,
+                };
+                if let Some(o) = counted {
+                    self.bridge.metrics.disposition(o);
+                }
                 let outcome = match state {
                     //
                     Some(DeliveryOutcome::Accepted) | Some(DeliveryOutcome::Rejected(_)) | None => {
@@ -622,6 +719,15 @@ impl<B: Backend> Handler for QueuesHandler<B> {
                 link, unsettled, ..
             } => {
                 let kind = self.links.remove(&link);
+                match &kind {
+                    Some(LinkKind::Produce { .. }) => {
+                        self.bridge.metrics.link(metrics::Role::receiver).dec();
+                    }
+                    Some(_) => {
+                        self.bridge.metrics.link(metrics::Role::sender).dec();
+                    }
+                    None => {}
+                }
                 if let Some(LinkKind::Dynamic { address, .. }) = &kind {
                     // ADDR-11: the node and whatever it holds go with its link.
                     self.mailboxes.remove(address);
@@ -640,11 +746,15 @@ impl<B: Backend> Handler for QueuesHandler<B> {
                     self.closed.insert(link, fetcher);
                 }
             }
-            Event::Closed { .. } => {}
+            Event::Closed { .. } => {
+                if std::mem::take(&mut self.counted_open) {
+                    self.bridge.metrics.connections.dec();
+                }
+            }
         }
     }
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_work(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         while let Poll::Ready(Some(d)) = self.done_rx.poll_recv(cx) {
             self.ready_done.push(d);
         }
@@ -658,10 +768,10 @@ impl<B: Backend> Handler for QueuesHandler<B> {
         }
     }
 
-    fn on_ready(&mut self, conn: &mut Connection) {
+    fn do_work(&mut self, conn: &mut Connection) {
         for d in std::mem::take(&mut self.ready_done) {
             // the outcome the backend reported; a link gone meanwhile needs nothing.
-            let _ = conn.settle(d.link, d.delivery_id, d.state);
+            self.settle_in(conn, d.link, d.delivery_id, d.presettled, d.state);
         }
         let mut touched = Vec::new();
         for item in std::mem::take(&mut self.ready_handouts) {

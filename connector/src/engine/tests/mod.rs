@@ -1482,6 +1482,22 @@ fn transport_loss_teardown_once() {
     assert_eq!(evs.len(), 2);
 }
 
+/// ERR-6: every emitted condition is counted by the performative that carried it.
+#[test]
+fn err_6_error_counts_by_scope() {
+    let mut c = Client::new(config());
+    c.open_session();
+    c.frame(0, &attach_receiver("a", 0, "queues/a"));
+    let mut cfg2 = attach_receiver("a", 1, "queues/a");
+    cfg2.rcv_settle_mode = ReceiverSettleMode::Second;
+    c.frame(0, &cfg2); // DETACH not-implemented
+    c.frame(0, &link_flow(9, 0, 1, false)); // END errant-link
+    c.frame(1, &begin());
+    c.frame(1, &open("again")); // CLOSE not-allowed
+    assert_eq!(c.conn.take_error_counts(), [1, 1, 1]);
+    assert_eq!(c.conn.take_error_counts(), [0, 0, 0], "taken once");
+}
+
 /// GEN-7: every condition the engine emits is one of the 13.
 #[test]
 fn gen_7_only_known_conditions() {

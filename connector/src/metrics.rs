@@ -1,0 +1,296 @@
+//! The connector's Prometheus metrics: exactly the 11 families of observability.md (MET-0 …
+//! MET-11). Gauges only move through paired increments and decrements, so they never go
+//! negative. Families of patterns that do not exist yet are registered and stay at 0.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// A link's role from the server's point of view (MET-3).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Role {
+    /// The server sends (the client consumes).
+    sender,
+    /// The server receives (the client produces).
+    receiver,
+}
+
+/// Label set `role`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabel {
+    /// The role.
+    pub role: Role,
+}
+
+/// Transfer direction (MET-4).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Direction {
+    /// From clients.
+    In,
+    /// To clients.
+    Out,
+}
+
+/// Label set `direction`, `pattern`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TransferLabels {
+    /// `in` or `out`.
+    pub direction: String,
+    /// Pattern name (`queues`, ...).
+    pub pattern: String,
+}
+
+/// Terminal disposition outcome (MET-5).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Outcome {
+    /// accepted
+    accepted,
+    /// released
+    released,
+    /// modified
+    modified,
+    /// rejected
+    rejected,
+}
+
+/// Label set `outcome`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    /// The outcome.
+    pub outcome: Outcome,
+}
+
+/// Label set `pattern` (MET-6).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PatternLabel {
+    /// `commands` or `queries`.
+    pub pattern: String,
+}
+
+/// Where an error condition was carried (MET-7, ERR-6).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Scope {
+    /// CLOSE.
+    conn,
+    /// END.
+    session,
+    /// DETACH or a rejected outcome.
+    link,
+}
+
+/// Label set `scope`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScopeLabel {
+    /// The scope.
+    pub scope: Scope,
+}
+
+/// Every metric of the connector.
+#[derive(Default)]
+pub struct Metrics {
+    /// MET-1.
+    pub connections: Gauge,
+    /// MET-2.
+    pub sessions: Gauge,
+    /// MET-3.
+    pub links: Family<RoleLabel, Gauge>,
+    /// MET-4.
+    pub transfers: Family<TransferLabels, Counter>,
+    /// MET-5.
+    pub dispositions: Family<OutcomeLabel, Counter>,
+    /// MET-6.
+    pub rpc_requests: Family<PatternLabel, Counter>,
+    /// MET-7.
+    pub errors: Family<ScopeLabel, Counter>,
+    /// MET-8.
+    pub transfers_in_dropped: Counter,
+    /// MET-9.
+    pub events_dropped_no_credit: Counter,
+    /// MET-10.
+    pub events_store_dropped_stalled: Counter,
+    /// MET-11.
+    pub rpc_late_responses: Counter,
+}
+
+impl Metrics {
+    /// All metrics at zero, with every known label set present so each family is exposed from
+    /// the start (MET-0).
+    pub fn new() -> Self {
+        let m = Metrics::default();
+        for role in [Role::sender, Role::receiver] {
+            let _ = m.link(role);
+        }
+        for outcome in [
+            Outcome::accepted,
+            Outcome::released,
+            Outcome::modified,
+            Outcome::rejected,
+        ] {
+            let _ = m.dispositions.get_or_create(&OutcomeLabel { outcome });
+        }
+        for scope in [Scope::conn, Scope::session, Scope::link] {
+            let _ = m.errors.get_or_create(&ScopeLabel { scope });
+        }
+        for pattern in ["commands", "queries"] {
+            let _ = m.rpc_requests.get_or_create(&PatternLabel {
+                pattern: pattern.into(),
+            });
+        }
+        for direction in [Direction::In, Direction::Out] {
+            let _ = m.transfers.get_or_create(&TransferLabels {
+                direction: if direction == Direction::In {
+                    "in"
+                } else {
+                    "out"
+                }
+                .to_string(),
+                pattern: "queues".into(),
+            });
+        }
+        m
+    }
+
+    /// The text exposition of every family.
+    pub fn encode(&self) -> String {
+        let mut r = Registry::default();
+        r.register(
+            "kubemq_amqp10_connections",
+            "Open AMQP 1.0 connections",
+            self.connections.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_sessions",
+            "Open sessions",
+            self.sessions.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_links",
+            "Attached links by server role",
+            self.links.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_transfers",
+            "Message transfers by direction and pattern",
+            self.transfers.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_dispositions",
+            "Terminal dispositions by outcome",
+            self.dispositions.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_rpc_requests",
+            "RPC requests routed",
+            self.rpc_requests.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_errors",
+            "Error conditions emitted by scope",
+            self.errors.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_transfers_in_dropped",
+            "Inbound messages dropped",
+            self.transfers_in_dropped.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_events_dropped_no_credit",
+            "Events dropped at zero credit",
+            self.events_dropped_no_credit.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_events_store_dropped_stalled",
+            "Events-store messages dropped by a stall",
+            self.events_store_dropped_stalled.clone(),
+        );
+        r.register(
+            "kubemq_amqp10_rpc_late_responses",
+            "RPC responses after the requester left",
+            self.rpc_late_responses.clone(),
+        );
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    /// Counts one message transfer.
+    pub fn transfer(&self, direction: Direction, pattern: &str) {
+        self.transfers
+            .get_or_create(&TransferLabels {
+                direction: match direction {
+                    Direction::In => "in",
+                    Direction::Out => "out",
+                }
+                .to_string(),
+                pattern: pattern.to_string(),
+            })
+            .inc();
+    }
+
+    /// Counts one terminal disposition.
+    pub fn disposition(&self, outcome: Outcome) {
+        self.dispositions
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc();
+    }
+
+    /// Counts emitted error conditions.
+    pub fn errors(&self, scope: Scope, n: u64) {
+        if n > 0 {
+            self.errors.get_or_create(&ScopeLabel { scope }).inc_by(n);
+        }
+    }
+
+    /// Attached links of a role.
+    pub fn link(&self, role: Role) -> Gauge {
+        self.links.get_or_create(&RoleLabel { role }).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// MET-0: exactly 11 families, with their names and types.
+    #[test]
+    fn met_0_eleven_families() {
+        let m = Metrics::new();
+        m.transfer(Direction::In, "queues");
+        m.disposition(Outcome::accepted);
+        m.link(Role::receiver).inc();
+        let text = m.encode();
+        let types: Vec<&str> = text.lines().filter(|l| l.starts_with("# TYPE")).collect();
+        assert_eq!(types.len(), 11, "{text}");
+        for (name, kind) in [
+            ("kubemq_amqp10_connections", "gauge"),
+            ("kubemq_amqp10_sessions", "gauge"),
+            ("kubemq_amqp10_links", "gauge"),
+            ("kubemq_amqp10_transfers", "counter"),
+            ("kubemq_amqp10_dispositions", "counter"),
+            ("kubemq_amqp10_rpc_requests", "counter"),
+            ("kubemq_amqp10_errors", "counter"),
+            ("kubemq_amqp10_transfers_in_dropped", "counter"),
+            ("kubemq_amqp10_events_dropped_no_credit", "counter"),
+            ("kubemq_amqp10_events_store_dropped_stalled", "counter"),
+            ("kubemq_amqp10_rpc_late_responses", "counter"),
+        ] {
+            assert!(
+                types.contains(&format!("# TYPE {name} {kind}").as_str()),
+                "{name} {kind} in {text}"
+            );
+        }
+        assert!(
+            text.contains(r#"kubemq_amqp10_transfers_total{direction="in",pattern="queues"} 1"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"kubemq_amqp10_dispositions_total{outcome="accepted"} 1"#));
+        assert!(text.contains(r#"kubemq_amqp10_links{role="receiver"} 1"#));
+    }
+}
