@@ -797,3 +797,46 @@ fn q_39_metrics() {
     assert_eq!(metric(&c, "kubemq_amqp10_sessions "), 0.0);
     assert_eq!(metric(&c, r#"kubemq_amqp10_links{role="sender"}"#), 0.0);
 }
+
+/// Q-14 / Q-12: each fetched message is one delivery that uses one unit of credit and advances the
+/// link's delivery-count by one; nothing is fetched for, or sent beyond, the credit granted.
+#[test]
+fn q_14_one_delivery_per_message() {
+    let c = TestConnector::start(Settings::default());
+    let mut p = session(&c);
+    producer(&mut p, "tx", 0, "one", SenderSettleMode::Unsettled);
+    for i in 0..5u32 {
+        produce(&mut p, 0, i, &data(format!("m{i}").as_bytes()));
+    }
+    let got = consume(
+        &mut p,
+        "rx",
+        1,
+        "one",
+        3,
+        SenderSettleMode::Unsettled,
+        Duration::from_millis(600),
+    );
+    assert_eq!(got.len(), 3, "credit 3: three deliveries");
+    assert_eq!(
+        c.store.locked_count("one"),
+        3,
+        "nothing fetched beyond credit"
+    );
+    assert_eq!(c.store.ready_count("one"), 2);
+    let mut echo = link_flow(1, 0, 3, false);
+    echo.echo = true;
+    p.frame(0, &echo, &[]);
+    let got = p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(1)));
+    let state = got.iter().find_map(|r| match r {
+        Received::Frame(_, Performative::Flow(f)) if f.handle.is_some() => {
+            Some((f.delivery_count, f.link_credit))
+        }
+        _ => None,
+    });
+    assert_eq!(
+        state,
+        Some((Some(3), Some(0))),
+        "delivery-count advanced by one per delivery"
+    );
+}
