@@ -125,7 +125,23 @@ def teardown(url):
     c.close()
 
 
+def killed(url):
+    """Produces 3 messages, takes them unsettled on another connection, then dies by SIGKILL: the
+    caller checks that a fresh consumer gets all three, as redeliveries (Q-32, Q-34)."""
+    import os
+    import signal
+    c = BlockingConnection(url, timeout=TIMEOUT, container_id="killed-producer")
+    s = c.create_sender("queues/killed")
+    for i in range(3):
+        s.send(Message(body="k%d" % i))
+    r = c.create_receiver("queues/killed", credit=3)
+    for _ in range(3):
+        r.receive(timeout=TIMEOUT)  # never settled
+    print("HELD", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
-    {"q_s1": q_s1, "q_s2": q_s2, "q_s3": q_s3, "q_s4": q_s4, "teardown": teardown}[scenario](url)
+    {"q_s1": q_s1, "q_s2": q_s2, "q_s3": q_s3, "q_s4": q_s4, "teardown": teardown, "killed": killed}[scenario](url)
     print("PASS", scenario)

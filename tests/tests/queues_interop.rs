@@ -25,38 +25,55 @@ fn q_38_grpc_and_amqp_share_queues() {
     assert!(stdout.contains("PASS interop_grpc"), "{stdout}");
 }
 
-/// competing consumers on different connections share a queue; each message goes to
-/// exactly one of them, and both get some.
+/// 4 competing receivers on 2 connections share a queue of 10,000 messages; each
+/// message is received exactly once, none is lost; on both backends.
 #[test]
 fn q_2_q_3_competing_consumers() {
-    let c = TestConnector::start(Settings::default());
+    competing(TestConnector::start(Settings::default()));
+    competing(TestConnector::start_over_grpc(Settings::default()));
+}
+
+fn competing(c: TestConnector) {
+    const N: usize = 10_000;
     let url = c.url();
     interop_tests::runtime().block_on(async {
         let mut consumers = Vec::new();
-        for i in 0..2 {
+        for conn_no in 0..2 {
             let url = url.clone();
             consumers.push(tokio::spawn(async move {
-                let mut conn = Connection::open(format!("worker-{i}"), url.as_str())
+                let mut conn = Connection::open(format!("workers-{conn_no}"), url.as_str())
                     .await
                     .unwrap();
                 let mut session = Session::begin(&mut conn).await.unwrap();
-                let mut rx = Receiver::builder()
-                    .name("rx")
-                    .source("queues/work")
-                    .credit_mode(CreditMode::Auto(5))
-                    .attach(&mut session)
-                    .await
-                    .unwrap();
-                let mut got = Vec::new();
-                while let Ok(Ok(d)) =
-                    tokio::time::timeout(Duration::from_millis(1500), rx.recv::<String>()).await
-                {
-                    got.push(d.body().clone());
-                    rx.accept(&d).await.unwrap();
+                let mut handles = Vec::new();
+                for r in 0..2 {
+                    let rx = Receiver::builder()
+                        .name(format!("rx-{r}"))
+                        .source("queues/work")
+                        .credit_mode(CreditMode::Auto(100))
+                        .attach(&mut session)
+                        .await
+                        .unwrap();
+                    handles.push(tokio::spawn(async move {
+                        let mut rx = rx;
+                        let mut got = Vec::new();
+                        while let Ok(Ok(d)) =
+                            tokio::time::timeout(Duration::from_secs(3), rx.recv::<String>()).await
+                        {
+                            got.push(d.body().clone());
+                            rx.accept(&d).await.unwrap();
+                        }
+                        let _ = rx.close().await;
+                        got
+                    }));
                 }
-                rx.close().await.unwrap();
-                conn.close().await.unwrap();
-                got
+                let mut per = Vec::new();
+                for h in handles {
+                    per.push(h.await.unwrap());
+                }
+                let _ = session.end().await;
+                let _ = conn.close().await;
+                per
             }));
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -65,25 +82,40 @@ fn q_2_q_3_competing_consumers() {
         let mut tx = Sender::attach(&mut session, "tx", "queues/work")
             .await
             .unwrap();
-        for i in 0..200 {
-            tx.send(format!("job {i}")).await.unwrap();
+        let mut pending = Vec::new();
+        for i in 0..N {
+            pending.push(tx.send_batchable(format!("job {i}")).await.unwrap());
+            if pending.len() >= 200 {
+                for f in pending.drain(..) {
+                    f.await.unwrap();
+                }
+            }
+        }
+        for f in pending.drain(..) {
+            f.await.unwrap();
         }
         tx.close().await.unwrap();
         conn.close().await.unwrap();
         let mut all = Vec::new();
         let mut per = Vec::new();
         for h in consumers {
-            let got = h.await.unwrap();
-            per.push(got.len());
-            all.extend(got);
+            for got in h.await.unwrap() {
+                per.push(got.len());
+                all.extend(got);
+            }
         }
+        assert_eq!(
+            all.len(),
+            N,
+            "received {} of {N}; per receiver {per:?}",
+            all.len()
+        );
         all.sort();
-        let mut expected: Vec<String> = (0..200).map(|i| format!("job {i}")).collect();
-        expected.sort();
-        assert_eq!(all, expected, "every message exactly once across consumers");
+        all.dedup();
+        assert_eq!(all.len(), N, "duplicates among {per:?}");
         assert!(
-            per.iter().all(|n| *n > 0),
-            "both consumers got work: {per:?}"
+            per.iter().filter(|n| **n > 0).count() >= 2,
+            "work was shared: {per:?}"
         );
     });
 }
