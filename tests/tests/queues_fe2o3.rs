@@ -1,5 +1,5 @@
 //! The Queues concept page's scenarios with the fe2o3-amqp client (crates.io) against the real
-//! connector on the embedded store (queues.md Q-S1 … Q-S4).
+//! connector on both backends (queues.md Q-S1 … Q-S4).
 
 use std::time::Duration;
 
@@ -15,175 +15,188 @@ fn rt() -> tokio::runtime::Runtime {
     interop_tests::runtime()
 }
 
+/// The connector on both backends: the embedded store in-process, and KubeMQ over gRPC.
+fn both() -> [TestConnector; 2] {
+    [
+        TestConnector::start(Settings::default()),
+        TestConnector::start_over_grpc(Settings::default()),
+    ]
+}
+
 /// Q-S1: 10 sends each complete on `accepted`; credit 10 receives and accepts all; a further
 /// receive with a 2 s deadline gets nothing.
 #[test]
 fn q_s1_send_receive_accept() {
-    let c = TestConnector::start(Settings::default());
-    let url = c.url();
-    rt().block_on(async {
-        let mut conn = Connection::open("fe2o3-q-s1", url.as_str()).await.unwrap();
-        let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s1")
-            .await
-            .unwrap();
-        for i in 0..10 {
-            let o = sender.send(format!("order {i}")).await.unwrap();
-            assert!(matches!(o, Outcome::Accepted(_)), "{o:?}");
-        }
-        let mut receiver = Receiver::builder()
-            .name("rx")
-            .source("queues/fe-q-s1")
-            .credit_mode(CreditMode::Auto(10))
-            .attach(&mut session)
-            .await
-            .unwrap();
-        for i in 0..10 {
-            let d = receiver.recv::<String>().await.unwrap();
-            assert_eq!(d.body(), &format!("order {i}"));
-            receiver.accept(&d).await.unwrap();
-        }
-        let more = tokio::time::timeout(Duration::from_secs(2), receiver.recv::<String>()).await;
-        assert!(more.is_err(), "the queue is empty");
-        conn.close().await.unwrap();
-    });
+    for c in both() {
+        let url = c.url();
+        rt().block_on(async {
+            let mut conn = Connection::open("fe2o3-q-s1", url.as_str()).await.unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s1")
+                .await
+                .unwrap();
+            for i in 0..10 {
+                let o = sender.send(format!("order {i}")).await.unwrap();
+                assert!(matches!(o, Outcome::Accepted(_)), "{o:?}");
+            }
+            let mut receiver = Receiver::builder()
+                .name("rx")
+                .source("queues/fe-q-s1")
+                .credit_mode(CreditMode::Auto(10))
+                .attach(&mut session)
+                .await
+                .unwrap();
+            for i in 0..10 {
+                let d = receiver.recv::<String>().await.unwrap();
+                assert_eq!(d.body(), &format!("order {i}"));
+                receiver.accept(&d).await.unwrap();
+            }
+            let more =
+                tokio::time::timeout(Duration::from_secs(2), receiver.recv::<String>()).await;
+            assert!(more.is_err(), "the queue is empty");
+            conn.close().await.unwrap();
+        });
+    }
 }
 
 /// Q-S2 / Q-17: first deliveries are delivery-count 0; a released message returns with
 /// delivery-count ≥ 1; a rejected one never returns.
 #[test]
 fn q_s2_outcomes_and_redelivery() {
-    let c = TestConnector::start(Settings::default());
-    let url = c.url();
-    rt().block_on(async {
-        let mut conn = Connection::open("fe2o3-q-s2", url.as_str()).await.unwrap();
-        let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s2")
-            .await
-            .unwrap();
-        for b in ["release-me", "reject-me", "accept-me"] {
-            sender.send(b).await.unwrap();
-        }
-        let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe-q-s2")
-            .await
-            .unwrap();
-        for _ in 0..3 {
+    for c in both() {
+        let url = c.url();
+        rt().block_on(async {
+            let mut conn = Connection::open("fe2o3-q-s2", url.as_str()).await.unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s2")
+                .await
+                .unwrap();
+            for b in ["release-me", "reject-me", "accept-me"] {
+                sender.send(b).await.unwrap();
+            }
+            let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe-q-s2")
+                .await
+                .unwrap();
+            for _ in 0..3 {
+                let d = receiver.recv::<String>().await.unwrap();
+                let h = d.message().header.clone().unwrap_or_default();
+                assert_eq!(
+                    (h.delivery_count, h.first_acquirer),
+                    (0, true),
+                    "{}",
+                    d.body()
+                );
+                match d.body().as_str() {
+                    "release-me" => receiver.release(&d).await.unwrap(),
+                    "reject-me" => receiver.reject(&d, None).await.unwrap(),
+                    _ => receiver.accept(&d).await.unwrap(),
+                }
+            }
             let d = receiver.recv::<String>().await.unwrap();
             let h = d.message().header.clone().unwrap_or_default();
-            assert_eq!(
-                (h.delivery_count, h.first_acquirer),
-                (0, true),
-                "{}",
-                d.body()
-            );
-            match d.body().as_str() {
-                "release-me" => receiver.release(&d).await.unwrap(),
-                "reject-me" => receiver.reject(&d, None).await.unwrap(),
-                _ => receiver.accept(&d).await.unwrap(),
-            }
-        }
-        let d = receiver.recv::<String>().await.unwrap();
-        let h = d.message().header.clone().unwrap_or_default();
-        assert_eq!(d.body(), "release-me");
-        assert!(h.delivery_count >= 1 && !h.first_acquirer);
-        receiver.accept(&d).await.unwrap();
-        let more =
-            tokio::time::timeout(Duration::from_millis(1500), receiver.recv::<String>()).await;
-        assert!(more.is_err(), "reject-me never returns");
-        conn.close().await.unwrap();
-    });
+            assert_eq!(d.body(), "release-me");
+            assert!(h.delivery_count >= 1 && !h.first_acquirer);
+            receiver.accept(&d).await.unwrap();
+            let more =
+                tokio::time::timeout(Duration::from_millis(1500), receiver.recv::<String>()).await;
+            assert!(more.is_err(), "reject-me never returns");
+            conn.close().await.unwrap();
+        });
+    }
 }
 
 /// Q-S3: pre-settled and unsettled produce drained by one `first` receiver; `second` refused.
 #[test]
 fn q_s3_settle_modes() {
-    let c = TestConnector::start(Settings::default());
-    let url = c.url();
-    rt().block_on(async {
-        let mut conn = Connection::open("fe2o3-q-s3", url.as_str()).await.unwrap();
-        let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut pre = Sender::builder()
-            .name("pre")
-            .target("queues/fe-q-s3")
-            .sender_settle_mode(SenderSettleMode::Settled)
-            .attach(&mut session)
-            .await
-            .unwrap();
-        for i in 0..10 {
-            pre.send(format!("pre {i}")).await.unwrap();
-        }
-        let mut sender = Sender::attach(&mut session, "unsettled", "queues/fe-q-s3")
-            .await
-            .unwrap();
-        for i in 0..10 {
-            sender.send(format!("unsettled {i}")).await.unwrap();
-        }
-        let mut receiver = Receiver::builder()
-            .name("rx")
-            .source("queues/fe-q-s3")
-            .credit_mode(CreditMode::Auto(20))
-            .attach(&mut session)
-            .await
-            .unwrap();
-        let mut got = std::collections::HashSet::new();
-        for _ in 0..20 {
-            let d = tokio::time::timeout(Duration::from_secs(5), receiver.recv::<String>())
+    for c in both() {
+        let url = c.url();
+        rt().block_on(async {
+            let mut conn = Connection::open("fe2o3-q-s3", url.as_str()).await.unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut pre = Sender::builder()
+                .name("pre")
+                .target("queues/fe-q-s3")
+                .sender_settle_mode(SenderSettleMode::Settled)
+                .attach(&mut session)
                 .await
-                .unwrap()
                 .unwrap();
-            got.insert(d.body().clone());
-            receiver.accept(&d).await.unwrap();
-        }
-        assert_eq!(got.len(), 20);
-        let second = Receiver::builder()
-            .name("second")
-            .source("queues/fe-q-s3")
-            .receiver_settle_mode(ReceiverSettleMode::Second)
-            .attach(&mut session)
-            .await;
-        let err = format!("{:?}", second.err());
-        assert!(
-            err.contains("NotImplemented") || err.contains("not-implemented"),
-            "{err}"
-        );
-        conn.close().await.unwrap();
-    });
+            for i in 0..10 {
+                pre.send(format!("pre {i}")).await.unwrap();
+            }
+            let mut sender = Sender::attach(&mut session, "unsettled", "queues/fe-q-s3")
+                .await
+                .unwrap();
+            for i in 0..10 {
+                sender.send(format!("unsettled {i}")).await.unwrap();
+            }
+            let mut receiver = Receiver::builder()
+                .name("rx")
+                .source("queues/fe-q-s3")
+                .credit_mode(CreditMode::Auto(20))
+                .attach(&mut session)
+                .await
+                .unwrap();
+            let mut got = std::collections::HashSet::new();
+            for _ in 0..20 {
+                let d = tokio::time::timeout(Duration::from_secs(5), receiver.recv::<String>())
+                    .await
+                    .unwrap()
+                    .unwrap();
+                got.insert(d.body().clone());
+                receiver.accept(&d).await.unwrap();
+            }
+            assert_eq!(got.len(), 20);
+            let second = Receiver::builder()
+                .name("second")
+                .source("queues/fe-q-s3")
+                .receiver_settle_mode(ReceiverSettleMode::Second)
+                .attach(&mut session)
+                .await;
+            let err = format!("{:?}", second.err());
+            assert!(
+                err.contains("NotImplemented") || err.contains("not-implemented"),
+                "{err}"
+            );
+            conn.close().await.unwrap();
+        });
+    }
 }
 
 /// Q-S4: 1 MiB at max-frame-size 4096, stored after the last fragment, one `accepted`, received
 /// with the same length and bytes.
 #[test]
 fn q_s4_large_message() {
-    let c = TestConnector::start(Settings::default());
-    let url = c.url();
-    let body: Vec<u8> = (0..1_048_576u32)
-        .map(|i| (i.wrapping_mul(7).wrapping_add(3) % 256) as u8)
-        .collect();
-    let sent = body.clone();
-    let got = rt().block_on(async move {
-        let mut conn = Connection::builder()
-            .container_id("fe2o3-q-s4")
-            .max_frame_size(4096)
-            .open(url.as_str())
-            .await
-            .unwrap();
-        let mut session = Session::begin(&mut conn).await.unwrap();
-        let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s4")
-            .await
-            .unwrap();
-        let o = sender
-            .send(Message::builder().data(Binary::from(sent)).build())
-            .await
-            .unwrap();
-        assert!(matches!(o, Outcome::Accepted(_)));
-        let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe-q-s4")
-            .await
-            .unwrap();
-        let d = receiver.recv::<Data>().await.unwrap();
-        receiver.accept(&d).await.unwrap();
-        let got = d.body().0.to_vec();
-        conn.close().await.unwrap();
-        got
-    });
-    assert!(got == body, "1 MiB body differs");
+    for c in both() {
+        let url = c.url();
+        let body: Vec<u8> = (0..1_048_576u32)
+            .map(|i| (i.wrapping_mul(7).wrapping_add(3) % 256) as u8)
+            .collect();
+        let sent = body.clone();
+        let got = rt().block_on(async move {
+            let mut conn = Connection::builder()
+                .container_id("fe2o3-q-s4")
+                .max_frame_size(4096)
+                .open(url.as_str())
+                .await
+                .unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut sender = Sender::attach(&mut session, "tx", "queues/fe-q-s4")
+                .await
+                .unwrap();
+            let o = sender
+                .send(Message::builder().data(Binary::from(sent)).build())
+                .await
+                .unwrap();
+            assert!(matches!(o, Outcome::Accepted(_)));
+            let mut receiver = Receiver::attach(&mut session, "rx", "queues/fe-q-s4")
+                .await
+                .unwrap();
+            let d = receiver.recv::<Data>().await.unwrap();
+            receiver.accept(&d).await.unwrap();
+            let got = d.body().0.to_vec();
+            conn.close().await.unwrap();
+            got
+        });
+        assert!(got == body, "1 MiB body differs");
+    }
 }
