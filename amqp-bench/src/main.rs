@@ -54,6 +54,39 @@ struct Args {
     idle_timeout: u64,
 }
 
+/// Opens a connection with TCP_NODELAY on its socket (small frames must not wait for Nagle's
+/// algorithm and the peer's delayed ACK) and SASL PLAIN when the URL carries credentials.
+async fn connect(
+    url: &str,
+    container_id: String,
+) -> Result<fe2o3_amqp::connection::ConnectionHandle<()>, String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (creds, host) = match rest.rsplit_once('@') {
+        Some((c, h)) => (c.split_once(':'), h),
+        None => (None, rest),
+    };
+    let host = host.trim_end_matches('/');
+    let stream = tokio::net::TcpStream::connect(host)
+        .await
+        .map_err(|e| format!("{host}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    let hostname = host.rsplit_once(':').map_or(host, |(h, _)| h).to_string();
+    let builder = Connection::builder()
+        .container_id(container_id)
+        .hostname(hostname.as_str());
+    let builder = match creds {
+        Some((user, pass)) => builder.sasl_profile(fe2o3_amqp::sasl_profile::SaslProfile::Plain {
+            username: user.to_string(),
+            password: pass.to_string(),
+        }),
+        None => builder,
+    };
+    builder
+        .open_with_stream(stream)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 #[derive(Default)]
 struct Tally {
     sent: AtomicU64,
@@ -77,9 +110,7 @@ async fn produce(
     started: Instant,
     tally: Arc<Tally>,
 ) -> Result<(), String> {
-    let mut conn = Connection::open(format!("amqp-bench-producer-{who}"), args.url.as_str())
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = connect(&args.url, format!("amqp-bench-producer-{who}")).await?;
     let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
     let mode = if args.presettled {
         SenderSettleMode::Settled
@@ -139,9 +170,7 @@ async fn consume(
     seen: Arc<Mutex<Seen>>,
     stop: Arc<tokio::sync::Notify>,
 ) -> Result<(), String> {
-    let mut conn = Connection::open(format!("amqp-bench-consumer-{who}"), args.url.as_str())
-        .await
-        .map_err(|e| e.to_string())?;
+    let mut conn = connect(&args.url, format!("amqp-bench-consumer-{who}")).await?;
     let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
     let mut receiver = Receiver::builder()
         .name(format!("consumer-{who}"))
