@@ -15,6 +15,8 @@ use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
+mod direct;
+
 /// Command line.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "amqp-bench", about = "Load tool for AMQP 1.0 queues")]
@@ -52,6 +54,11 @@ struct Args {
     /// Give up waiting for the rest after this many seconds without progress.
     #[arg(long, default_value_t = 10)]
     idle_timeout: u64,
+    /// Skip AMQP: drive a KubeMQ gRPC server at this `host:port` straight from a Rust client
+    /// with the same load (pipelined sends; a Get of `credit` messages, then one AckRange, per
+    /// round), to measure what the connector itself costs.
+    #[arg(long)]
+    grpc: Option<String>,
 }
 
 /// Opens a connection with TCP_NODELAY on its socket (small frames must not wait for Nagle's
@@ -95,6 +102,18 @@ struct Tally {
     received: AtomicU64,
 }
 
+/// Records the number and latency carried by one received body (both modes).
+fn record(body: &[u8], started: Instant, seen: &Mutex<Seen>) {
+    if body.len() >= 16 {
+        let n = u64::from_be_bytes(body[..8].try_into().unwrap_or_default());
+        let sent_ns = u64::from_be_bytes(body[8..16].try_into().unwrap_or_default());
+        let latency = (started.elapsed().as_nanos() as u64).saturating_sub(sent_ns);
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record(n, latency);
+    }
+}
+
 fn body(n: u64, started: Instant, size: usize) -> Vec<u8> {
     let mut b = vec![0x5a; size.max(16)];
     b[..8].copy_from_slice(&n.to_be_bytes());
@@ -103,6 +122,20 @@ fn body(n: u64, started: Instant, size: usize) -> Vec<u8> {
 }
 
 async fn produce(
+    args: Args,
+    who: usize,
+    first: u64,
+    count: u64,
+    started: Instant,
+    tally: Arc<Tally>,
+) -> Result<(), String> {
+    match args.grpc.clone() {
+        Some(addr) => direct::produce(&addr, &args, who, first, count, started, &tally).await,
+        None => produce_amqp(args, who, first, count, started, tally).await,
+    }
+}
+
+async fn produce_amqp(
     args: Args,
     who: usize,
     first: u64,
@@ -170,6 +203,20 @@ async fn consume(
     seen: Arc<Mutex<Seen>>,
     stop: Arc<tokio::sync::Notify>,
 ) -> Result<(), String> {
+    match args.grpc.clone() {
+        Some(addr) => direct::consume(&addr, &args, who, started, &tally, &seen, &stop).await,
+        None => consume_amqp(args, who, started, tally, seen, stop).await,
+    }
+}
+
+async fn consume_amqp(
+    args: Args,
+    who: usize,
+    started: Instant,
+    tally: Arc<Tally>,
+    seen: Arc<Mutex<Seen>>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Result<(), String> {
     let mut conn = connect(&args.url, format!("amqp-bench-consumer-{who}")).await?;
     let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
     let mut receiver = Receiver::builder()
@@ -184,15 +231,7 @@ async fn consume(
             d = receiver.recv::<Data>() => d.map_err(|e| e.to_string())?,
             _ = stop.notified() => break,
         };
-        let b = &d.body().0;
-        if b.len() >= 16 {
-            let n = u64::from_be_bytes(b[..8].try_into().unwrap_or_default());
-            let sent_ns = u64::from_be_bytes(b[8..16].try_into().unwrap_or_default());
-            let latency = (started.elapsed().as_nanos() as u64).saturating_sub(sent_ns);
-            seen.lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record(n, latency);
-        }
+        record(&d.body().0, started, &seen);
         receiver.accept(&d).await.map_err(|e| e.to_string())?;
         tally.received.fetch_add(1, Ordering::Relaxed);
     }
@@ -263,14 +302,20 @@ async fn main() {
             tally.clone(),
         )));
     }
-    // Progress once a second until everything arrived or nothing moved for idle_timeout.
+    // Check every 10 ms (so the elapsed time is exact to that) and print progress once a second,
+    // until everything arrived or nothing moved for idle_timeout.
     let mut last = (0, Instant::now());
+    let mut printed = Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         let (s, r) = (
             tally.sent.load(Ordering::Relaxed),
             tally.received.load(Ordering::Relaxed),
         );
+        if r < args.messages && printed.elapsed() < Duration::from_secs(1) {
+            continue;
+        }
+        printed = Instant::now();
         eprintln!(
             "[{:>5.1}s] sent {s} accepted {} received {r} ({:.0} msg/s)",
             started.elapsed().as_secs_f64(),

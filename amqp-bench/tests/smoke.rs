@@ -67,3 +67,22 @@ fn missing_messages_fail_the_run() {
         "the messages are safe in the queue, just not received"
     );
 }
+
+/// The direct gRPC mode (the baseline for the connector's overhead) runs the same load against the
+/// store's gRPC façade and finds every message exactly once.
+#[test]
+fn direct_grpc_mode_loses_nothing() {
+    let f = interop_tests::TestFacade::start();
+    let out = Command::new(env!("CARGO_BIN_EXE_amqp-bench"))
+        .args(["--grpc", &f.addr.to_string(), "--idle-timeout", "3"])
+        .args(["--messages", "2000", "--producers", "2", "--consumers", "2"])
+        .args(["--address", "queues/direct"])
+        .output()
+        .expect("amqp-bench runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("2000 received") && text.contains("lost 0 duplicated 0"),
+        "{text}"
+    );
+}
