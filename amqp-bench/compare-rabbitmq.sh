@@ -19,9 +19,15 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 hwm_kib() { awk '/VmHWM/ {print $2}' "/proc/$1/status"; }
 
 started_rmq=0
+CONN_PID=
+DATA=$(mktemp -d)
+# Set before anything can fail, so a failed run never leaves a broker behind.
+trap '[ -n "$CONN_PID" ] && kill $CONN_PID 2>/dev/null; rm -rf "$DATA"; [ $started_rmq = 1 ] && rabbitmqctl -q stop >/dev/null 2>&1 || true' EXIT
 if ! rabbitmqctl -q status >/dev/null 2>&1; then
   RABBITMQ_NODE_PORT=$RMQ_PORT rabbitmq-server >/tmp/compare-rabbitmq.log 2>&1 &
   started_rmq=1
+  # The node registers with epmd a moment after start; await_startup fails until then.
+  for _ in $(seq 60); do rabbitmqctl -q await_startup >/dev/null 2>&1 && break; sleep 1; done
   rabbitmqctl -q await_startup
 fi
 RMQ_PID=$(pgrep -f beam.smp | head -1)
@@ -35,10 +41,8 @@ for q in ("bench", "lat", "idle"):
 c.close()
 PY
 
-DATA=$(mktemp -d)
 ./target/release/kubemq-amqp-connector --port $CONN_PORT --bind-address 127.0.0.1 --data-dir "$DATA" --http-address off >/dev/null 2>&1 &
 CONN_PID=$!
-trap 'kill $CONN_PID 2>/dev/null; rm -rf "$DATA"; [ $started_rmq = 1 ] && rabbitmqctl -q stop >/dev/null 2>&1 || true' EXIT
 sleep 1
 
 # run NAME PID URL PREFIX: throughput, CPU per message, latency at 2,000 msg/s, idle delivery.
