@@ -24,7 +24,8 @@ fn client(addr: &str) -> Result<KubemqGrpc, String> {
     KubemqGrpc::connect(addr, GrpcOptions::default()).map_err(|e| e.to_string())
 }
 
-/// Sends `count` messages, one per call, with up to `pipeline` calls in flight.
+/// Sends `count` messages, one per call, with up to `pipeline` calls in flight (paced by `rate`;
+/// `--presettled` has no gRPC equivalent and is ignored).
 pub async fn produce(
     addr: &str,
     args: &Args,
@@ -36,8 +37,13 @@ pub async fn produce(
 ) -> Result<(), String> {
     let grpc = client(addr)?;
     let channel = channel(args);
+    let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
     let mut in_flight = tokio::task::JoinSet::new();
     for i in 0..count {
+        if per_producer_rate > 0.0 {
+            let due = started + std::time::Duration::from_secs_f64(i as f64 / per_producer_rate);
+            tokio::time::sleep_until(due.into()).await;
+        }
         let m = QueueMessage {
             message_id: format!("{who}-{i}"),
             client_id: format!("amqp-bench-producer-{who}"),
