@@ -386,6 +386,15 @@ impl TestConnector {
         self._facade.as_ref().map(|f| f.addr)
     }
 
+    /// One connector on each backend with default settings: the embedded store in-process, and
+    /// the KubeMQ gRPC client talking to the store's façade over loopback.
+    pub fn on_both_backends() -> [TestConnector; 2] {
+        [
+            Self::start(Settings::default()),
+            Self::start_over_grpc(Settings::default()),
+        ]
+    }
+
     /// Starts one on the embedded store with `settings` (the port is ignored).
     pub fn start(settings: Settings) -> TestConnector {
         let dir = tempfile::tempdir().expect("temp dir");

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::definitions::{ReceiverSettleMode, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
@@ -15,19 +14,11 @@ fn rt() -> tokio::runtime::Runtime {
     interop_tests::runtime()
 }
 
-/// The connector on both backends: the embedded store in-process, and KubeMQ over gRPC.
-fn both() -> [TestConnector; 2] {
-    [
-        TestConnector::start(Settings::default()),
-        TestConnector::start_over_grpc(Settings::default()),
-    ]
-}
-
 /// Q-S1: 10 sends each complete on `accepted`; credit 10 receives and accepts all; a further
 /// receive with a 2 s deadline gets nothing.
 #[test]
 fn q_s1_send_receive_accept() {
-    for c in both() {
+    for c in TestConnector::on_both_backends() {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s1", url.as_str()).await.unwrap();
@@ -63,7 +54,7 @@ fn q_s1_send_receive_accept() {
 /// delivery-count ≥ 1; a rejected one never returns.
 #[test]
 fn q_s2_outcomes_and_redelivery() {
-    for c in both() {
+    for c in TestConnector::on_both_backends() {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s2", url.as_str()).await.unwrap();
@@ -108,7 +99,7 @@ fn q_s2_outcomes_and_redelivery() {
 /// Q-S3: pre-settled and unsettled produce drained by one `first` receiver; `second` refused.
 #[test]
 fn q_s3_settle_modes() {
-    for c in both() {
+    for c in TestConnector::on_both_backends() {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s3", url.as_str()).await.unwrap();
@@ -166,7 +157,7 @@ fn q_s3_settle_modes() {
 /// with the same length and bytes.
 #[test]
 fn q_s4_large_message() {
-    for c in both() {
+    for c in TestConnector::on_both_backends() {
         let url = c.url();
         let body: Vec<u8> = (0..1_048_576u32)
             .map(|i| (i.wrapping_mul(7).wrapping_add(3) % 256) as u8)

@@ -1,19 +1,19 @@
 //! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
 //! embedded store and over gRPC (queues.md Q-S1 … Q-S4).
 
-use connector::config::Settings;
 use interop_tests::{run_client_script, TestConnector};
 
 fn run(scenario: &str) {
-    let c = TestConnector::start(Settings::default());
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
-    run_client_script(
-        "node",
-        dir,
-        &["queues.js", scenario, "{port}"],
-        scenario,
-        c.addr,
-    );
+    for c in TestConnector::on_both_backends() {
+        run_client_script(
+            "node",
+            dir,
+            &["queues.js", scenario, "{port}"],
+            scenario,
+            c.addr,
+        );
+    }
 }
 
 /// Q-S1.

@@ -2,27 +2,19 @@
 //! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
 //! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
 
-use connector::config::Settings;
 use interop_tests::{run_client_script, TestConnector};
 
 fn run(scenario: &str) {
-    run_on(scenario, TestConnector::start(Settings::default()));
-    run_on(
-        scenario,
-        TestConnector::start_over_grpc(Settings::default()),
-    );
-}
-
-/// One scenario against one connector: the embedded store in-process, or KubeMQ over gRPC.
-fn run_on(scenario: &str, c: TestConnector) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
-    run_client_script(
-        "python3",
-        dir,
-        &["queues.py", scenario, "{url}"],
-        scenario,
-        c.addr,
-    );
+    for c in TestConnector::on_both_backends() {
+        run_client_script(
+            "python3",
+            dir,
+            &["queues.py", scenario, "{url}"],
+            scenario,
+            c.addr,
+        );
+    }
 }
 
 /// Q-S1: send / receive / accept / confirm empty.
@@ -59,10 +51,7 @@ fn q_32_teardown_returns_messages() {
 /// nothing: a fresh consumer gets them all, with delivery-count increased; on both backends.
 #[test]
 fn q_32_sigkilled_client_loses_nothing() {
-    for c in [
-        TestConnector::start(Settings::default()),
-        TestConnector::start_over_grpc(Settings::default()),
-    ] {
+    for c in TestConnector::on_both_backends() {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/queues.py");
         let out = std::process::Command::new("python3")
             .args([script, "killed", &c.url()])
