@@ -254,11 +254,7 @@ impl ServerThread {
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let (addr_tx, addr_rx) = std::sync::mpsc::channel();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("runtime");
+            let rt = runtime();
             rt.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
                 addr_tx
@@ -510,6 +506,13 @@ pub fn run_client_script(
         "scenario {scenario} failed:\n{stdout}\n{stderr}"
     );
     assert!(stdout.contains(&format!("PASS {scenario}")), "{stdout}");
+}
+
+/// Runs a client script scenario (see [`run_client_script`]) against a connector on each backend.
+pub fn run_client_script_on_both_backends(program: &str, dir: &str, args: &[&str], scenario: &str) {
+    for c in TestConnector::on_both_backends() {
+        run_client_script(program, dir, args, scenario, c.addr);
+    }
 }
 
 /// A connector with the memory node, serving on a loopback port in its own runtime thread.

@@ -1,19 +1,11 @@
 //! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
 //! embedded store and over gRPC (queues.md Q-S1 … Q-S4).
 
-use interop_tests::{run_client_script, TestConnector};
+use interop_tests::run_client_script_on_both_backends;
 
 fn run(scenario: &str) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/js");
-    for c in TestConnector::on_both_backends() {
-        run_client_script(
-            "node",
-            dir,
-            &["queues.js", scenario, "{port}"],
-            scenario,
-            c.addr,
-        );
-    }
+    run_client_script_on_both_backends("node", dir, &["queues.js", scenario, "{port}"], scenario);
 }
 
 /// Q-S1.

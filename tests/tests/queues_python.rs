@@ -2,19 +2,11 @@
 //! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
 //! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
 
-use interop_tests::{run_client_script, TestConnector};
+use interop_tests::{run_client_script_on_both_backends, TestConnector};
 
 fn run(scenario: &str) {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/python");
-    for c in TestConnector::on_both_backends() {
-        run_client_script(
-            "python3",
-            dir,
-            &["queues.py", scenario, "{url}"],
-            scenario,
-            c.addr,
-        );
-    }
+    run_client_script_on_both_backends("python3", dir, &["queues.py", scenario, "{url}"], scenario);
 }
 
 /// Q-S1: send / receive / accept / confirm empty.

@@ -45,11 +45,7 @@ fn main() {
     let _ = std::fs::remove_file(&path);
     println!("fdatasync rate: {sync_rate:.0}/s (4 KiB appends)");
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = interop_tests::runtime();
     let store_dir = dir.join("store");
     rt.block_on(async move {
         let (store, _) = Store::open(&store_dir).expect("store");

@@ -16,11 +16,7 @@ use connector::store::Store;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let (mode, dir) = (args[1].clone(), std::path::PathBuf::from(&args[2]));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = interop_tests::runtime();
     rt.block_on(async move {
         let (store, _) = Store::open(&dir).expect("store opens");
         match mode.as_str() {
