@@ -53,6 +53,30 @@ fn every_method() {
             let r = t.await.unwrap().unwrap();
             assert!(!r[0].is_error && r[0].sent_at > 0);
         }
+        // Callers with several messages share one request too, and get back exactly their own
+        // results in their own order: every fourth caller has a bad message in the middle.
+        let mut tasks = Vec::new();
+        for i in 0..32 {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                let middle = if i % 4 == 0 { "bad queue" } else { "split" };
+                let r = c
+                    .send_queue(vec![
+                        msg("split", "a"),
+                        msg(middle, "b"),
+                        msg("split", "c"),
+                    ])
+                    .await;
+                (i, r)
+            }));
+        }
+        for t in tasks {
+            let (i, r) = t.await.unwrap();
+            let r = r.unwrap();
+            let errors: Vec<bool> = r.iter().map(|r| r.is_error).collect();
+            assert_eq!(errors, [false, i % 4 == 0, false], "caller {i}");
+        }
+        assert_eq!(f.store.ready_count("split"), 32 * 3 - 8);
         // An in-band validation error is a result, not an Err.
         let r = c
             .send_queue(vec![msg("bad queue", "x"), msg("g", "ok")])

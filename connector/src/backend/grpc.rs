@@ -81,9 +81,10 @@ fn retryable(s: &Status) -> bool {
     matches!(s.code(), Code::Unavailable | Code::Unknown) && !s.message().starts_with("Error ")
 }
 
+/// One caller's messages, stored together with other callers' in one QueuesUpstream request.
 struct Pending {
-    message: QueueMessage,
-    done: oneshot::Sender<Result<SendQueueMessageResult, BackendError>>,
+    messages: Vec<QueueMessage>,
+    done: oneshot::Sender<Result<Vec<SendQueueMessageResult>, BackendError>>,
 }
 
 /// A KubeMQ server reached over gRPC.
@@ -124,7 +125,7 @@ impl KubemqGrpc {
             token,
             deadline: opts.deadline,
         });
-        let (tx, rx) = mpsc::channel(MAX_BATCH * 4);
+        let (tx, rx) = mpsc::channel(256);
         tokio::spawn(Batcher::new(shared.clone()).run(rx));
         Ok(KubemqGrpc {
             shared,
@@ -176,33 +177,41 @@ impl Batcher {
 
     async fn run(mut self, mut rx: mpsc::Receiver<Pending>) {
         while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
+            // Messages move into the request (no copies); each caller keeps its count so the
+            // results can be split back in order.
+            let mut counts = vec![first.messages.len()];
+            let mut dones = vec![first.done];
+            let mut messages = first.messages;
+            while messages.len() < MAX_BATCH {
                 match rx.try_recv() {
-                    Ok(p) => batch.push(p),
+                    Ok(p) => {
+                        counts.push(p.messages.len());
+                        dones.push(p.done);
+                        messages.extend(p.messages);
+                    }
                     Err(_) => break,
                 }
             }
-            let messages: Vec<QueueMessage> = batch.iter().map(|p| p.message.clone()).collect();
+            let total = messages.len();
             match self.send(messages).await {
-                Ok(results) if results.len() == batch.len() => {
-                    for (p, r) in batch.into_iter().zip(results) {
-                        let _ = p.done.send(Ok(r));
+                Ok(results) if results.len() == total => {
+                    let mut results = results.into_iter();
+                    for (n, done) in counts.into_iter().zip(dones) {
+                        let _ = done.send(Ok(results.by_ref().take(n).collect()));
                     }
                 }
                 Ok(results) => {
                     let e = BackendError::Unavailable(format!(
-                        "KubeMQ returned {} results for {} messages",
+                        "KubeMQ returned {} results for {total} messages",
                         results.len(),
-                        batch.len()
                     ));
-                    for p in batch {
-                        let _ = p.done.send(Err(e.clone()));
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
                     }
                 }
                 Err(e) => {
-                    for p in batch {
-                        let _ = p.done.send(Err(e.clone()));
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
                     }
                 }
             }
@@ -216,10 +225,11 @@ impl Batcher {
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let deadline = tokio::time::Instant::now() + self.shared.deadline;
         let mut backoff = FIRST_BACKOFF;
-        let request = QueuesUpstreamRequest {
+        let mut request = QueuesUpstreamRequest {
             request_id: new_id(),
             messages,
         };
+        let request_id = request.request_id.clone();
         loop {
             if self.stream.is_none() {
                 match self.open().await {
@@ -235,13 +245,15 @@ impl Batcher {
             let Some((tx, rx)) = self.stream.as_mut() else {
                 continue;
             };
-            if tx.send(request.clone()).await.is_err() {
+            // A stream that is gone hands the request back for the retry on a new one.
+            if let Err(mpsc::error::SendError(back)) = tx.send(request).await {
+                request = back;
                 self.stream = None;
                 continue;
             }
             let reply = tokio::time::timeout_at(deadline, rx.next()).await;
             match reply {
-                Ok(Some(Ok(r))) if r.ref_request_id == request.request_id => {
+                Ok(Some(Ok(r))) if r.ref_request_id == request_id => {
                     if r.is_error {
                         return Err(BackendError::Rejected(r.error));
                     }
@@ -373,23 +385,13 @@ impl Backend for KubemqGrpc {
         &self,
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
-        let mut waits = Vec::with_capacity(messages.len());
-        for message in messages {
-            let (done, wait) = oneshot::channel();
-            self.upstream
-                .send(Pending { message, done })
-                .await
-                .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?;
-            waits.push(wait);
-        }
-        let mut results = Vec::with_capacity(waits.len());
-        for w in waits {
-            results.push(
-                w.await
-                    .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))??,
-            );
-        }
-        Ok(results)
+        let (done, wait) = oneshot::channel();
+        self.upstream
+            .send(Pending { messages, done })
+            .await
+            .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?;
+        wait.await
+            .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?
     }
 
     async fn open_downstream(&self) -> Result<GrpcDownstream, BackendError> {

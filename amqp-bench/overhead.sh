@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The connector's own overhead (issue 4): one connector serves its embedded store as KubeMQ's
+# gRPC API; a second one speaks AMQP in front of it. The same load runs through the second one
+# (fe2o3 client) and straight at the gRPC server (amqp-bench --grpc), alternating, ROUNDS times,
+# with every process's CPU per message. Not part of CI. Loopback only; ports 50000 and 5672/5674.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-200000}
+ROUNDS=${ROUNDS:-3}
+CLK=$(getconf CLK_TCK)
+B=./target/release
+cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+STORE=
+FRONT=
+DATA=$(mktemp -d)
+trap '[ -n "$STORE" ] && kill $STORE 2>/dev/null; [ -n "$FRONT" ] && kill $FRONT 2>/dev/null; rm -rf "$DATA"' EXIT
+
+# usage: bench LABEL NAME=PID... -- amqp-bench args; prints throughput and CPU µs per message
+bench() {
+  local label=$1; shift
+  local pids=()
+  while [ "$1" != "--" ]; do pids+=("$1"); shift; done; shift
+  local before=() p
+  for p in "${pids[@]}"; do before+=("$(cpu_ticks "${p#*=}")"); done
+  local out
+  out=$(/usr/bin/time -f "tool_cpu %U %S" $B/amqp-bench "$@" --messages "$N" --producers 2 --consumers 2 2>&1)
+  local rate tool
+  rate=$(sed -n 's/.* = \([0-9]*\) msg\/s/\1/p' <<<"$out")
+  tool=$(awk -v n="$N" '/^tool_cpu/ {printf "%.1f", ($2 + $3) * 1e6 / n}' <<<"$out")
+  local line="$label: $rate msg/s; CPU per message: load tool $tool µs"
+  local i=0
+  for p in "${pids[@]}"; do
+    line+=", ${p%%=*} $(awk -v a="${before[$i]}" -v b="$(cpu_ticks "${p#*=}")" -v n="$N" -v c="$CLK" 'BEGIN {printf "%.1f", (b - a) / c * 1e6 / n}') µs"
+    i=$((i + 1))
+  done
+  grep -q "^lost 0 duplicated 0" <<<"$out" || line+=" (LOSS: $(grep '^lost' <<<"$out"))"
+  echo "$line"
+}
+
+$B/kubemq-amqp-connector --data-dir "$DATA" --serve-kubemq-grpc 127.0.0.1:50000 --port 5674 --http-address off >/dev/null 2>&1 &
+STORE=$!
+sleep 1
+$B/kubemq-amqp-connector --kubemq-address 127.0.0.1:50000 --http-address off >/dev/null 2>&1 &
+FRONT=$!
+sleep 1
+for r in $(seq "$ROUNDS"); do
+  bench "round $r AMQP  " "store=$STORE" "connector=$FRONT" -- --address "queues/amqp-$r"
+  bench "round $r direct" "store=$STORE" -- --grpc 127.0.0.1:50000 --address "queues/direct-$r"
+done
