@@ -391,6 +391,32 @@ impl TestConnector {
         ]
     }
 
+    /// Runs `body` against a connector with `settings` on each backend in turn (embedded store,
+    /// then gRPC to the store's façade); a failure says which backend it was on.
+    pub fn each_backend(settings: Settings, body: impl Fn(&TestConnector)) {
+        for over_grpc in [false, true] {
+            let c = if over_grpc {
+                Self::start_over_grpc(settings.clone())
+            } else {
+                Self::start(settings.clone())
+            };
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&c)));
+            if let Err(panic) = run {
+                eprintln!("failed on the {} backend", c.backend());
+                std::panic::resume_unwind(panic);
+            }
+        }
+    }
+
+    /// Which backend this connector uses: `embedded` or `grpc`.
+    pub fn backend(&self) -> &'static str {
+        if self._facade.is_some() {
+            "grpc"
+        } else {
+            "embedded"
+        }
+    }
+
     /// Starts one on the embedded store with `settings` (the port is ignored).
     pub fn start(settings: Settings) -> TestConnector {
         let dir = tempfile::tempdir().expect("temp dir");

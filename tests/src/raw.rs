@@ -44,6 +44,14 @@ impl RawPeer {
         }
     }
 
+    /// Drops the connection with a TCP reset (SO_LINGER 0), as a crashed host or a middlebox
+    /// would: no CLOSE, no FIN.
+    pub fn reset(self) {
+        socket2::SockRef::from(&self.stream)
+            .set_linger(Some(Duration::ZERO))
+            .expect("SO_LINGER");
+    }
+
     /// Writes raw bytes.
     pub fn write(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");

@@ -61,11 +61,7 @@ fn every_method() {
             tasks.push(tokio::spawn(async move {
                 let middle = if i % 4 == 0 { "bad queue" } else { "split" };
                 let r = c
-                    .send_queue(vec![
-                        msg("split", "a"),
-                        msg(middle, "b"),
-                        msg("split", "c"),
-                    ])
+                    .send_queue(vec![msg("split", "a"), msg(middle, "b"), msg("split", "c")])
                     .await;
                 (i, r)
             }));

@@ -1,9 +1,10 @@
 //! One channel's Get loop, shared by every consume link of that channel in this process
 //! (docs/queues-consume-design.md): it owns the channel's downstream session, sizes Gets to the
 //! links' total demand (1 while the queue looks idle, doubling after full batches), hands
-//! messages out by demand, and sends settlements grouped by transaction before each Get.
+//! messages out by demand, completes drains, and sends settlements grouped by transaction before
+//! each Get.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use tokio::sync::mpsc;
@@ -81,251 +82,305 @@ struct Consumer {
     to: mpsc::UnboundedSender<ToConsumer>,
 }
 
+/// A fetched message not yet handed to a consumer: (transaction, sequence, message).
+type Fetched = (Arc<str>, u64, QueueMessage);
+
+/// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
+/// available" (FLOW-5), when the backend cannot say how many messages are ready. KubeMQ answers a
+/// Get for messages that are there within a few milliseconds (kubemq-grpc.md 8: p99 2.4 ms); a Get
+/// still waiting after this is waiting for messages that do not exist yet.
+pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Runs the loop for `channel` until every consumer has left and nothing is pending.
 pub async fn run<B: Backend>(
     backend: Arc<B>,
     channel: String,
     limits: FetchLimits,
-    mut rx: mpsc::UnboundedReceiver<Command>,
+    rx: mpsc::UnboundedReceiver<Command>,
 ) {
-    let mut consumers: HashMap<ConsumerKey, Consumer> = HashMap::new();
-    let mut order: VecDeque<ConsumerKey> = VecDeque::new();
-    let mut buffer: VecDeque<(Arc<str>, u64, QueueMessage)> = VecDeque::new();
-    let mut settle: Vec<(Arc<str>, u64, Outcome)> = Vec::new();
-    // Transactions some of whose messages were handed out (those cannot be closed unchanged).
-    let mut handed: std::collections::HashSet<Arc<str>> = std::collections::HashSet::new();
-    let mut ds: Option<B::Downstream> = None;
-    let mut batch: u32 = 1;
-    loop {
-        // Take every command that is already waiting.
-        while let Ok(cmd) = rx.try_recv() {
-            apply(
-                cmd,
-                &mut consumers,
-                &mut order,
-                &mut buffer,
-                &mut settle,
-                &mut handed,
-            );
+    Fetcher {
+        backend,
+        channel,
+        limits,
+        consumers: HashMap::new(),
+        order: VecDeque::new(),
+        buffer: VecDeque::new(),
+        settle: Vec::new(),
+        handed: HashSet::new(),
+        session: None,
+        batch: 1,
+    }
+    .run(rx)
+    .await
+}
+
+/// The loop's state: who wants how much, what was fetched and not handed out, what was settled
+/// and not yet sent.
+struct Fetcher<B: Backend> {
+    backend: Arc<B>,
+    channel: String,
+    limits: FetchLimits,
+    consumers: HashMap<ConsumerKey, Consumer>,
+    /// Round-robin order of hand-out.
+    order: VecDeque<ConsumerKey>,
+    buffer: VecDeque<Fetched>,
+    settle: Vec<(Arc<str>, u64, Outcome)>,
+    /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
+    handed: HashSet<Arc<str>>,
+    session: Option<B::Downstream>,
+    /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
+    /// doubling after every full Get.
+    batch: u32,
+}
+
+impl<B: Backend> Fetcher<B> {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
+        loop {
+            // Take every command that is already waiting.
+            while let Ok(cmd) = rx.try_recv() {
+                self.apply(cmd);
+            }
+            if self.buffer.is_empty() {
+                // Only buffered messages are ever closed unchanged; with none left, forget.
+                self.handed.clear();
+            }
+            self.hand_out();
+            self.finish_drains(false);
+            if !self.settle.is_empty() {
+                if let Some(d) = self.session.as_mut() {
+                    flush(d, &mut self.settle).await;
+                }
+            }
+            if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
+                // Everyone left and nothing is held: wait for a new consumer.
+                match rx.recv().await {
+                    Some(cmd) => self.apply(cmd),
+                    None => return,
+                }
+                continue;
+            }
+            if self.consumers.is_empty() && !self.buffer.is_empty() {
+                self.give_back();
+                continue;
+            }
+            let demand = self.demand();
+            if demand == 0 || !self.buffer.is_empty() {
+                match rx.recv().await {
+                    Some(cmd) => self.apply(cmd),
+                    None => return,
+                }
+                continue;
+            }
+            let mut d = match self.session.take() {
+                Some(d) => d,
+                None => match self.backend.open_downstream().await {
+                    Ok(d) => d,
+                    Err(e) => {
+                        tracing::warn!(channel = %self.channel, error = %e, "cannot open a downstream session; retrying");
+                        // Nothing is available while the broker is unreachable.
+                        self.finish_drains(true);
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                        continue;
+                    }
+                },
+            };
+            let want = self.get_size(demand);
+            // Commands that arrive while the Get waits are queued, not lost; settlements wait for
+            // it because the stream processes requests in order anyway (kubemq-grpc.md 4.3.1).
+            let channel = self.channel.clone();
+            let got = {
+                let get = d.get(&channel, self.limits.client_id, want as i32, 1000);
+                tokio::pin!(get);
+                let grace = tokio::time::sleep(DRAIN_GRACE);
+                tokio::pin!(grace);
+                let mut graced = false;
+                loop {
+                    tokio::select! {
+                        r = &mut get => break r,
+                        cmd = rx.recv() => match cmd {
+                            Some(cmd) => {
+                                self.apply(cmd);
+                                // A drain that arrives once the Get has outlived the grace has
+                                // nothing immediately available either.
+                                if graced {
+                                    self.finish_drains(true);
+                                }
+                            }
+                            None => return,
+                        },
+                        // A Get still waiting this long has nothing immediately available for a
+                        // drain; whatever it brings later is held for the next credit (Q-16).
+                        _ = &mut grace, if !graced => {
+                            graced = true;
+                            self.finish_drains(true);
+                        }
+                    }
+                }
+            };
+            match got {
+                Ok(b) => {
+                    self.session = Some(d);
+                    self.take_batch(b, want);
+                }
+                Err(e) => {
+                    // The session is gone, and with it its transactions: KubeMQ returns their
+                    // messages, so whatever is buffered or pending for them is dropped here.
+                    tracing::warn!(channel = %self.channel, error = %e, "Get failed; reopening the session");
+                    self.buffer.clear();
+                    self.settle.clear();
+                    self.handed.clear();
+                    self.batch = 1;
+                    self.finish_drains(true);
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
         }
-        if buffer.is_empty() {
-            // Only buffered messages are ever closed unchanged; with none left, forget the record.
-            handed.clear();
+    }
+
+    /// Total demand of every consumer.
+    fn demand(&self) -> u32 {
+        self.consumers
+            .values()
+            .map(|c| c.demand)
+            .fold(0u32, u32::saturating_add)
+    }
+
+    /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);
+    /// otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for more than is
+    /// there would outlive DRAIN_GRACE and end the drain with messages still waiting. Never more
+    /// than the demand (Q-11, Q-12).
+    fn get_size(&self, demand: u32) -> u32 {
+        let cap = demand.min(self.limits.max_batch);
+        match self.backend.ready_hint(&self.channel) {
+            Some(ready) => cap.min(u32::try_from(ready).unwrap_or(u32::MAX)).max(1),
+            None if self.consumers.values().any(|c| c.draining) => 1,
+            None => cap.min(self.batch).max(1),
         }
-        hand_out(&mut consumers, &mut order, &mut buffer, &mut handed);
-        // Drains complete once nothing more is immediately available for them: with an exact
-        // ready count another Get can still be answered at once; without one it cannot.
-        let ready_now = buffer.is_empty() && backend.ready_hint(&channel).is_some_and(|r| r > 0);
-        for (k, c) in consumers.iter_mut() {
+    }
+
+    /// Buffers a Get's messages and adapts the next batch size.
+    fn take_batch(&mut self, b: crate::backend::Batch, want: u32) {
+        let n = b.messages.len() as u32;
+        self.batch = if n >= want {
+            (want * 2).min(self.limits.max_batch)
+        } else {
+            1
+        };
+        let txn: Arc<str> = Arc::from(b.transaction_id.as_str());
+        let mut seen = HashSet::new();
+        for m in b.messages {
+            let seq = m.attributes.as_ref().map_or(0, |a| a.sequence);
+            // A real KubeMQ has been seen to repeat a sequence in one reply.
+            if seen.insert(seq) {
+                self.buffer.push_back((txn.clone(), seq, m));
+            }
+        }
+    }
+
+    /// Completes the drains that have nothing more coming at once (FLOW-5): demand used up, or
+    /// nothing ready — known from the backend's ready count, or, without one, because
+    /// `nothing_more` says a Get outlived DRAIN_GRACE or the broker is unreachable.
+    fn finish_drains(&mut self, nothing_more: bool) {
+        let ready_now = !nothing_more
+            && self.buffer.is_empty()
+            && self.backend.ready_hint(&self.channel).is_none_or(|r| r > 0);
+        for (k, c) in self.consumers.iter_mut() {
             if c.draining && (c.demand == 0 || !ready_now) {
                 c.draining = false;
                 c.demand = 0;
                 let _ = c.to.send(ToConsumer::DrainDone(*k));
             }
         }
-        if !settle.is_empty() {
-            if let Some(d) = ds.as_mut() {
-                flush(d, &mut settle).await;
-            }
+    }
+
+    /// Nobody can take the buffered messages: a transaction never touched goes back unchanged,
+    /// leftovers of one that was partly delivered are NAcked.
+    fn give_back(&mut self) {
+        for (t, s, _) in self.buffer.drain(..) {
+            let o = if self.handed.contains(&t) {
+                Outcome::Nack
+            } else {
+                Outcome::Close
+            };
+            self.settle.push((t, s, o));
         }
-        let demand: u32 = consumers
-            .values()
-            .map(|c| c.demand)
-            .fold(0u32, u32::saturating_add);
-        if consumers.is_empty() && buffer.is_empty() && settle.is_empty() {
-            // Everyone left: make sure nothing is held, then wait for a new consumer.
-            match rx.recv().await {
-                Some(cmd) => {
-                    apply(
-                        cmd,
-                        &mut consumers,
-                        &mut order,
-                        &mut buffer,
-                        &mut settle,
-                        &mut handed,
-                    );
-                    continue;
-                }
-                None => return,
-            }
-        }
-        if consumers.is_empty() && !buffer.is_empty() {
-            // Nobody can take these: a transaction never touched goes back unchanged, leftovers
-            // of one that was partly delivered are NAcked.
-            for (t, s, _) in buffer.drain(..) {
-                let o = if handed.contains(&t) {
-                    Outcome::Nack
-                } else {
-                    Outcome::Close
-                };
-                settle.push((t, s, o));
-            }
-            continue;
-        }
-        if demand == 0 || !buffer.is_empty() {
-            match rx.recv().await {
-                Some(cmd) => apply(
-                    cmd,
-                    &mut consumers,
-                    &mut order,
-                    &mut buffer,
-                    &mut settle,
-                    &mut handed,
-                ),
-                None => return,
-            }
-            continue;
-        }
-        if ds.is_none() {
-            match backend.open_downstream().await {
-                Ok(d) => ds = Some(d),
-                Err(e) => {
-                    tracing::warn!(channel, error = %e, "cannot open a downstream session; retrying");
-                    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                    continue;
-                }
-            }
-        }
-        let Some(d) = ds.as_mut() else { continue };
-        // With an exact count of ready messages, ask for just those (or 1 to wait for the next);
-        // otherwise grow the batch after full ones.
-        let want = match backend.ready_hint(&channel) {
-            Some(ready) => demand
-                .min(limits.max_batch)
-                .min(u32::try_from(ready).unwrap_or(u32::MAX))
-                .max(1),
-            None => demand.min(batch).min(limits.max_batch).max(1),
-        };
-        // Commands that arrive while the Get waits are queued, not lost; settlements wait for it
-        // because the stream processes requests in order anyway (kubemq-grpc.md 4.3.1).
-        let got = {
-            let get = d.get(&channel, limits.client_id, want as i32, 1000);
-            tokio::pin!(get);
-            loop {
-                tokio::select! {
-                    r = &mut get => break r,
-                    cmd = rx.recv() => match cmd {
-                        Some(cmd) => apply(cmd, &mut consumers, &mut order, &mut buffer, &mut settle, &mut handed),
-                        None => return,
+    }
+
+    fn apply(&mut self, cmd: Command) {
+        match cmd {
+            Command::Join(k, to) => {
+                self.consumers.insert(
+                    k,
+                    Consumer {
+                        demand: 0,
+                        draining: false,
+                        to,
                     },
-                }
+                );
+                self.order.push_back(k);
             }
-        };
-        match got {
-            Ok(b) => {
-                let n = b.messages.len() as u32;
-                batch = if n >= want {
-                    (want * 2).min(limits.max_batch)
-                } else {
-                    1
-                };
-                let txn: Arc<str> = Arc::from(b.transaction_id.as_str());
-                let mut seen = std::collections::HashSet::new();
-                for m in b.messages {
-                    let seq = m.attributes.as_ref().map_or(0, |a| a.sequence);
-                    // A real KubeMQ has been seen to repeat a sequence in one reply.
-                    if seen.insert(seq) {
-                        buffer.push_back((txn.clone(), seq, m));
+            Command::Demand(k, d) => {
+                if let Some(c) = self.consumers.get_mut(&k) {
+                    if !c.draining {
+                        c.demand = d;
                     }
                 }
             }
-            Err(e) => {
-                // The session is gone, and with it its transactions: KubeMQ returns their
-                // messages, so whatever is buffered or pending for them is dropped here.
-                tracing::warn!(channel, error = %e, "Get failed; reopening the session");
-                ds = None;
-                buffer.clear();
-                settle.clear();
-                handed.clear();
-                batch = 1;
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-    }
-}
-
-fn apply(
-    cmd: Command,
-    consumers: &mut HashMap<ConsumerKey, Consumer>,
-    order: &mut VecDeque<ConsumerKey>,
-    buffer: &mut VecDeque<(Arc<str>, u64, QueueMessage)>,
-    settle: &mut Vec<(Arc<str>, u64, Outcome)>,
-    handed: &mut std::collections::HashSet<Arc<str>>,
-) {
-    match cmd {
-        Command::Join(k, to) => {
-            consumers.insert(
-                k,
-                Consumer {
-                    demand: 0,
-                    draining: false,
-                    to,
-                },
-            );
-            order.push_back(k);
-        }
-        Command::Demand(k, d) => {
-            if let Some(c) = consumers.get_mut(&k) {
-                if !c.draining {
+            Command::Drain(k, d) => {
+                if let Some(c) = self.consumers.get_mut(&k) {
                     c.demand = d;
+                    c.draining = true;
                 }
             }
-        }
-        Command::Drain(k, d) => {
-            if let Some(c) = consumers.get_mut(&k) {
-                c.demand = d;
-                c.draining = true;
+            Command::Leave(k) => {
+                self.consumers.remove(&k);
+                self.order.retain(|x| *x != k);
+            }
+            Command::Settle(t, s, o) => self.settle.push((t, s, o)),
+            Command::Return(h) => {
+                let h = *h;
+                self.handed.insert(h.transaction.clone());
+                self.buffer
+                    .push_front((h.transaction, h.sequence, h.message));
             }
         }
-        Command::Leave(k) => {
-            consumers.remove(&k);
-            order.retain(|x| *x != k);
-        }
-        Command::Settle(t, s, o) => settle.push((t, s, o)),
-        Command::Return(h) => {
-            let h = *h;
-            handed.insert(h.transaction.clone());
-            buffer.push_front((h.transaction, h.sequence, h.message));
-        }
     }
-}
 
-/// Hands buffered messages to consumers with demand, round robin.
-fn hand_out(
-    consumers: &mut HashMap<ConsumerKey, Consumer>,
-    order: &mut VecDeque<ConsumerKey>,
-    buffer: &mut VecDeque<(Arc<str>, u64, QueueMessage)>,
-    handed: &mut std::collections::HashSet<Arc<str>>,
-) {
-    let mut idle_rounds = 0;
-    while !buffer.is_empty() && idle_rounds < order.len() {
-        let Some(k) = order.pop_front() else { break };
-        order.push_back(k);
-        let Some(c) = consumers.get_mut(&k) else {
-            continue;
-        };
-        if c.demand == 0 {
-            idle_rounds += 1;
-            continue;
-        }
-        idle_rounds = 0;
-        let Some((transaction, sequence, message)) = buffer.pop_front() else {
-            break;
-        };
-        c.demand -= 1;
-        handed.insert(transaction.clone());
-        let h = Handout {
-            consumer: k,
-            transaction,
-            sequence,
-            message,
-        };
-        if let Err(mpsc::error::SendError(ToConsumer::Message(h))) =
-            c.to.send(ToConsumer::Message(Box::new(h)))
-        {
-            // The connection is gone: keep the message for someone else.
-            c.demand = 0;
-            buffer.push_front((h.transaction, h.sequence, h.message));
+    /// Hands buffered messages to consumers with demand, round robin.
+    fn hand_out(&mut self) {
+        let mut idle_rounds = 0;
+        while !self.buffer.is_empty() && idle_rounds < self.order.len() {
+            let Some(k) = self.order.pop_front() else {
+                break;
+            };
+            self.order.push_back(k);
+            let Some(c) = self.consumers.get_mut(&k) else {
+                continue;
+            };
+            if c.demand == 0 {
+                idle_rounds += 1;
+                continue;
+            }
+            idle_rounds = 0;
+            let Some((transaction, sequence, message)) = self.buffer.pop_front() else {
+                break;
+            };
+            c.demand -= 1;
+            self.handed.insert(transaction.clone());
+            let h = Handout {
+                consumer: k,
+                transaction,
+                sequence,
+                message,
+            };
+            if let Err(mpsc::error::SendError(ToConsumer::Message(h))) =
+                c.to.send(ToConsumer::Message(Box::new(h)))
+            {
+                // The connection is gone: keep the message for someone else.
+                c.demand = 0;
+                self.buffer
+                    .push_front((h.transaction, h.sequence, h.message));
+            }
         }
     }
 }
