@@ -315,7 +315,9 @@ fn q_16_drain_while_waiting() {
 }
 
 /// Q-20 …: accepted, rejected and nil remove; released, modified and an unknown state
-/// requeue with delivery-count + 1; one DISPOSITION range settles several deliveries.
+/// requeue with delivery-count + 1; one DISPOSITION range settles several deliveries. Q-4: only
+/// the removing outcomes discard a message. Q-29: settlement is one step — the connector answers
+/// none of the settled DISPOSITIONs with one of its own.
 #[test]
 fn q_20_to_27_outcomes() {
     TestConnector::each_backend(Settings::default(), |c| {
@@ -368,7 +370,14 @@ fn q_20_to_27_outcomes() {
         }));
         p.frame(0, &disp, &[]);
         p.frame(0, &link_flow(1, 6, 3, false), &[]);
-        let got = transfers(&p.read_until(WAIT, |_| false));
+        let frames = p.read_until(WAIT, |_| false);
+        assert!(
+            !frames
+                .iter()
+                .any(|r| matches!(r, Received::Frame(_, Performative::Disposition(_)))),
+            "Q-29: no second stage"
+        );
+        let got = transfers(&frames);
         let counts: Vec<u32> = got.iter().map(|g| delivery_count(&g.2)).collect();
         assert_eq!(
             counts,
@@ -453,6 +462,157 @@ fn q_34_tcp_reset_returns_unsettled() {
         let again = consume(&mut p, "rx2", 1, "reset", 5, SenderSettleMode::Unsettled, 3);
         let counts: Vec<u32> = again.iter().map(|g| delivery_count(&g.2)).collect();
         assert_eq!(counts, vec![1, 1, 1], "each returned once, as a redelivery");
+    });
+}
+
+/// Q-8 / FLOW-1: a produce link gets MaxUnsettledPerLink credit on attach, and a FLOW restoring
+/// the full window once its credit drops below half.
+#[test]
+fn q_8_produce_credit_window() {
+    let settings = Settings {
+        max_unsettled_per_link: 4,
+        ..Settings::default()
+    };
+    TestConnector::each_backend(settings, |c| {
+        let mut p = session(c);
+        p.frame(0, &peer::attach_sender("tx", 0, "queues/credit"), &[]);
+        let credit_of = |got: &[Received]| {
+            got.iter().rev().find_map(|r| match r {
+                Received::Frame(_, Performative::Flow(f)) if f.handle.is_some() => {
+                    Some((f.delivery_count, f.link_credit))
+                }
+                _ => None,
+            })
+        };
+        let got = p.read_until(
+            WAIT,
+            |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.is_some()),
+        );
+        assert_eq!(credit_of(&got), Some((Some(0), Some(4))), "the full window");
+        for i in 0..3u32 {
+            p.frame(
+                0,
+                &peer::transfer(0, Some(i), Some(&i.to_be_bytes()), true, false),
+                &data(b"c"),
+            );
+        }
+        let got = p.read_until(
+            WAIT,
+            |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.is_some()),
+        );
+        assert_eq!(
+            credit_of(&got),
+            Some((Some(3), Some(4))),
+            "credit 1 < half of 4: restored to the full window"
+        );
+        eventually("all three stored", || c.store.ready_count("credit") == 3);
+    });
+}
+
+/// a Get on an empty queue that ends without a message is re-issued while credit remains,
+/// so a consumer with standing credit gets a message sent long after it granted the credit.
+#[test]
+fn q_13_get_reissued_while_credit_remains() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        let mut p = session(c);
+        producer(&mut p, "tx", 0, "late", SenderSettleMode::Unsettled);
+        let early = consume(&mut p, "rx", 1, "late", 5, SenderSettleMode::Unsettled, 0);
+        assert!(early.is_empty());
+        // Longer than a Get's 1 s wait: at least one Get ended empty over gRPC.
+        p.read_all(Duration::from_millis(1200));
+        // The delivery may overtake the `accepted`: read until both arrived.
+        p.frame(
+            0,
+            &peer::transfer(0, Some(0), Some(b"l"), false, false),
+            &data(b"late"),
+        );
+        let seen = std::cell::Cell::new((false, false));
+        let got = p.read_until(WAIT, |r| {
+            let (mut disposed, mut delivered) = seen.get();
+            disposed |= matches!(r, Received::Frame(_, Performative::Disposition(_)));
+            delivered |= matches!(r, Received::Frame(_, Performative::Transfer(..)));
+            seen.set((disposed, delivered));
+            disposed && delivered
+        });
+        assert_eq!(
+            disposition_of(&got, 0),
+            Some(Some(DeliveryOutcome::Accepted))
+        );
+        assert_eq!(
+            transfers(&got).len(),
+            1,
+            "the standing credit still fetches"
+        );
+    });
+}
+
+/// Q-19 / ENV-12 … ENV-14: a delivered message carries the sections it was sent with — properties,
+/// application-properties, message-annotations, Data body, footer — after the header the
+/// connector adds.
+#[test]
+fn q_19_sections_rebuilt() {
+    use fe2o3_amqp_types::messaging::{
+        ApplicationProperties, Footer, MessageAnnotations, MessageId, Properties,
+    };
+    use fe2o3_amqp_types::primitives::{OrderedMap, Symbol};
+    TestConnector::each_backend(Settings::default(), |c| {
+        let props = Properties {
+            message_id: Some(MessageId::String("id-19".into())),
+            subject: Some("subject".into()),
+            content_type: Some(Symbol::from("text/plain")),
+            ..Default::default()
+        };
+        let mut app = OrderedMap::new();
+        app.insert(
+            "k".to_string(),
+            fe2o3_amqp_types::primitives::SimpleValue::Int(19),
+        );
+        let mut ann = OrderedMap::new();
+        ann.insert(
+            fe2o3_amqp_types::messaging::annotations::OwnedKey::Symbol(Symbol::from("x-opt-a")),
+            Value::String("a".into()),
+        );
+        let mut foot = OrderedMap::new();
+        foot.insert(
+            fe2o3_amqp_types::messaging::annotations::OwnedKey::Symbol(Symbol::from("x-f")),
+            Value::Long(7),
+        );
+        let sent = [
+            serde_amqp::to_vec(&MessageAnnotations(ann)).unwrap(),
+            serde_amqp::to_vec(&props).unwrap(),
+            serde_amqp::to_vec(&ApplicationProperties(app)).unwrap(),
+            data(b"body-19"),
+            serde_amqp::to_vec(&Footer(foot)).unwrap(),
+        ]
+        .concat();
+        let mut p = session(c);
+        producer(&mut p, "tx", 0, "sections", SenderSettleMode::Unsettled);
+        assert_eq!(
+            produce(&mut p, 0, 0, &sent),
+            Some(DeliveryOutcome::Accepted)
+        );
+        let got = consume(
+            &mut p,
+            "rx",
+            1,
+            "sections",
+            1,
+            SenderSettleMode::Unsettled,
+            1,
+        );
+        assert_eq!(got.len(), 1);
+        let payload = &got[0].2;
+        let header = serde_amqp::to_vec(&fe2o3_amqp_types::messaging::Header::default()).unwrap();
+        let header_len = payload.len() - sent.len();
+        assert!(
+            payload[..header_len].starts_with(&header[..3]),
+            "a header first"
+        );
+        assert_eq!(
+            &payload[header_len..],
+            &sent[..],
+            "then the sections as sent"
+        );
     });
 }
 

@@ -336,75 +336,76 @@ fn long_delivery_tag_invalid_field() {
 
 /// The queues bridge's attach-time refusals over a real socket, each prompt (LINK-5): unknown
 /// prefix → not-found (ADDR-7), invalid channel → not-found (ADDR-6), a pattern not built yet →
-/// not-implemented, `copy` → invalid-field, a selector → not-implemented with the
+/// not-implemented, `copy` → invalid-field (Q-35; Q-37: no browse), a selector → not-implemented with the
 /// documented text, a receiver on `responses/` → not-allowed (ADDR-10).
 #[test]
 fn queues_bridge_attach_refusals() {
     use fe2o3_amqp_types::messaging::DistributionMode;
     use fe2o3_amqp_types::primitives::{OrderedMap, Symbol};
-    let c = interop_tests::TestConnector::start(Settings::default());
-    let mut p = RawPeer::connect(c.addr);
-    p.write(&HEADER_AMQP);
-    p.frame(0, &open("refusals"), &[]);
-    p.frame(0, &begin(), &[]);
-    let mut copy = peer::attach_receiver("copy", 4, "queues/a");
-    if let Some(s) = copy.source.as_mut() {
-        s.distribution_mode = Some(DistributionMode::Copy);
-    }
-    let mut selector = peer::attach_receiver("sel", 5, "queues/a");
-    if let Some(s) = selector.source.as_mut() {
-        let mut f = OrderedMap::new();
-        let described = serde_amqp::described::Described {
-            descriptor: serde_amqp::descriptor::Descriptor::Name(Symbol::from(
-                "apache.org:selector-filter:string",
-            )),
-            value: serde_amqp::Value::String("a = 1".into()),
-        };
-        f.insert(
-            Symbol::from("jms-selector"),
-            serde_amqp::Value::Described(Box::new(described)),
-        );
-        s.filter = Some(f);
-    }
-    let cases = vec![
-        (
-            peer::attach_sender("unknown", 0, "bogus/prefix/x"),
-            "amqp:not-found",
-            Some("unknown address prefix"),
-        ),
-        (
-            peer::attach_sender("bad", 1, "queues/a b"),
-            "amqp:not-found",
-            Some("channel contains whitespace"),
-        ),
-        (
-            peer::attach_sender("events", 2, "events/x"),
-            "amqp:not-implemented",
-            None,
-        ),
-        (
-            peer::attach_receiver("responses", 3, "responses/abc"),
-            "amqp:not-allowed",
-            None,
-        ),
-        (copy, "amqp:invalid-field", None),
-        (
-            selector,
-            "amqp:not-implemented",
-            Some("selector filter not supported on this address"),
-        ),
-    ];
-    for (attach, cond, text) in cases {
-        let name = attach.name.clone();
-        p.frame(0, &attach, &[]);
-        let got = p.read_until(WAIT, |r| condition(r).is_some());
-        assert_eq!(conditions(&got), [cond], "{name}: {got:?}");
-        if let Some(t) = text {
-            assert_eq!(
-                got.iter().find_map(description).as_deref(),
-                Some(t),
-                "{name}"
-            );
+    interop_tests::TestConnector::each_backend(Settings::default(), |c| {
+        let mut p = RawPeer::connect(c.addr);
+        p.write(&HEADER_AMQP);
+        p.frame(0, &open("refusals"), &[]);
+        p.frame(0, &begin(), &[]);
+        let mut copy = peer::attach_receiver("copy", 4, "queues/a");
+        if let Some(s) = copy.source.as_mut() {
+            s.distribution_mode = Some(DistributionMode::Copy);
         }
-    }
+        let mut selector = peer::attach_receiver("sel", 5, "queues/a");
+        if let Some(s) = selector.source.as_mut() {
+            let mut f = OrderedMap::new();
+            let described = serde_amqp::described::Described {
+                descriptor: serde_amqp::descriptor::Descriptor::Name(Symbol::from(
+                    "apache.org:selector-filter:string",
+                )),
+                value: serde_amqp::Value::String("a = 1".into()),
+            };
+            f.insert(
+                Symbol::from("jms-selector"),
+                serde_amqp::Value::Described(Box::new(described)),
+            );
+            s.filter = Some(f);
+        }
+        let cases = vec![
+            (
+                peer::attach_sender("unknown", 0, "bogus/prefix/x"),
+                "amqp:not-found",
+                Some("unknown address prefix"),
+            ),
+            (
+                peer::attach_sender("bad", 1, "queues/a b"),
+                "amqp:not-found",
+                Some("channel contains whitespace"),
+            ),
+            (
+                peer::attach_sender("events", 2, "events/x"),
+                "amqp:not-implemented",
+                None,
+            ),
+            (
+                peer::attach_receiver("responses", 3, "responses/abc"),
+                "amqp:not-allowed",
+                None,
+            ),
+            (copy, "amqp:invalid-field", None),
+            (
+                selector,
+                "amqp:not-implemented",
+                Some("selector filter not supported on this address"),
+            ),
+        ];
+        for (attach, cond, text) in cases {
+            let name = attach.name.clone();
+            p.frame(0, &attach, &[]);
+            let got = p.read_until(WAIT, |r| condition(r).is_some());
+            assert_eq!(conditions(&got), [cond], "{name}: {got:?}");
+            if let Some(t) = text {
+                assert_eq!(
+                    got.iter().find_map(description).as_deref(),
+                    Some(t),
+                    "{name}"
+                );
+            }
+        }
+    });
 }

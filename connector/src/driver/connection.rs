@@ -43,6 +43,7 @@ pub async fn run_connection<H: Handler>(
         while let Some(ev) = engine.poll_event() {
             handler.on_event(&mut engine, ev);
         }
+        handler.after_turn(&mut engine);
         engine.poll_transmit(&mut wbuf);
         if engine.is_closed() {
             break;
@@ -74,6 +75,7 @@ pub async fn run_connection<H: Handler>(
     while let Some(ev) = engine.poll_event() {
         handler.on_event(&mut engine, ev);
     }
+    handler.after_turn(&mut engine);
     if !wbuf.is_empty() {
         let _ = tokio::time::timeout(FINAL_FLUSH, wr.write_all(&wbuf)).await;
     }

@@ -27,6 +27,10 @@ pub trait Handler: Send + 'static {
 
     /// Does the work announced by `poll_ready`.
     fn on_ready(&mut self, _conn: &mut Connection) {}
+
+    /// Called once per turn of the connection loop, after that turn's events: for engine state
+    /// that changes without an event (a BEGIN or END, error tallies).
+    fn after_turn(&mut self, _conn: &mut Connection) {}
 }
 
 /// Makes one [`Handler`] per accepted connection.

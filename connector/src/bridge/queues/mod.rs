@@ -620,7 +620,6 @@ impl<B: Backend> QueuesHandler<B> {
 impl<B: Backend> Handler for QueuesHandler<B> {
     fn on_event(&mut self, conn: &mut Connection, event: Event) {
         self.handle_event(conn, event);
-        self.sync_metrics(conn);
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
@@ -629,6 +628,9 @@ impl<B: Backend> Handler for QueuesHandler<B> {
 
     fn on_ready(&mut self, conn: &mut Connection) {
         self.do_work(conn);
+    }
+
+    fn after_turn(&mut self, conn: &mut Connection) {
         self.sync_metrics(conn);
     }
 }
