@@ -15,6 +15,7 @@ use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
+mod coalesce;
 mod direct;
 
 /// Command line.
@@ -89,7 +90,7 @@ async fn connect(
         None => builder,
     };
     builder
-        .open_with_stream(stream)
+        .open_with_stream(coalesce::Coalesced::new(stream))
         .await
         .map_err(|e| e.to_string())
 }

@@ -91,7 +91,9 @@ struct Pending {
 #[derive(Clone)]
 pub struct KubemqGrpc {
     shared: Arc<Shared>,
-    upstream: mpsc::Sender<Pending>,
+    /// Unbounded so that a send joins the queue on its first poll (Backend::send_queue); what is
+    /// queued is bounded by the producers' credit windows.
+    upstream: mpsc::UnboundedSender<Pending>,
 }
 
 impl KubemqGrpc {
@@ -125,7 +127,7 @@ impl KubemqGrpc {
             token,
             deadline: opts.deadline,
         });
-        let (tx, rx) = mpsc::channel(256);
+        let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(Batcher::new(shared.clone()).run(rx));
         Ok(KubemqGrpc {
             shared,
@@ -175,7 +177,7 @@ impl Batcher {
         }
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<Pending>) {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>) {
         while let Some(first) = rx.recv().await {
             // Messages move into the request (no copies); each caller keeps its count so the
             // results can be split back in order.
@@ -388,7 +390,6 @@ impl Backend for KubemqGrpc {
         let (done, wait) = oneshot::channel();
         self.upstream
             .send(Pending { messages, done })
-            .await
             .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?;
         wait.await
             .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?

@@ -40,7 +40,9 @@ pub trait Backend: Send + Sync + 'static {
     type Downstream: Downstream;
 
     /// Sends queue messages; every message gets its own result, in order (an in-band error is a
-    /// result, not an `Err`).
+    /// result, not an `Err`). The first poll of the returned future takes the messages' place in
+    /// the backend's order without waiting, so calls whose futures are first polled one after the
+    /// other are stored in that order even while earlier ones are still in flight.
     fn send_queue(
         &self,
         messages: Vec<QueueMessage>,

@@ -54,11 +54,12 @@ pub enum Outcome {
 pub enum Command {
     /// A consumer joined; its messages go to `to`.
     Join(ConsumerKey, mpsc::UnboundedSender<ToConsumer>),
-    /// A consumer's demand (credit it can still take), as an absolute value.
-    Demand(ConsumerKey, u32),
-    /// A consumer drains (FLOW-5): hand it what is immediately available within `demand`, then
-    /// report DrainDone. Never waits for new messages.
-    Drain(ConsumerKey, u32),
+    /// A consumer's demand (credit it can still use) as an absolute value, and how many hand-outs
+    /// it had taken when it computed it: hand-outs still on their way are not demand any more.
+    Demand(ConsumerKey, u32, u64),
+    /// A consumer drains (FLOW-5): hand it what is immediately available within its demand
+    /// (counted as for Demand), then report DrainDone. Never waits for new messages.
+    Drain(ConsumerKey, u32, u64),
     /// A consumer left; its remaining demand is gone (its unsettled deliveries come as Settle).
     Leave(ConsumerKey),
     /// A delivery was settled.
@@ -79,7 +80,17 @@ pub struct FetchLimits {
 struct Consumer {
     demand: u32,
     draining: bool,
+    /// Messages handed to it so far.
+    handed: u64,
     to: mpsc::UnboundedSender<ToConsumer>,
+}
+
+impl Consumer {
+    /// Demand as the consumer reported it, less what was handed out after it counted.
+    fn set_demand(&mut self, credit: u32, taken: u64) {
+        let on_the_way = u32::try_from(self.handed.saturating_sub(taken)).unwrap_or(u32::MAX);
+        self.demand = credit.saturating_sub(on_the_way);
+    }
 }
 
 /// A fetched message not yet handed to a consumer: (transaction, sequence, message).
@@ -314,21 +325,22 @@ impl<B: Backend> Fetcher<B> {
                     Consumer {
                         demand: 0,
                         draining: false,
+                        handed: 0,
                         to,
                     },
                 );
                 self.order.push_back(k);
             }
-            Command::Demand(k, d) => {
+            Command::Demand(k, credit, taken) => {
                 if let Some(c) = self.consumers.get_mut(&k) {
                     if !c.draining {
-                        c.demand = d;
+                        c.set_demand(credit, taken);
                     }
                 }
             }
-            Command::Drain(k, d) => {
+            Command::Drain(k, credit, taken) => {
                 if let Some(c) = self.consumers.get_mut(&k) {
-                    c.demand = d;
+                    c.set_demand(credit, taken);
                     c.draining = true;
                 }
             }
@@ -340,8 +352,7 @@ impl<B: Backend> Fetcher<B> {
             Command::Return(h) => {
                 let h = *h;
                 self.handed.insert(h.transaction.clone());
-                self.buffer
-                    .push_front((h.transaction, h.sequence, h.message));
+                self.put_back((h.transaction, h.sequence, h.message));
             }
         }
     }
@@ -366,6 +377,7 @@ impl<B: Backend> Fetcher<B> {
                 break;
             };
             c.demand -= 1;
+            c.handed += 1;
             self.handed.insert(transaction.clone());
             let h = Handout {
                 consumer: k,
@@ -378,10 +390,16 @@ impl<B: Backend> Fetcher<B> {
             {
                 // The connection is gone: keep the message for someone else.
                 c.demand = 0;
-                self.buffer
-                    .push_front((h.transaction, h.sequence, h.message));
+                self.put_back((h.transaction, h.sequence, h.message));
             }
         }
+    }
+
+    /// Puts a message that was handed out back into the buffer in queue order (sequences
+    /// ascend along the queue), so messages returned one by one keep their order.
+    fn put_back(&mut self, m: Fetched) {
+        let at = self.buffer.partition_point(|(_, s, _)| *s < m.1);
+        self.buffer.insert(at, m);
     }
 }
 

@@ -7,6 +7,7 @@
 //! NAcks what it still holds, once.
 
 pub mod fetcher;
+mod sender;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -22,9 +23,10 @@ use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
 use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, ToConsumer};
+use self::sender::{spawn_sender, Done};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{egress, ingress, DeliveryInfo, IngressError};
-use crate::backend::{Backend, BackendError};
+use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, LinkAccept, LinkId};
@@ -129,67 +131,6 @@ fn queue_channel(resolved: Resolved, server_receives: bool) -> Result<String, Am
     }
 }
 
-/// The task that stores one produce link's messages, in the order they arrived: it takes every
-/// message waiting (up to 1,000) as one backend send, so a fast producer gets batching and group
-/// commit, and each message still gets its own outcome.
-fn spawn_sender<B: Backend>(
-    backend: Arc<B>,
-    link: LinkId,
-    done: mpsc::UnboundedSender<Done>,
-) -> mpsc::UnboundedSender<(u32, bool, QueueMessage)> {
-    let (tx, mut rx) = mpsc::unbounded_channel::<(u32, bool, QueueMessage)>();
-    tokio::spawn(async move {
-        while let Some(first) = rx.recv().await {
-            let mut batch = vec![first];
-            while batch.len() < 1000 {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
-            let mut ids = Vec::with_capacity(batch.len());
-            let mut messages = Vec::with_capacity(batch.len());
-            for (id, presettled, m) in batch {
-                ids.push((id, presettled));
-                messages.push(m);
-            }
-            let results = backend.send_queue(messages).await;
-            for (i, (delivery_id, presettled)) in ids.into_iter().enumerate() {
-                // ERR-9's mapping of produce failures.
-                let state = match &results {
-                    Ok(r) => match r.get(i) {
-                        Some(r) if !r.is_error => DeliveryState::Accepted(Accepted {}),
-                        Some(r) if r.error.starts_with("Error 500") => {
-                            rejected(Condition::InternalError, r.error.clone())
-                        }
-                        Some(r) => rejected(Condition::InvalidField, r.error.clone()),
-                        None => rejected(Condition::InternalError, "no result for the message"),
-                    },
-                    Err(BackendError::Unavailable(e)) => {
-                        rejected(Condition::NotAllowed, format!("broker not ready: {e}"))
-                    }
-                    Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
-                };
-                let _ = done.send(Done {
-                    link,
-                    delivery_id,
-                    presettled,
-                    state,
-                });
-            }
-        }
-    });
-    tx
-}
-
-/// A produce that finished in the backend.
-struct Done {
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    state: DeliveryState,
-}
-
 enum LinkKind {
     /// The client produces to this channel, or with `None` (an anonymous link, ADDR-13) to each
     /// message's `to`; messages go through the link's send task in order.
@@ -204,6 +145,9 @@ enum LinkKind {
     Consume {
         fetcher: mpsc::UnboundedSender<Command>,
         presettled: bool,
+        /// Hand-outs for this link taken from the channel so far (delivered or returned): with
+        /// it the fetcher tells its hand-outs still on their way from credit already spent.
+        taken: u64,
     },
 }
 
@@ -350,6 +294,7 @@ impl<B: Backend> QueuesHandler<B> {
             LinkKind::Consume {
                 fetcher,
                 presettled: a.snd_settle_mode == SenderSettleMode::Settled,
+                taken: 0,
             },
         );
         conn.accept_link(link, LinkAccept { credit_window: 0 })
@@ -456,10 +401,11 @@ impl<B: Backend> QueuesHandler<B> {
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
     fn report_demand(&self, conn: &Connection, link: LinkId) {
-        if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
+        if let Some(LinkKind::Consume { fetcher, taken, .. }) = self.links.get(&link) {
             let _ = fetcher.send(Command::Demand(
                 (self.connection, link),
                 self.demand(conn, link),
+                *taken,
             ));
         }
     }
@@ -578,7 +524,8 @@ impl<B: Backend> QueuesHandler<B> {
         let Some(LinkKind::Consume {
             fetcher,
             presettled,
-        }) = self.links.get(&link)
+            taken,
+        }) = self.links.get_mut(&link)
         else {
             // The link ended while the message was on its way: the fetcher offers it again.
             if let Some(f) = self.closed.get(&link) {
@@ -586,6 +533,7 @@ impl<B: Backend> QueuesHandler<B> {
             }
             return;
         };
+        *taken += 1;
         let (fetcher, presettled) = (fetcher.clone(), *presettled);
         let receive_count = h.message.attributes.as_ref().map_or(1, |a| a.receive_count);
         let payload = egress(
@@ -654,10 +602,11 @@ impl<B: Backend> QueuesHandler<B> {
                     // FLOW-5: the fetcher hands over what is immediately available, then says
                     // DrainDone; it never waits for new messages.
                     match self.links.get(&link) {
-                        Some(LinkKind::Consume { fetcher, .. }) => {
+                        Some(LinkKind::Consume { fetcher, taken, .. }) => {
                             let _ = fetcher.send(Command::Drain(
                                 (self.connection, link),
                                 self.demand(conn, link),
+                                *taken,
                             ));
                         }
                         Some(LinkKind::Dynamic { address, .. }) => {
