@@ -178,7 +178,8 @@ impl Log {
             .map_err(|_| io::Error::other("store writer stopped"))?
     }
 
-    /// Appends framed records without waiting (acks: losing one in a crash means redelivery).
+    /// Appends framed records without waiting and without an fsync of their own (acks: they reach
+    /// the disk with the next durable append; one lost in a power failure means a redelivery).
     pub fn append_nowait(&self, bytes: BytesMut) {
         let _ = self.send(Append { bytes, done: None });
     }
@@ -340,10 +341,15 @@ impl Writer {
             });
             buf.extend_from_slice(&a.bytes);
         }
+        // Only a batch someone waits on is fsynced. Records nobody waits for (settlements) are
+        // written, so a killed process keeps them, and reach the disk with the next fsync; a power
+        // loss before that redelivers those messages, which at-least-once allows.
+        let durable = batch.iter().any(|a| a.done.is_some());
         let synced = match failed {
             Some(e) => Err(e),
             None => self.flush(buf).and_then(|_| match self.file.as_mut() {
-                Some(f) => f.sync_data(),
+                Some(f) if durable => f.sync_data(),
+                Some(_) => Ok(()),
                 None => Err(io::Error::other("no active segment")),
             }),
         };
