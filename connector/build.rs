@@ -9,6 +9,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Bodies are shared, not copied, from the received buffer to the AMQP frame.
+        .bytes(".kubemq.QueueMessage.Body")
         .compile_protos(&["../proto/kubemq.proto"], &["../proto"])?;
     Ok(())
 }

@@ -48,7 +48,7 @@ pub async fn produce(
             message_id: format!("{who}-{i}"),
             client_id: format!("amqp-bench-producer-{who}"),
             channel: channel.clone(),
-            body: body(first + i, started, args.size),
+            body: body(first + i, started, args.size).into(),
             ..Default::default()
         };
         let (g, t) = (grpc.clone(), tally.clone());

@@ -17,7 +17,7 @@ fn msg(queue: &str, body: &str) -> QueueMessage {
     QueueMessage {
         client_id: "grpc-test".into(),
         channel: queue.into(),
-        body: body.as_bytes().to_vec(),
+        body: body.as_bytes().to_vec().into(),
         ..Default::default()
     }
 }
@@ -198,7 +198,7 @@ fn server_restart_reconnects_and_loses_nothing() {
         assert!(!r[0].is_error);
         let mut ds = c.open_downstream().await.unwrap();
         let b = ds.get("r", "grpc-test", 3, 1000).await.unwrap();
-        let bodies: Vec<&[u8]> = b.messages.iter().map(|m| m.body.as_slice()).collect();
+        let bodies: Vec<&[u8]> = b.messages.iter().map(|m| &m.body[..]).collect();
         assert_eq!(bodies, [&b"before"[..], b"before-2", b"after"]);
     });
     drop(f);

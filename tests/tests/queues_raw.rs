@@ -772,7 +772,7 @@ fn q_26_release_limit_dead_letters() {
         let msg = connector::kubemq::QueueMessage {
             client_id: "grpc-producer".into(),
             channel: "poison".into(),
-            body: b"again and again".to_vec(),
+            body: b"again and again".to_vec().into(),
             policy: Some(connector::kubemq::QueueMessagePolicy {
                 max_receive_count: 2,
                 max_receive_queue: "poison-dlq".into(),

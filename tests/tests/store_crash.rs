@@ -96,7 +96,7 @@ fn sigkill_during_sends_loses_nothing_confirmed() {
                 .send(vec![connector::kubemq::QueueMessage {
                     client_id: "t".into(),
                     channel: "crash".into(),
-                    body: b"after".to_vec(),
+                    body: b"after".to_vec().into(),
                     ..Default::default()
                 }])
                 .await;
@@ -121,7 +121,7 @@ fn sigkill_with_locked_messages_returns_them() {
                 message_id: format!("m-{i}"),
                 client_id: "t".into(),
                 channel: "crash".into(),
-                body: b"x".to_vec(),
+                body: b"x".to_vec().into(),
                 ..Default::default()
             })
             .collect();

@@ -23,7 +23,7 @@ fn msg(queue: &str, body: &str) -> QueueMessage {
     QueueMessage {
         client_id: "tester".into(),
         channel: queue.into(),
-        body: body.as_bytes().to_vec(),
+        body: body.as_bytes().to_vec().into(),
         ..Default::default()
     }
 }
@@ -271,7 +271,7 @@ fn nack_requeue_and_dead_letter() {
             d.policy.clone().unwrap_or_default(),
             QueueMessagePolicy::default()
         );
-        assert_eq!(d.body, b"poison");
+        assert_eq!(&d.body[..], b"poison");
     });
 }
 

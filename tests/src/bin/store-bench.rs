@@ -69,7 +69,7 @@ fn main() {
 
 /// Durable sends from 64 concurrent senders (one message per call), then Get + Ack in batches.
 async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
-    let body = vec![0x5a; 1024];
+    let body = bytes::Bytes::from(vec![0x5a; 1024]);
     let senders = 64;
     let per = total / senders;
     let queue = format!("bench-{}", label.len());

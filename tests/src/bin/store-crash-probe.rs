@@ -33,7 +33,7 @@ fn main() {
                                 message_id: id.clone(),
                                 client_id: "probe".into(),
                                 channel: "crash".into(),
-                                body: vec![b'x'; 512],
+                                body: vec![b'x'; 512].into(),
                                 ..Default::default()
                             };
                             let r = store.send(vec![m]).await;

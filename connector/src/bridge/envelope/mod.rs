@@ -189,14 +189,12 @@ pub fn egress(
         .and_then(|p| p.get("ttl"))
         .and_then(Json::as_u64)
         .and_then(|t| u32::try_from(t).ok());
-    let header = Value::List(vec![
-        Value::Bool(true),
-        Value::Null,
-        ttl.map_or(Value::Null, Value::Uint),
-        Value::Bool(info.receive_count <= 1),
-        Value::Uint(u32::try_from(info.receive_count.saturating_sub(1).max(0)).unwrap_or(0)),
-    ]);
-    push_section(&mut out, 0x70, header);
+    push_header(
+        &mut out,
+        ttl,
+        info.receive_count <= 1,
+        u32::try_from(info.receive_count.saturating_sub(1).max(0)).unwrap_or(0),
+    );
     match &env {
         Some(env) => {
             for (key, code) in [("delivery_annotations", 0x71), ("annotations", 0x72)] {
@@ -252,11 +250,7 @@ pub fn egress(
         out.extend_from_slice(&[0x00, 0x53, 0x77]);
         out.extend_from_slice(body);
     } else {
-        push_section(
-            &mut out,
-            0x75,
-            Value::Binary(serde_bytes::ByteBuf::from(body.to_vec())),
-        );
+        push_data(&mut out, body);
     }
     if let Some(Json::Object(m)) = env.as_ref().and_then(|e| e.get("footer")) {
         push_section(&mut out, 0x78, Value::Map(annotations_from_json(m)));
@@ -272,6 +266,48 @@ fn tags_map(tags: &std::collections::HashMap<String, String>) -> Value {
             .map(|k| (Value::String(k.clone()), Value::String(tags[k].clone())))
             .collect(),
     )
+}
+
+/// The header section (durable, no priority, ttl, first-acquirer, delivery-count), encoded by
+/// hand: it is on every delivery, and the generic encoder costs more than the rest of it.
+fn push_header(out: &mut Vec<u8>, ttl: Option<u32>, first_acquirer: bool, delivery_count: u32) {
+    let mut fields = Vec::with_capacity(16);
+    fields.push(0x41); // durable: true
+    fields.push(0x40); // priority: null (4, the default)
+    match ttl {
+        Some(t) => push_uint(&mut fields, t),
+        None => fields.push(0x40),
+    }
+    fields.push(if first_acquirer { 0x41 } else { 0x42 });
+    push_uint(&mut fields, delivery_count);
+    // list8: size (count byte + fields), count 5.
+    out.extend_from_slice(&[0x00, 0x53, 0x70, 0xc0, fields.len() as u8 + 1, 5]);
+    out.extend_from_slice(&fields);
+}
+
+/// A uint in its shortest encoding.
+fn push_uint(out: &mut Vec<u8>, n: u32) {
+    match n {
+        0 => out.push(0x43),
+        1..=255 => out.extend_from_slice(&[0x52, n as u8]),
+        _ => {
+            out.push(0x70);
+            out.extend_from_slice(&n.to_be_bytes());
+        }
+    }
+}
+
+/// One Data section holding `body`, copied once.
+fn push_data(out: &mut Vec<u8>, body: &[u8]) {
+    out.extend_from_slice(&[0x00, 0x53, 0x75]);
+    match u8::try_from(body.len()) {
+        Ok(n) => out.extend_from_slice(&[0xa0, n]),
+        Err(_) => {
+            out.push(0xb0);
+            out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(body);
 }
 
 fn push_section(out: &mut Vec<u8>, code: u64, value: Value) {

@@ -504,7 +504,7 @@ impl<B: Backend> QueuesHandler<B> {
             client_id: self.client_id.clone(),
             channel,
             metadata: stored.metadata,
-            body: stored.body,
+            body: stored.body.into(),
             ..Default::default()
         };
         if sends.send((d.delivery_id, d.settled, message)).is_err() {
