@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test of the project. Installs what the interop tests need (idempotently):
-# python-qpid-proton from PyPI, rhea and rhea-promise from npm. Rust's own tools come with cargo.
+# Runs every test of the project. Installs what the tests need (idempotently): python-qpid-proton,
+# the KubeMQ SDK and kubernetes-validate from PyPI, rhea and rhea-promise from npm. Rust's own
+# tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -12,6 +13,10 @@ fi
 if ! python3 -c 'import kubemq' 2>/dev/null; then
   echo "== installing the KubeMQ Python SDK"
   python3 -m pip install --quiet --disable-pip-version-check 'kubemq==4.1.5'
+fi
+if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import jsonschema, yaml' 2>/dev/null; then
+  echo "== installing kubernetes-validate (Kubernetes JSON schemas; brings jsonschema and PyYAML)"
+  python3 -m pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
 fi
 if [ ! -d tests/js/node_modules/rhea-promise ] || [ ! -d tests/js/node_modules/rhea ]; then
   echo "== installing rhea and rhea-promise"

@@ -1,0 +1,658 @@
+//! The `AmqpConnector` custom resource (`amqp.kubemq.io/v1alpha1`): what a user asks for
+//! (`spec`) and what the operator reports (`status`). `crds/amqpconnector.yaml` is generated from
+//! these types by the `crdgen` binary; a test fails when the committed file drifts.
+//!
+//! Connector tunables are optional and unset by default: the connector owns its defaults
+//! (config.md), so a new connector release can retune them without a CRD change. Each field's
+//! description names the connector default. Cross-field rules are CEL rules the API server
+//! enforces; they are kept to cheap expressions over bounded lists.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+    TopologySpreadConstraint,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Environment variable names the operator sets itself; `spec.env` may not override them.
+pub const RESERVED_ENV: [&str; 3] = ["POD_NAME", "POD_NAMESPACE", "KUBEMQ_AMQP_CONFIG"];
+/// Prefix of the connector's own settings variables (config.md CFG-15): those come from the
+/// rendered configuration, never from `spec.env`.
+pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
+
+/// Desired state of one AMQP 1.0 connector deployment in front of a KubeMQ broker.
+// Several printer columns share a `type_`: clippy reads those as repeated attributes.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "amqp.kubemq.io",
+    version = "v1alpha1",
+    kind = "AmqpConnector",
+    namespaced,
+    status = "AmqpConnectorStatus",
+    derive = "PartialEq",
+    shortname = "amqpc",
+    category = "kubemq",
+    doc = "An AMQP 1.0 connector for a KubeMQ broker: AMQP clients connect to its Service and use KubeMQ queues, events and RPC.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Whether every replica is ready and the spec is applied"
+    ),
+    printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(
+        name = "Available",
+        type_ = "integer",
+        json_path = ".status.readyReplicas"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".status.endpoints.amqp"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Broker",
+        type_ = "string",
+        json_path = ".spec.broker.address",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Image",
+        type_ = "string",
+        json_path = ".status.image",
+        priority = 1
+    )
+)]
+#[x_kube(
+    validation = Rule::new("self.listeners.amqp.enabled || self.listeners.amqps.enabled").message("at least one listener (amqp or amqps) must be enabled"),
+    validation = Rule::new("!self.listeners.amqps.enabled || has(self.tls)").message("the amqps listener needs spec.tls"),
+    validation = Rule::new("!self.listeners.amqp.enabled || !self.listeners.amqps.enabled || self.listeners.amqp.port != self.listeners.amqps.port").message("the amqp and amqps listeners need different ports"),
+    validation = Rule::new("!has(self.sasl) || !('EXTERNAL' in self.sasl.mechanisms) || (has(self.tls) && has(self.tls.clientAuth) && self.tls.clientAuth == 'Required')").message("SASL EXTERNAL needs spec.tls.clientAuth: Required"),
+    validation = Rule::new("!has(self.service) || !has(self.service.nodePorts) || (has(self.service.type) && self.service.type in ['NodePort', 'LoadBalancer'])").message("service.nodePorts needs service.type NodePort or LoadBalancer"),
+    validation = Rule::new("!has(self.env) || self.env.all(e, !(e.name in ['POD_NAME', 'POD_NAMESPACE', 'KUBEMQ_AMQP_CONFIG']) && !e.name.startsWith('CONNECTORS_AMQP10_'))").message("spec.env may not set POD_NAME, POD_NAMESPACE, KUBEMQ_AMQP_CONFIG or CONNECTORS_AMQP10_* (the operator renders those)")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpConnectorSpec {
+    /// The KubeMQ broker the connector talks to over gRPC.
+    pub broker: Broker,
+    /// Connector pods. Default 1; 0 stops them. A PodDisruptionBudget is kept from 2 up.
+    #[serde(default = "one")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+    /// Connector image; default: the image matching the operator's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 512))]
+    pub image: Option<String>,
+    /// Pull policy of the connector image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<PullPolicy>,
+    /// Secrets for pulling the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Option<Vec<LocalObjectReference>>,
+    /// AMQP listeners: plain `amqp` (default on, 5672) and TLS `amqps` (default off, 5671).
+    #[serde(default)]
+    pub listeners: Listeners,
+    /// Server TLS for the `amqps` listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ServerTls>,
+    /// SASL mechanisms offered to clients.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<Sasl>,
+    /// AMQP tunables (config.md); each one unset keeps the connector's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpTunables>,
+    /// Compute resources of each connector container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// The Service AMQP clients connect to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceOptions>,
+    /// The PodDisruptionBudget kept while replicas ≥ 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_disruption_budget: Option<DisruptionBudget>,
+    /// Prometheus metrics of the connector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Metrics>,
+    /// Log level and format of the connector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logging: Option<Logging>,
+    /// Seconds a stopping pod has to drain (close connections with `amqp:connection:forced`,
+    /// return unsettled deliveries). Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 3600))]
+    pub termination_grace_period_seconds: Option<i64>,
+    /// Node labels the pods must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+    /// Tolerations of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32))]
+    pub tolerations: Option<Vec<Toleration>>,
+    /// Affinity of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Topology spread of the pods; empty with replicas ≥ 2 means a hostname spread
+    /// (ScheduleAnyway) added by the operator.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 8))]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+    /// Priority class of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub priority_class_name: Option<String>,
+    /// Extra annotations on the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+    /// Extra labels on the pods (the selector labels cannot be overridden).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+    /// Service account of the pods; default: none, and no API token is mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub service_account_name: Option<String>,
+    /// Extra environment variables of the connector container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub env: Option<Vec<EnvVar>>,
+    /// Escape hatch: a partial pod template merged over the one the operator renders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "preserve_unknown_fields")]
+    pub pod_template: Option<serde_json::Value>,
+    /// Stop reconciling this object (its children are left as they are).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// The KubeMQ broker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Broker {
+    /// KubeMQ gRPC address, `host:port` (e.g. `kubemq-cluster-grpc.kubemq:50000`).
+    #[x_kube(validation = Rule::new("self.matches('^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\\\\[[0-9A-Fa-f:.]+\\\\]):[0-9]{1,5}$')").message("must be host:port"))]
+    #[schemars(length(min = 3, max = 261))]
+    pub address: String,
+    /// TLS to the broker's gRPC port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BrokerTls>,
+    /// Secret key holding the JWT the connector presents to KubeMQ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_token_secret_ref: Option<SecretKey>,
+    /// Prefix of the ClientIDs the connector uses on the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub client_id_prefix: Option<String>,
+}
+
+/// TLS from the connector to the broker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerTls {
+    /// Secret whose `ca.crt` verifies the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub ca_secret_name: Option<String>,
+    /// `kubernetes.io/tls` Secret for mutual TLS to the broker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub client_cert_secret_name: Option<String>,
+    /// Server name to verify instead of the address's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub server_name: Option<String>,
+}
+
+/// One key of one Secret.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct SecretKey {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key in the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Image pull policy.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PullPolicy {
+    /// Always pull.
+    Always,
+    /// Pull when missing.
+    IfNotPresent,
+    /// Never pull.
+    Never,
+}
+
+/// The two listeners.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Listeners {
+    /// Plain AMQP.
+    #[serde(default = "Listener::amqp")]
+    pub amqp: Listener,
+    /// AMQP over TLS; needs `spec.tls`.
+    #[serde(default = "Listener::amqps")]
+    pub amqps: Listener,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Listeners {
+            amqp: Listener::amqp(),
+            amqps: Listener::amqps(),
+        }
+    }
+}
+
+/// One listener.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Listener {
+    /// Whether it listens.
+    pub enabled: bool,
+    /// Container and Service port.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+impl Listener {
+    fn amqp() -> Listener {
+        Listener {
+            enabled: true,
+            port: 5672,
+        }
+    }
+
+    fn amqps() -> Listener {
+        Listener {
+            enabled: false,
+            port: 5671,
+        }
+    }
+}
+
+/// Server TLS.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerTls {
+    /// `kubernetes.io/tls` Secret with the server certificate and key (cert-manager friendly).
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// Secret whose `ca.crt` verifies client certificates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<SecretName>,
+    /// Client certificates: None (default), Optional or Required (Required allows SASL EXTERNAL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_auth: Option<ClientAuth>,
+    /// Lowest TLS version, "1.2" (default) or "1.3".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_version: Option<TlsVersion>,
+}
+
+/// A Secret by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretName {
+    /// Secret name.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+}
+
+/// Client certificate mode.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No client certificates.
+    None,
+    /// Verified when presented.
+    Optional,
+    /// Every client must present one.
+    Required,
+}
+
+/// TLS version.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsVersion {
+    /// TLS 1.2.
+    #[serde(rename = "1.2")]
+    V12,
+    /// TLS 1.3.
+    #[serde(rename = "1.3")]
+    V13,
+}
+
+/// SASL.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Sasl {
+    /// Mechanisms offered, in order of preference.
+    #[schemars(length(min = 1, max = 3))]
+    pub mechanisms: Vec<SaslMechanism>,
+}
+
+/// A SASL mechanism.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaslMechanism {
+    /// User name and password (the password is the KubeMQ JWT).
+    #[serde(rename = "PLAIN")]
+    Plain,
+    /// No credentials (only when the broker has authentication off).
+    #[serde(rename = "ANONYMOUS")]
+    Anonymous,
+    /// The client certificate's CN (needs `tls.clientAuth: Required`).
+    #[serde(rename = "EXTERNAL")]
+    External,
+}
+
+/// The connector's AMQP settings (config.md CFG-4 … CFG-14). Unset keeps the default in the
+/// description.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpTunables {
+    /// Largest frame size negotiated (default 131072; at least 512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 512, max = 4294967295_i64))]
+    pub max_frame_size: Option<i64>,
+    /// Largest message in bytes (default 104857600 = 100 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_message_size: Option<i64>,
+    /// Sessions per connection (default 256; 1…65535).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub session_max: Option<i32>,
+    /// Links per session (default 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_links_per_session: Option<i32>,
+    /// Connections per pod, 0 = unlimited (default 1000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_connections: Option<i32>,
+    /// Idle timeout in seconds, 0 = none (default 120).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub idle_timeout_seconds: Option<i32>,
+    /// Pattern of addresses without a prefix (default queues).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_pattern: Option<DefaultPattern>,
+    /// Largest Get batch from KubeMQ (default 32; 1…1024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1024))]
+    pub get_batch_size: Option<i32>,
+    /// Unsettled deliveries per link and produce credit window (default 1024).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_unsettled_per_link: Option<i32>,
+    /// RPC timeout without a ttl, in seconds (default 30).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub default_rpc_timeout_seconds: Option<i32>,
+    /// Pending RPCs per connection (default 512).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub rpc_max_pending: Option<i32>,
+}
+
+/// A KubeMQ pattern.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum DefaultPattern {
+    /// Queues.
+    Queues,
+    /// Events.
+    Events,
+    /// Events-Store.
+    EventsStore,
+    /// Commands.
+    Commands,
+    /// Queries.
+    Queries,
+}
+
+/// The clients' Service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceOptions {
+    /// Service type (default ClusterIP).
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+    /// Extra annotations (e.g. for a cloud load balancer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<BTreeMap<String, String>>,
+    /// Extra labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+    /// Fixed node ports (NodePort or LoadBalancer only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_ports: Option<NodePorts>,
+    /// Load balancer class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub load_balancer_class: Option<String>,
+    /// Client CIDRs a load balancer admits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub load_balancer_source_ranges: Option<Vec<String>>,
+    /// External traffic policy (Cluster or Local).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_traffic_policy: Option<TrafficPolicy>,
+    /// Session affinity (None or ClientIP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity: Option<SessionAffinity>,
+}
+
+/// Service type.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    /// In-cluster only.
+    ClusterIP,
+    /// A port on every node.
+    NodePort,
+    /// A cloud load balancer.
+    LoadBalancer,
+}
+
+/// External traffic policy.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrafficPolicy {
+    /// Any node.
+    Cluster,
+    /// Only nodes with a pod.
+    Local,
+}
+
+/// Session affinity.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SessionAffinity {
+    /// None.
+    None,
+    /// By client IP.
+    ClientIP,
+}
+
+/// Fixed node ports.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct NodePorts {
+    /// For the amqp port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30000, max = 32767))]
+    pub amqp: Option<i32>,
+    /// For the amqps port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30000, max = 32767))]
+    pub amqps: Option<i32>,
+}
+
+/// The PodDisruptionBudget.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DisruptionBudget {
+    /// Keep one while replicas ≥ 2 (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Pods that may be down at once (default 1).
+    #[serde(default = "one")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable: i32,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Metrics.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Metrics {
+    /// Serve `/metrics` and a `<name>-metrics` Service (default true).
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// Port of `/metrics`, `/livez` and `/readyz` (default 9090).
+    #[serde(default = "metrics_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+    /// A Prometheus-operator ServiceMonitor for the metrics Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<ServiceMonitor>,
+}
+
+fn metrics_port() -> i32 {
+    9090
+}
+
+/// ServiceMonitor options.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct ServiceMonitor {
+    /// Create one (needs the monitoring.coreos.com/v1 CRD).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Scrape interval, e.g. `30s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(ms|s|m|h)$')").message("a duration such as 30s"))]
+    #[schemars(length(max = 16))]
+    pub interval: Option<String>,
+    /// Extra labels (for a Prometheus selector).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// Logging.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Logging {
+    /// Level (default info).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<LogLevel>,
+    /// Format (default json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<LogFormat>,
+}
+
+/// Log level.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors.
+    Error,
+    /// Warnings.
+    Warn,
+    /// Information.
+    Info,
+    /// Debugging.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// Log format.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable text.
+    Text,
+}
+
+/// Observed state, written by the operator.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct AmqpConnectorStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Available, Progressing and Degraded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Option<Vec<Condition>>,
+    /// Pods of the Deployment.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Ready pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Pods on the current template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub updated_replicas: Option<i32>,
+    /// The pods' label selector (for the scale subresource).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The image the pods run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// In-cluster URLs of the listeners.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Endpoints>,
+    /// The clients' Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_name: Option<String>,
+    /// Hash of the rendered connector configuration (also on the pod template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_hash: Option<String>,
+}
+
+/// Listener URLs.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Endpoints {
+    /// `amqp://<service>.<namespace>.svc:<port>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<String>,
+    /// `amqps://<service>.<namespace>.svc:<port>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqps: Option<String>,
+}
+
+/// An object whose unknown fields the API server keeps (the pod template escape hatch).
+fn preserve_unknown_fields(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.
+fn conditions_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = g.subschema_for::<Vec<Condition>>();
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["type"]),
+    );
+    s
+}
