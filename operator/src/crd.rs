@@ -19,7 +19,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// Environment variable names the operator sets itself; `spec.env` may not override them.
-pub const RESERVED_ENV: [&str; 3] = ["POD_NAME", "POD_NAMESPACE", "KUBEMQ_AMQP_CONFIG"];
+pub const RESERVED_ENV: [&str; 2] = ["POD_NAME", "POD_NAMESPACE"];
 /// Prefix of the connector's own settings variables (config.md CFG-15): those come from the
 /// rendered configuration, never from `spec.env`.
 pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
@@ -84,7 +84,7 @@ pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
     validation = Rule::new("!self.listeners.amqp.enabled || !self.listeners.amqps.enabled || self.listeners.amqp.port != self.listeners.amqps.port").message("the amqp and amqps listeners need different ports"),
     validation = Rule::new("!has(self.sasl) || !('EXTERNAL' in self.sasl.mechanisms) || (has(self.tls) && has(self.tls.clientAuth) && self.tls.clientAuth == 'Required')").message("SASL EXTERNAL needs spec.tls.clientAuth: Required"),
     validation = Rule::new("!has(self.service) || !has(self.service.nodePorts) || (has(self.service.type) && self.service.type in ['NodePort', 'LoadBalancer'])").message("service.nodePorts needs service.type NodePort or LoadBalancer"),
-    validation = Rule::new("!has(self.env) || self.env.all(e, !(e.name in ['POD_NAME', 'POD_NAMESPACE', 'KUBEMQ_AMQP_CONFIG']) && !e.name.startsWith('CONNECTORS_AMQP10_'))").message("spec.env may not set POD_NAME, POD_NAMESPACE, KUBEMQ_AMQP_CONFIG or CONNECTORS_AMQP10_* (the operator renders those)")
+    validation = Rule::new("!has(self.env) || self.env.all(e, !(e.name in ['POD_NAME', 'POD_NAMESPACE']) && !e.name.startsWith('CONNECTORS_AMQP10_'))").message("spec.env may not set POD_NAME, POD_NAMESPACE or CONNECTORS_AMQP10_* (the operator renders those)")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AmqpConnectorSpec {
@@ -556,10 +556,10 @@ pub struct ServiceMonitor {
 /// Logging.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct Logging {
-    /// Level (default info).
+    /// Level (default info), passed to the connector as `RUST_LOG`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<LogLevel>,
-    /// Format (default json).
+    /// Format (default text; json is not available in this connector version).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<LogFormat>,
 }
@@ -584,7 +584,7 @@ pub enum LogLevel {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// One JSON object per line.
+    /// One JSON object per line (not available yet: the operator reports it as unsupported).
     Json,
     /// Human-readable text.
     Text,

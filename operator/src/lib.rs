@@ -4,6 +4,7 @@
 //! The controller, the objects it renders and the Helm chart are the rest of issue 5.
 
 pub mod crd;
+pub mod render;
 
 /// The CRD as YAML, exactly as `crds/amqpconnector.yaml` holds it.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {

@@ -1,0 +1,295 @@
+//! The objects an AmqpConnector renders (issue 5), as pure functions: golden files per example
+//! (`UPDATE_GOLDEN=1` rewrites them), each validated with `kubernetes-validate --strict` for
+//! Kubernetes 1.30 and 1.37, and the properties every rendering must keep. The connector's own
+//! parser reads the rendered configuration (and connector/tests/operator_config.rs feeds the
+//! golden ConfigMaps to the connector binary).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kubemq_amqp_operator::crd::AmqpConnector;
+use kubemq_amqp_operator::render::{
+    desired, selector_labels, Desired, RenderError, CONFIG_FILE, CONFIG_HASH_ANNOTATION,
+};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// An example as the API server would hand it over: with a uid and a namespace.
+fn fixture(example: &str) -> AmqpConnector {
+    let text = std::fs::read_to_string(root().join("examples").join(example)).expect("example");
+    let mut cr: AmqpConnector = serde_yaml::from_str(&text).expect("example parses");
+    cr.metadata.uid = Some("6f1c2b7e-0000-4000-8000-000000000001".into());
+    if cr.metadata.namespace.is_none() {
+        cr.metadata.namespace = Some("default".into());
+    }
+    cr
+}
+
+fn documents(d: &Desired) -> String {
+    let mut docs = vec![
+        yaml_doc("v1", "ConfigMap", &d.config_map),
+        yaml_doc("apps/v1", "Deployment", &d.deployment),
+        yaml_doc("v1", "Service", &d.service),
+    ];
+    if let Some(s) = &d.metrics_service {
+        docs.push(yaml_doc("v1", "Service", s));
+    }
+    if let Some(p) = &d.pdb {
+        docs.push(yaml_doc("policy/v1", "PodDisruptionBudget", p));
+    }
+    docs.join("---\n")
+}
+
+/// k8s-openapi objects serialize without apiVersion/kind; server-side apply bodies carry them.
+fn yaml_doc<T: serde::Serialize>(api_version: &str, kind: &str, obj: &T) -> String {
+    let mut v = serde_json::to_value(obj).expect("to JSON");
+    v["apiVersion"] = api_version.into();
+    v["kind"] = kind.into();
+    serde_yaml::to_string(&v).expect("to YAML")
+}
+
+fn golden(name: &str) -> PathBuf {
+    root()
+        .join("operator/tests/golden")
+        .join(format!("{name}.yaml"))
+}
+
+#[test]
+fn golden_renderings_are_current_and_valid() {
+    for (example, name) in [
+        ("amqpconnector.yaml", "orders"),
+        ("minimal.yaml", "minimal"),
+    ] {
+        let rendered = documents(&desired(&fixture(example)).expect("renders"));
+        let path = golden(name);
+        if std::env::var_os("UPDATE_GOLDEN").is_some() {
+            std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+            std::fs::write(&path, &rendered).expect("write golden");
+        }
+        let committed = std::fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            committed == rendered,
+            "{} is stale: run UPDATE_GOLDEN=1 cargo test -p kubemq-amqp-operator --test render",
+            path.display()
+        );
+        for version in ["1.30.0", "1.37.0"] {
+            let out = Command::new("kubernetes-validate")
+                .args(["--strict", "-k", version])
+                .arg(&path)
+                .output()
+                .expect("kubernetes-validate (tests/run.sh installs it)");
+            let text = String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success() && !text.contains("ERROR") && !text.contains("FAIL"),
+                "{name} against {version}: {text}"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_child_is_owned_and_labelled() {
+    let cr = fixture("amqpconnector.yaml");
+    let d = desired(&cr).expect("renders");
+    let metas = [
+        &d.config_map.metadata,
+        &d.deployment.metadata,
+        &d.service.metadata,
+        &d.metrics_service.as_ref().expect("metrics on").metadata,
+        &d.pdb.as_ref().expect("2 replicas").metadata,
+    ];
+    for m in metas {
+        let owners = m.owner_references.as_ref().expect("owner");
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].uid, "6f1c2b7e-0000-4000-8000-000000000001");
+        assert_eq!(owners[0].controller, Some(true));
+        let labels = m.labels.as_ref().expect("labels");
+        assert_eq!(
+            labels
+                .get("app.kubernetes.io/managed-by")
+                .map(String::as_str),
+            Some("amqp-connector-operator")
+        );
+        for (k, v) in selector_labels("orders") {
+            assert_eq!(labels.get(&k), Some(&v), "{k}");
+        }
+        assert_eq!(m.namespace.as_deref(), Some("apps"));
+    }
+}
+
+#[test]
+fn no_uid_no_children() {
+    let mut cr = fixture("minimal.yaml");
+    cr.metadata.uid = None;
+    assert_eq!(desired(&cr), Err(RenderError::NoOwner));
+}
+
+#[test]
+fn selector_never_changes_with_the_spec() {
+    let a = desired(&fixture("amqpconnector.yaml")).expect("renders");
+    let mut changed = fixture("amqpconnector.yaml");
+    changed.spec.replicas = 5;
+    changed.spec.image = Some("example.org/connector:other".into());
+    changed.spec.pod_labels =
+        Some([("app.kubernetes.io/name".to_string(), "x".to_string())].into());
+    let b = desired(&changed).expect("renders");
+    let sel = |d: &Desired| d.deployment.spec.as_ref().expect("spec").selector.clone();
+    assert_eq!(sel(&a), sel(&b));
+    let pod_labels = b
+        .deployment
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .metadata
+        .as_ref()
+        .expect("meta")
+        .labels
+        .clone()
+        .expect("labels");
+    assert_eq!(
+        pod_labels.get("app.kubernetes.io/name").map(String::as_str),
+        Some("amqp-connector"),
+        "the selector labels win over spec.podLabels"
+    );
+}
+
+#[test]
+fn config_hash_follows_the_configuration_only() {
+    let base = desired(&fixture("amqpconnector.yaml")).expect("renders");
+    let again = desired(&fixture("amqpconnector.yaml")).expect("renders");
+    assert_eq!(base.config_hash, again.config_hash, "deterministic");
+    let mut scaled = fixture("amqpconnector.yaml");
+    scaled.spec.replicas = 3;
+    assert_eq!(
+        desired(&scaled).expect("renders").config_hash,
+        base.config_hash
+    );
+    let mut tuned = fixture("amqpconnector.yaml");
+    tuned.spec.amqp.get_or_insert_default().get_batch_size = Some(64);
+    let tuned = desired(&tuned).expect("renders");
+    assert_ne!(tuned.config_hash, base.config_hash);
+    let annotation = |d: &Desired| {
+        d.deployment
+            .spec
+            .as_ref()
+            .expect("spec")
+            .template
+            .metadata
+            .as_ref()
+            .expect("meta")
+            .annotations
+            .as_ref()
+            .expect("annotations")[CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    assert_eq!(
+        annotation(&tuned),
+        tuned.config_hash,
+        "a tunable change rolls the pods"
+    );
+    assert_ne!(annotation(&tuned), annotation(&base));
+}
+
+#[test]
+fn pdb_only_from_two_replicas() {
+    for (replicas, wanted) in [(0, false), (1, false), (2, true), (3, true)] {
+        let mut cr = fixture("amqpconnector.yaml");
+        cr.spec.replicas = replicas;
+        assert_eq!(
+            desired(&cr).expect("renders").pdb.is_some(),
+            wanted,
+            "{replicas}"
+        );
+    }
+    let mut off = fixture("amqpconnector.yaml");
+    off.spec
+        .pod_disruption_budget
+        .as_mut()
+        .expect("set")
+        .enabled = false;
+    assert!(desired(&off).expect("renders").pdb.is_none());
+}
+
+#[test]
+fn pods_are_restricted_and_tokenless() {
+    let d = desired(&fixture("amqpconnector.yaml")).expect("renders");
+    let pod = d.deployment.spec.expect("spec").template.spec.expect("pod");
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let psc = pod.security_context.expect("pod security context");
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(
+        psc.seccomp_profile.expect("seccomp").type_,
+        "RuntimeDefault"
+    );
+    let c = &pod.containers[0];
+    let sc = c
+        .security_context
+        .as_ref()
+        .expect("container security context");
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(
+        sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+        Some(vec!["ALL".to_string()])
+    );
+    let token = c
+        .env
+        .as_ref()
+        .expect("env")
+        .iter()
+        .find(|e| e.name == "CONNECTORS_AMQP10_KUBEMQ_TOKEN")
+        .expect("token from its Secret");
+    let key = token
+        .value_from
+        .as_ref()
+        .and_then(|v| v.secret_key_ref.as_ref())
+        .expect("secretKeyRef");
+    assert_eq!(
+        (key.name.as_str(), key.key.as_str()),
+        ("kubemq-token", "token")
+    );
+    assert!(token.value.is_none(), "the operator never reads the Secret");
+}
+
+#[test]
+fn unsupported_fields_are_refused_by_name() {
+    let mut cr = fixture("amqpconnector.yaml");
+    cr.spec.listeners.amqps.enabled = true;
+    cr.spec.tls = Some(kubemq_amqp_operator::crd::ServerTls {
+        secret_name: "tls".into(),
+        ..Default::default()
+    });
+    match desired(&cr) {
+        Err(RenderError::Unsupported(f)) => {
+            assert_eq!(f, ["spec.listeners.amqps", "spec.tls"])
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The rendered file, read by the connector's own parser, gives exactly the spec's settings and
+/// the connector's defaults for the rest.
+#[test]
+fn the_connector_reads_the_rendered_configuration() {
+    use connector::config::{read_yaml, Settings};
+    let d = desired(&fixture("amqpconnector.yaml")).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    let defaults = Settings::default();
+    assert_eq!(
+        s.kubemq_address.as_deref(),
+        Some("kubemq-cluster-grpc.kubemq:50000")
+    );
+    assert_eq!((s.port, s.tls_port), (5672, 0));
+    assert_eq!(s.max_unsettled_per_link, 2048);
+    assert_eq!(s.idle_timeout_seconds, 60);
+    assert_eq!(
+        s.get_batch_size, defaults.get_batch_size,
+        "unset keeps the default"
+    );
+    assert_eq!(s.http_address, Some("0.0.0.0:9090".parse().expect("addr")));
+}
