@@ -1,9 +1,13 @@
 //! The Kubernetes operator for the KubeMQ AMQP 1.0 connector.
 //!
-//! So far: the `AmqpConnector` custom resource ([`crd`]) and the CRD generated from it (`crdgen`).
-//! The controller, the objects it renders and the Helm chart are the rest of issue 5.
+//! The `AmqpConnector` custom resource ([`crd`]) and the CRD generated from it (`crdgen`), the
+//! objects one AmqpConnector wants ([`render`], pure functions), and the reconcile loop that
+//! applies them ([`controller`]); the binary adds `/livez`, `/readyz` and `/metrics` ([`http`]).
 
+pub mod controller;
 pub mod crd;
+pub mod http;
+pub mod metrics;
 pub mod render;
 
 /// The CRD as YAML, exactly as `crds/amqpconnector.yaml` holds it.

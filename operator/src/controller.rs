@@ -1,0 +1,346 @@
+//! The reconcile loop: one AmqpConnector in, its children applied with server-side apply under
+//! one field manager, children it no longer wants deleted, and its status written only when it
+//! changed. An invalid or unsupported spec is a permanent condition (Degraded, no retry spin);
+//! API errors are transient (per-object exponential backoff).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::crd::{AmqpConnector, AmqpConnectorStatus, Endpoints};
+use crate::render::{self, RenderError, MANAGER};
+
+/// What reconciles share.
+pub struct Context {
+    /// The API client.
+    pub client: Client,
+    /// Consecutive failures per object, for backoff.
+    failures: Mutex<HashMap<ObjectRef<AmqpConnector>, u32>>,
+    /// Counters for `/metrics`.
+    pub metrics: crate::metrics::Metrics,
+}
+
+impl Context {
+    /// A context around `client`.
+    pub fn new(client: Client, metrics: crate::metrics::Metrics) -> Context {
+        Context {
+            client,
+            failures: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+}
+
+/// Why a reconcile failed (transient: retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API call failed.
+    #[error("{0}: {1}")]
+    Api(&'static str, #[source] kube::Error),
+    /// The object is not namespaced (the CRD says it must be).
+    #[error("the AmqpConnector has no namespace")]
+    NoNamespace,
+}
+
+/// How long a healthy object waits before the next drift check.
+const RESYNC: Duration = Duration::from_secs(600);
+/// First and largest retry delay after failures.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Reconciles one AmqpConnector.
+pub async fn reconcile(cr: Arc<AmqpConnector>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let ns = cr.namespace().ok_or(Error::NoNamespace)?;
+    let name = cr.name_any();
+    ctx.metrics.reconciles.inc();
+    if cr.spec.paused == Some(true) {
+        tracing::info!(%ns, %name, "paused; not reconciling");
+        return Ok(Action::await_change());
+    }
+    let result = apply_children(&cr, &ns, &ctx).await;
+    let status = match &result {
+        Ok((deployment, hash)) => observed(&cr, deployment.as_ref(), None, Some(hash)),
+        Err(Failure::Spec(e)) => observed(&cr, None, Some(("InvalidSpec", e.to_string())), None),
+        Err(Failure::Api(e)) => observed(&cr, None, Some(("ApplyFailed", e.to_string())), None),
+    };
+    write_status(&cr, &ns, status, &ctx).await?;
+    match result {
+        Ok(_) => {
+            ctx.failures
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&ObjectRef::from_obj(cr.as_ref()));
+            Ok(Action::requeue(RESYNC))
+        }
+        Err(Failure::Spec(e)) => {
+            tracing::warn!(%ns, %name, error = %e, "invalid spec; waiting for a change");
+            ctx.metrics.invalid_specs.inc();
+            Ok(Action::await_change())
+        }
+        Err(Failure::Api(e)) => Err(e),
+    }
+}
+
+/// Retries a failed object with exponential backoff.
+pub fn error_policy(cr: Arc<AmqpConnector>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.errors.inc();
+    let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+    let n = failures
+        .entry(ObjectRef::from_obj(cr.as_ref()))
+        .or_insert(0);
+    *n = n.saturating_add(1);
+    let delay = FIRST_BACKOFF
+        .saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(16)))
+        .min(MAX_BACKOFF);
+    tracing::warn!(name = %cr.name_any(), %error, ?delay, "reconcile failed; retrying");
+    Action::requeue(delay)
+}
+
+enum Failure {
+    Spec(RenderError),
+    Api(Error),
+}
+
+/// Applies every wanted child and deletes the unwanted ones; returns the applied Deployment
+/// (with the status the server holds) and the configuration hash.
+async fn apply_children(
+    cr: &AmqpConnector,
+    ns: &str,
+    ctx: &Context,
+) -> Result<(Option<Deployment>, String), Failure> {
+    let d = render::desired(cr).map_err(Failure::Spec)?;
+    let client = ctx.client.clone();
+    let name = cr.name_any();
+    apply(
+        &Api::<ConfigMap>::namespaced(client.clone(), ns),
+        &d.config_map,
+    )
+    .await?;
+    let deployment = apply(
+        &Api::<Deployment>::namespaced(client.clone(), ns),
+        &d.deployment,
+    )
+    .await?;
+    let services = Api::<Service>::namespaced(client.clone(), ns);
+    apply(&services, &d.service).await?;
+    match &d.metrics_service {
+        Some(s) => {
+            apply(&services, s).await?;
+        }
+        None => remove(&services, &format!("{name}-metrics")).await?,
+    }
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(client, ns);
+    match &d.pdb {
+        Some(p) => {
+            apply(&pdbs, p).await?;
+        }
+        None => remove(&pdbs, &name).await?,
+    }
+    Ok((Some(deployment), d.config_hash))
+}
+
+/// Server-side apply of `obj` (forced: this operator owns these fields).
+async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K, Failure>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let mut body = serde_json::to_value(obj)
+        .map_err(|e| Failure::Api(Error::Api("serialize", kube::Error::SerdeError(e))))?;
+    // Apply bodies name their type.
+    body["apiVersion"] = K::api_version(&()).into();
+    body["kind"] = K::kind(&()).into();
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(|e| Failure::Api(Error::Api("apply", e)))
+}
+
+/// Deletes a child that is no longer wanted; gone already is fine.
+async fn remove<K>(api: &Api<K>, name: &str) -> Result<(), Failure>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.get_opt(name).await {
+        Ok(Some(obj)) if is_ours(obj.meta()) => api
+            .delete(name, &DeleteParams::default())
+            .await
+            .map(|_| ())
+            .or_else(|e| match e {
+                kube::Error::Api(s) if s.code == 404 => Ok(()),
+                e => Err(e),
+            })
+            .map_err(|e| Failure::Api(Error::Api("delete", e))),
+        Ok(_) => Ok(()),
+        Err(e) => Err(Failure::Api(Error::Api("get", e))),
+    }
+}
+
+fn is_ours(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
+    meta.labels
+        .as_ref()
+        .and_then(|l| l.get("app.kubernetes.io/managed-by"))
+        .is_some_and(|m| m == MANAGER)
+}
+
+/// The status this reconcile observed. Conditions keep their transition time while their status
+/// does not change, so an unchanged world writes nothing.
+fn observed(
+    cr: &AmqpConnector,
+    deployment: Option<&Deployment>,
+    degraded: Option<(&str, String)>,
+    hash: Option<&String>,
+) -> AmqpConnectorStatus {
+    let old = cr.status.clone().unwrap_or_default();
+    let generation = cr.metadata.generation;
+    let name = cr.name_any();
+    let ns = cr.namespace().unwrap_or_default();
+    let want = cr.spec.replicas;
+    let ds = deployment
+        .and_then(|d| d.status.clone())
+        .unwrap_or_default();
+    let current = deployment
+        .and_then(|d| d.status.as_ref())
+        .and_then(|s| s.observed_generation)
+        .zip(deployment.and_then(|d| d.metadata.generation))
+        .is_some_and(|(seen, gen)| seen >= gen);
+    let ready = ds.ready_replicas.unwrap_or(0);
+    let updated = ds.updated_replicas.unwrap_or(0);
+    let (mut conds, mut status) = (Vec::new(), AmqpConnectorStatus::default());
+    let cond = |t: &str, ok: bool, reason: &str, message: String| {
+        let previous = old
+            .conditions
+            .as_ref()
+            .and_then(|c| c.iter().find(|c| c.type_ == t));
+        let s = if ok { "True" } else { "False" };
+        let since = match previous {
+            Some(p) if p.status == s => p.last_transition_time.clone(),
+            _ => Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        Condition {
+            type_: t.into(),
+            status: s.into(),
+            reason: reason.into(),
+            message,
+            observed_generation: generation,
+            last_transition_time: since,
+        }
+    };
+    match &degraded {
+        Some((reason, message)) => {
+            conds.push(cond("Ready", false, reason, message.clone()));
+            conds.push(cond("Degraded", true, reason, message.clone()));
+            // What was observed before still describes the pods.
+            status = AmqpConnectorStatus {
+                replicas: old.replicas,
+                ready_replicas: old.ready_replicas,
+                updated_replicas: old.updated_replicas,
+                config_hash: old.config_hash.clone(),
+                image: old.image.clone(),
+                ..status
+            };
+        }
+        None => {
+            let all = want > 0 && ready >= want && updated >= want && current;
+            conds.push(cond(
+                "Ready",
+                all,
+                if all {
+                    "AllReplicasReady"
+                } else {
+                    "ReplicasNotReady"
+                },
+                format!("{ready}/{want} pods ready"),
+            ));
+            conds.push(cond(
+                "Degraded",
+                false,
+                "Reconciled",
+                "the spec is applied".into(),
+            ));
+            status.replicas = Some(ds.replicas.unwrap_or(0));
+            status.ready_replicas = Some(ready);
+            status.updated_replicas = Some(updated);
+            status.config_hash = hash.cloned();
+            status.image = Some(
+                cr.spec
+                    .image
+                    .clone()
+                    .unwrap_or_else(|| render::DEFAULT_IMAGE.into()),
+            );
+        }
+    }
+    let available = want > 0 && ready > 0;
+    conds.push(cond(
+        "Available",
+        available,
+        if want == 0 {
+            "ScaledToZero"
+        } else if available {
+            "MinimumReplicasAvailable"
+        } else {
+            "NoReplicasAvailable"
+        },
+        format!("{ready} of {want} pods ready"),
+    ));
+    let rolling = degraded.is_none() && (!current || updated < want || ready < want);
+    conds.push(cond(
+        "Progressing",
+        rolling,
+        if rolling { "RollingOut" } else { "Complete" },
+        format!("{updated} of {want} pods on the current template"),
+    ));
+    status.conditions = Some(conds);
+    status.observed_generation = generation;
+    status.selector = Some(render::selector_string(&name));
+    status.service_name = Some(name.clone());
+    status.endpoints = cr.spec.listeners.amqp.enabled.then(|| Endpoints {
+        amqp: Some(format!(
+            "amqp://{name}.{ns}.svc:{}",
+            cr.spec.listeners.amqp.port
+        )),
+        amqps: None,
+    });
+    status
+}
+
+/// Writes `status` unless the object already has it (a write that changes nothing would wake
+/// every watcher and, on some servers, the controller itself).
+async fn write_status(
+    cr: &AmqpConnector,
+    ns: &str,
+    status: AmqpConnectorStatus,
+    ctx: &Context,
+) -> Result<(), Error> {
+    if cr.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let api = Api::<AmqpConnector>::namespaced(ctx.client.clone(), ns);
+    let body = serde_json::json!({
+        "apiVersion": AmqpConnector::api_version(&()),
+        "kind": AmqpConnector::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        &cr.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map(|_| ())
+    .map_err(|e| Error::Api("status", e))
+}
