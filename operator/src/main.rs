@@ -1,21 +1,27 @@
-//! The operator binary: watches AmqpConnectors (all namespaces, or the ones given) and their
-//! children, reconciles each, serves `/livez`, `/readyz` and `/metrics`, and stops on SIGTERM or
-//! Ctrl-C after the reconciles in flight finish.
+//! The operator binary: waits to lead (a Lease, so only one replica reconciles), then watches
+//! AmqpConnectors (all namespaces, or the one given) and their children and reconciles each;
+//! serves `/livez`, `/readyz` and `/metrics`; on SIGTERM or Ctrl-C finishes the reconciles in
+//! flight and releases the Lease.
 
 use std::net::SocketAddr;
+use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use clap::Parser;
+use clap::{ArgAction, Parser};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::{watcher, Controller};
 use kube::{Api, Client};
+use kube_lease_manager::LeaseManagerBuilder;
 use kubemq_amqp_operator::controller::{error_policy, reconcile, Context};
+use kubemq_amqp_operator::crd::AmqpConnector;
 use kubemq_amqp_operator::metrics::Metrics;
 use kubemq_amqp_operator::render::MANAGER;
+use tokio::sync::watch;
 
 /// Command line.
 #[derive(Debug, Parser)]
@@ -30,10 +36,22 @@ struct Args {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "OPERATOR_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
+    /// Reconcile only while holding the Lease `amqp-connector-operator` (`false`: always).
+    #[arg(long, env = "OPERATOR_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
+    leader_election: bool,
+    /// Namespace of the Lease: the operator's own.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's name in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
 }
 
+/// Seconds a leader's Lease stays valid without renewal.
+const LEASE_SECONDS: u64 = 15;
+
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
+async fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
@@ -44,14 +62,14 @@ async fn main() -> std::process::ExitCode {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "no Kubernetes API: neither in-cluster config nor a kubeconfig");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
     let listener = match tokio::net::TcpListener::bind(args.http_address).await {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(address = %args.http_address, error = %e, "cannot serve /livez, /readyz, /metrics");
-            return std::process::ExitCode::FAILURE;
+            return ExitCode::FAILURE;
         }
     };
     let metrics = Metrics::default();
@@ -61,9 +79,104 @@ async fn main() -> std::process::ExitCode {
         metrics.clone(),
         ready.clone(),
     ));
-    run(client, args.watch_namespace.as_deref(), metrics, ready).await;
+    let ns = args.watch_namespace.as_deref();
+    tokio::spawn(mark_ready(api::<AmqpConnector>(&client, ns), ready));
+    let stop = stop_signal();
+
+    // Standing by until this replica leads (a standby is ready, just not reconciling).
+    let mut lease = None;
+    if args.leader_election {
+        let identity = args
+            .identity
+            .clone()
+            .unwrap_or_else(|| format!("operator-{}", std::process::id()));
+        match lead(&client, &args.lease_namespace, &identity, stop.clone()).await {
+            Ok(Some(l)) => lease = Some(l),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!(error = %e, "leader election failed");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let leading = lease.as_ref().map(|(rx, _)| rx.clone());
+    reconcile_until(client, ns, metrics, stop.clone(), leading).await;
+    let lost = !*stop.borrow();
+    if let Some((rx, task)) = lease {
+        // Closing the channel makes the lease manager release the Lease and finish.
+        drop(rx);
+        match tokio::time::timeout(Duration::from_secs(5), task).await {
+            Ok(Ok(Ok(_))) => tracing::info!("lease released"),
+            other => tracing::warn!(?other, "lease not released cleanly"),
+        }
+    }
+    if lost {
+        // Another replica leads now; start over as a standby.
+        tracing::warn!("leadership lost; exiting so the pod restarts as a standby");
+        return ExitCode::FAILURE;
+    }
     tracing::info!("stopped");
-    std::process::ExitCode::SUCCESS
+    ExitCode::SUCCESS
+}
+
+/// A channel that turns true on SIGTERM or Ctrl-C.
+fn stop_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = term => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+async fn until_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| *v).await;
+}
+
+async fn until_false(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|v| !*v).await;
+}
+
+type Lease = (
+    watch::Receiver<bool>,
+    tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
+);
+
+/// Waits until this replica holds the Lease; `None` when stopped first.
+async fn lead(
+    client: &Client,
+    namespace: &str,
+    identity: &str,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<Lease>, kube_lease_manager::LeaseManagerError> {
+    let manager = LeaseManagerBuilder::new(client.clone(), MANAGER)
+        .with_namespace(namespace)
+        .with_identity(identity)
+        .with_duration(LEASE_SECONDS)
+        .with_grace(5)
+        .with_field_manager(format!("{MANAGER}-{identity}"))
+        .build()
+        .await?;
+    let (rx, task) = manager.watch().await;
+    tracing::info!(%identity, "waiting to lead");
+    tokio::select! {
+        _ = until_true(rx.clone()) => {
+            tracing::info!(%identity, "leading");
+            Ok(Some((rx, task)))
+        }
+        _ = until_true(stop) => Ok(None),
+    }
 }
 
 fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
@@ -76,42 +189,56 @@ where
     }
 }
 
-async fn run(client: Client, ns: Option<&str>, metrics: Metrics, ready: Arc<AtomicBool>) {
+/// Ready once the API answers a list of AmqpConnectors (reachable, CRD installed, allowed).
+async fn mark_ready(crs: Api<AmqpConnector>, ready: Arc<AtomicBool>) {
+    loop {
+        match crs.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => {
+                ready.store(true, Ordering::Release);
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot list AmqpConnectors yet"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Runs the controller until stopped or, with a Lease, until leadership is lost.
+async fn reconcile_until(
+    client: Client,
+    ns: Option<&str>,
+    metrics: Metrics,
+    stop: watch::Receiver<bool>,
+    leading: Option<watch::Receiver<bool>>,
+) {
     // Only our own children are watched: a smaller cache, and nobody else's objects wake us.
     let ours =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGER}"));
-    let controller = Controller::new(
-        api::<kubemq_amqp_operator::crd::AmqpConnector>(&client, ns),
+    let shutdown = async move {
+        match leading {
+            Some(l) => tokio::select! {
+                _ = until_true(stop) => {}
+                _ = until_false(l) => {}
+            },
+            None => until_true(stop).await,
+        }
+    };
+    let ctx = Arc::new(Context::new(client.clone(), metrics));
+    Controller::new(
+        api::<AmqpConnector>(&client, ns),
         watcher::Config::default().any_semantic(),
     )
     .owns(api::<ConfigMap>(&client, ns), ours.clone())
     .owns(api::<Deployment>(&client, ns), ours.clone())
     .owns(api::<Service>(&client, ns), ours.clone())
     .owns(api::<PodDisruptionBudget>(&client, ns), ours)
-    .shutdown_on_signal();
-    let ctx = Arc::new(Context::new(client.clone(), metrics));
-    // Ready once the API answers a list of AmqpConnectors (reachable, CRD installed, allowed).
-    let crs = api::<kubemq_amqp_operator::crd::AmqpConnector>(&client, ns);
-    let waiting = tokio::spawn(async move {
-        loop {
-            match crs.list(&kube::api::ListParams::default().limit(1)).await {
-                Ok(_) => {
-                    ready.store(true, Ordering::Release);
-                    return;
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot list AmqpConnectors yet"),
-            }
-            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    .graceful_shutdown_on(shutdown)
+    .run(reconcile, error_policy, ctx)
+    .for_each(|r| {
+        if let Err(e) = r {
+            tracing::debug!(error = %e, "reconcile result");
         }
-    });
-    controller
-        .run(reconcile, error_policy, ctx)
-        .for_each(|r| {
-            if let Err(e) = r {
-                tracing::debug!(error = %e, "reconcile result");
-            }
-            futures::future::ready(())
-        })
-        .await;
-    waiting.abort();
+        futures::future::ready(())
+    })
+    .await;
 }

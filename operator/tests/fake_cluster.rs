@@ -116,9 +116,15 @@ impl Fake {
     }
 
     fn operator(&self) -> Operator {
+        self.operator_named("operator-under-test")
+    }
+
+    fn operator_named(&self, pod: &str) -> Operator {
         let http = free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
+            .env("POD_NAME", pod)
+            .env("POD_NAMESPACE", "kube-system")
             .env("RUST_LOG", "warn")
             .args(["--http-address", &format!("127.0.0.1:{http}")])
             .stdout(Stdio::null())
@@ -156,6 +162,29 @@ impl Operator {
         let mut text = String::new();
         let _ = s.read_to_string(&mut text);
         text.starts_with("HTTP/1.1 200")
+    }
+
+    fn get(&self, path: &str) -> String {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
+            return String::new();
+        };
+        let _ = write!(
+            s,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    }
+
+    /// Reconciles this operator has started (from its /metrics).
+    fn reconciles(&self) -> u64 {
+        self.get("/metrics")
+            .lines()
+            .find(|l| l.starts_with("amqp_connector_operator_reconciles_total "))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
     }
 
     fn stop(mut self) {
@@ -209,10 +238,14 @@ fn condition(cr: &Value, t: &str) -> Option<(String, String)> {
         })
 }
 
+/// Changing writes, except the Lease's (leader election renews it by design).
 fn writes(stats: &Value) -> u64 {
-    stats["writes"]
-        .as_object()
-        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum())
+    stats["writes"].as_object().map_or(0, |m| {
+        m.iter()
+            .filter(|(k, _)| !k.ends_with(" Lease"))
+            .filter_map(|(_, v)| v.as_u64())
+            .sum()
+    })
 }
 
 #[test]
@@ -379,4 +412,44 @@ fn restart_writes_nothing_and_sigterm_stops() {
     std::thread::sleep(Duration::from_millis(500));
     let stats = fake.stats();
     assert_eq!(writes(&stats), 0, "{stats}");
+}
+
+const LEASE: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/amqp-connector-operator";
+
+fn holder(fake: &Fake) -> Option<String> {
+    fake.get(LEASE)
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(String::from))
+}
+
+/// Two operators: only the Lease holder reconciles; on SIGTERM it releases the Lease and the
+/// standby takes over.
+#[test]
+fn two_operators_only_the_leader_reconciles() {
+    let fake = Fake::start("leader");
+    let a = fake.operator_named("op-a");
+    wait("op-a leads", || holder(&fake).as_deref() == Some("op-a"));
+    let b = fake.operator_named("op-b");
+    let (code, v) = fake.call("POST", CRS, Some(&example()), "application/json");
+    assert_eq!(code, 201, "{v}");
+    wait("the leader reconciled", || {
+        fake.get("/apis/apps/v1/namespaces/apps/deployments/orders")
+            .is_some()
+    });
+    assert!(a.reconciles() > 0);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(b.reconciles(), 0, "the standby does not reconcile");
+    assert_eq!(holder(&fake).as_deref(), Some("op-a"));
+
+    a.stop();
+    // Released on SIGTERM (not left to expire), and the standby takes it.
+    wait("op-b leads", || holder(&fake).as_deref() == Some("op-b"));
+    fake.merge(&format!("{CRS}/orders"), json!({"spec": {"replicas": 3}}));
+    wait("the new leader reconciles", || {
+        fake.get("/apis/apps/v1/namespaces/apps/deployments/orders")
+            .is_some_and(|d| d["spec"]["replicas"] == 3)
+    });
+    assert!(b.reconciles() > 0);
+    b.stop();
+    wait("the Lease is free", || holder(&fake).is_none());
 }

@@ -13,9 +13,13 @@ correctness depends on (operator.md section 4):
 * delete cascades to objects whose ownerReferences name the deleted uid (synchronously; a real
   cluster's garbage collector is asynchronous);
 * a Deployment "controller" that reports every Deployment's replicas as ready, so Ready and
-  Available conditions can be exercised.
+  Available conditions can be exercised;
+* field ownership under `spec`, per leaf: an apply without force that would change a field
+  another manager owns fails with 409 Conflict (leader election through a Lease relies on it);
+  merge and strategic-merge patches take ownership of what they set and drop what they null.
 
-It does not model field ownership conflicts, admission (CEL, defaulting, pruning) or anything
+It does not model ownership outside `spec` or removal of fields an apply no longer names,
+admission (CEL, defaulting, pruning) or anything
 else a real API server does. Test hooks: GET /_fake/stats (requests and changing writes per
 method and kind), POST /_fake/reset-stats.
 
@@ -35,6 +39,7 @@ OBJECTS = {}  # (group, version, plural, namespace, name) -> object
 EVENTS = []  # (rv, (group, version, plural), namespace, type, object)
 STATE = {"rv": 100}
 STATS = {"requests": {}, "writes": {}}
+OWNERS = {}  # object key -> {spec leaf path: field manager}
 
 KINDS = {
     ("", "v1", "configmaps"): "ConfigMap",
@@ -127,6 +132,7 @@ def cascade(uid):
 
 def delete(key):
     obj = OBJECTS.pop(key)
+    OWNERS.pop(key, None)
     record(key[:3], key[3], "DELETED", obj)
     cascade(obj["metadata"]["uid"])
     return obj
@@ -141,6 +147,41 @@ def matches(obj, selector):
         if labels.get(k) != v:
             return False
     return True
+
+
+def leaves(value, prefix=()):
+    if isinstance(value, dict) and value:
+        for k, v in value.items():
+            yield from leaves(v, prefix + (k,))
+    else:
+        yield prefix, value
+
+
+def at(obj, path):
+    for k in path:
+        if not isinstance(obj, dict) or k not in obj:
+            return None
+        obj = obj[k]
+    return obj
+
+
+def conflicts(key, old, patch, manager):
+    owners = OWNERS.get(key, {})
+    found = []
+    for path, value in leaves(patch.get("spec") or {}):
+        owner = owners.get(path)
+        if owner and owner != manager and at((old or {}).get("spec") or {}, path) != value:
+            found.append(".spec." + ".".join(path) + " (owned by " + owner + ")")
+    return found
+
+
+def take_ownership(key, patch, manager):
+    owners = OWNERS.setdefault(key, {})
+    for path, value in leaves(patch.get("spec") or {}):
+        if value is None:
+            owners.pop(path, None)
+        elif manager:
+            owners[path] = manager
 
 
 def parse(path):
@@ -238,6 +279,11 @@ class Handler(BaseHTTPRequestHandler):
             if method == "PATCH":
                 ctype = self.headers.get("Content-Type", "")
                 apply = "apply-patch" in ctype
+                manager = q.get("fieldManager", "")
+                if apply and q.get("force") not in ("true", "1") and sub != "status":
+                    clash = conflicts(key, old, body, manager)
+                    if clash:
+                        return self.status(409, "Conflict", "Apply failed with conflicts: " + ", ".join(clash))
                 if old is None and not apply:
                     return self.status(404, "NotFound", "%s %r not found" % (plural, name))
                 base = old or {"apiVersion": body["apiVersion"], "kind": body["kind"],
@@ -256,6 +302,8 @@ class Handler(BaseHTTPRequestHandler):
                     if old is not None and "status" in old:
                         new["status"] = old["status"]
                 new["metadata"]["name"], new["metadata"]["namespace"] = name, ns
+                if sub != "status":
+                    take_ownership(key, body, manager)
                 return self.send_json(200, store(res, ns, name, new, old))
         return self.status(405, "MethodNotAllowed", method)
 
