@@ -13,6 +13,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -25,6 +26,8 @@ use crate::render::{self, RenderError, MANAGER};
 pub struct Context {
     /// The API client.
     pub client: Client,
+    /// Publishes Kubernetes Events about AmqpConnectors.
+    recorder: Recorder,
     /// Consecutive failures per object, for backoff.
     failures: Mutex<HashMap<ObjectRef<AmqpConnector>, u32>>,
     /// Counters for `/metrics`.
@@ -32,9 +35,18 @@ pub struct Context {
 }
 
 impl Context {
-    /// A context around `client`.
-    pub fn new(client: Client, metrics: crate::metrics::Metrics) -> Context {
+    /// A context around `client`; `instance` names this replica in the Events it publishes.
+    pub fn new(
+        client: Client,
+        metrics: crate::metrics::Metrics,
+        instance: Option<String>,
+    ) -> Context {
+        let reporter = Reporter {
+            controller: MANAGER.into(),
+            instance,
+        };
         Context {
+            recorder: Recorder::new(client.clone(), reporter),
             client,
             failures: Mutex::new(HashMap::new()),
             metrics,
@@ -74,6 +86,7 @@ pub async fn reconcile(cr: Arc<AmqpConnector>, ctx: Arc<Context>) -> Result<Acti
         Err(Failure::Spec(e)) => observed(&cr, None, Some(("InvalidSpec", e.to_string())), None),
         Err(Failure::Api(e)) => observed(&cr, None, Some(("ApplyFailed", e.to_string())), None),
     };
+    announce(&cr, &status, &ctx).await;
     write_status(&cr, &ns, status, &ctx).await?;
     match result {
         Ok(_) => {
@@ -316,6 +329,49 @@ fn observed(
         amqps: None,
     });
     status
+}
+
+/// Publishes an Event for a real change: Normal `Applied` when a new generation of the spec was
+/// applied, Warning with the Degraded reason when the object becomes degraded or its reason or
+/// message changes. Nothing for a reconcile that found everything as it was.
+async fn announce(cr: &AmqpConnector, status: &AmqpConnectorStatus, ctx: &Context) {
+    let degraded = |s: Option<&AmqpConnectorStatus>| {
+        s.and_then(|s| s.conditions.as_ref())
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c.type_ == "Degraded" && c.status == "True")
+            })
+            .map(|c| (c.reason.clone(), c.message.clone()))
+    };
+    let event = match degraded(Some(status)) {
+        Some(now) if degraded(cr.status.as_ref()) != Some(now.clone()) => Event {
+            type_: EventType::Warning,
+            reason: now.0,
+            note: Some(now.1),
+            action: "Reconcile".into(),
+            secondary: None,
+        },
+        Some(_) => return,
+        None if cr.status.as_ref().and_then(|s| s.observed_generation)
+            != cr.metadata.generation =>
+        {
+            Event {
+                type_: EventType::Normal,
+                reason: "Applied".into(),
+                note: Some(format!(
+                    "generation {} applied (configuration {})",
+                    cr.metadata.generation.unwrap_or(0),
+                    status.config_hash.as_deref().unwrap_or("-")
+                )),
+                action: "Apply".into(),
+                secondary: None,
+            }
+        }
+        None => return,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
+        tracing::warn!(name = %cr.name_any(), error = %e, "cannot publish an event");
+    }
 }
 
 /// Writes `status` unless the object already has it (a write that changes nothing would wake

@@ -100,7 +100,8 @@ async fn main() -> ExitCode {
         }
     }
     let leading = lease.as_ref().map(|(rx, _)| rx.clone());
-    reconcile_until(client, ns, metrics, stop.clone(), leading).await;
+    let ctx = Arc::new(Context::new(client.clone(), metrics, args.identity.clone()));
+    reconcile_until(client, ns, ctx, stop.clone(), leading).await;
     let lost = !*stop.borrow();
     if let Some((rx, task)) = lease {
         // Closing the channel makes the lease manager release the Lease and finish.
@@ -207,7 +208,7 @@ async fn mark_ready(crs: Api<AmqpConnector>, ready: Arc<AtomicBool>) {
 async fn reconcile_until(
     client: Client,
     ns: Option<&str>,
-    metrics: Metrics,
+    ctx: Arc<Context>,
     stop: watch::Receiver<bool>,
     leading: Option<watch::Receiver<bool>>,
 ) {
@@ -223,7 +224,6 @@ async fn reconcile_until(
             None => until_true(stop).await,
         }
     };
-    let ctx = Arc::new(Context::new(client.clone(), metrics));
     Controller::new(
         api::<AmqpConnector>(&client, ns),
         watcher::Config::default().any_semantic(),

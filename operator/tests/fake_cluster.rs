@@ -239,6 +239,28 @@ fn condition(cr: &Value, t: &str) -> Option<(String, String)> {
 }
 
 /// Changing writes, except the Lease's (leader election renews it by design).
+/// (type, reason, note) of the Events about AmqpConnector `name`.
+fn events(fake: &Fake, name: &str) -> Vec<(String, String, String)> {
+    let list = fake
+        .get("/apis/events.k8s.io/v1/namespaces/apps/events")
+        .unwrap_or(Value::Null);
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter(|e| {
+                    e["regarding"]["name"] == name && e["regarding"]["kind"] == "AmqpConnector"
+                })
+                .map(|e| {
+                    let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+                    (s("type"), s("reason"), s("note"))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn writes(stats: &Value) -> u64 {
     stats["writes"].as_object().map_or(0, |m| {
         m.iter()
@@ -296,6 +318,13 @@ fn create_update_scale_and_delete() {
     });
     let cr = fake.get(&format!("{CRS}/orders")).expect("cr");
     assert_eq!(cr["status"]["observedGeneration"], 1);
+    let applied = events(&fake, "orders");
+    assert!(
+        applied
+            .iter()
+            .any(|(t, r, n)| t == "Normal" && r == "Applied" && n.contains("generation 1")),
+        "{applied:?}"
+    );
     assert_eq!(
         cr["status"]["endpoints"]["amqp"],
         "amqp://orders.apps.svc:5672"
@@ -372,6 +401,13 @@ fn unsupported_spec_is_degraded_without_a_hot_loop() {
     assert!(
         message.contains("spec.listeners.amqps") && message.contains("spec.tls"),
         "{message}"
+    );
+    let warned = events(&fake, "orders");
+    assert!(
+        warned
+            .iter()
+            .any(|(t, r, n)| t == "Warning" && r == "InvalidSpec" && n.contains("spec.tls")),
+        "{warned:?}"
     );
     assert!(fake
         .get("/apis/apps/v1/namespaces/apps/deployments/orders")
