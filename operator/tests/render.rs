@@ -269,6 +269,20 @@ fn unsupported_fields_are_refused_by_name() {
         }
         other => panic!("{other:?}"),
     }
+    let mut monitored = fixture("amqpconnector.yaml");
+    monitored
+        .spec
+        .metrics
+        .as_mut()
+        .expect("metrics")
+        .service_monitor = Some(kubemq_amqp_operator::crd::ServiceMonitor {
+        enabled: true,
+        ..Default::default()
+    });
+    match desired(&monitored) {
+        Err(RenderError::Unsupported(f)) => assert_eq!(f, ["spec.metrics.serviceMonitor"]),
+        other => panic!("{other:?}"),
+    }
 }
 
 /// The rendered file, read by the connector's own parser, gives exactly the spec's settings and

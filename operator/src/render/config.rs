@@ -119,6 +119,14 @@ fn unsupported(spec: &AmqpConnectorSpec) -> Result<(), RenderError> {
     {
         fields.push("spec.logging.format: json");
     }
+    if spec
+        .metrics
+        .as_ref()
+        .and_then(|m| m.service_monitor.as_ref())
+        .is_some_and(|m| m.enabled)
+    {
+        fields.push("spec.metrics.serviceMonitor");
+    }
     if fields.is_empty() {
         Ok(())
     } else {

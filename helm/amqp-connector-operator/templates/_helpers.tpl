@@ -1,0 +1,54 @@
+{{/* The operator's name: the release name, trimmed for labels and DNS. */}}
+{{- define "aco.fullname" -}}
+{{- printf "%s" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels every object of the chart carries. */}}
+{{- define "aco.labels" -}}
+app.kubernetes.io/name: amqp-connector-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: operator
+app.kubernetes.io/part-of: kubemq
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* The pod selector: name and instance only (a selector is immutable). */}}
+{{- define "aco.selector" -}}
+app.kubernetes.io/name: amqp-connector-operator
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "aco.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "aco.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* What the operator may do with AmqpConnectors and their children (no Secrets, ever). */}}
+{{- define "aco.rules" -}}
+- apiGroups: ["amqp.kubemq.io"]
+  resources: ["amqpconnectors"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["amqp.kubemq.io"]
+  resources: ["amqpconnectors/status"]
+  verbs: ["get", "patch", "update"]
+- apiGroups: ["amqp.kubemq.io"]
+  resources: ["amqpconnectors/finalizers"]
+  verbs: ["update"]
+- apiGroups: [""]
+  resources: ["configmaps", "services"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- end -}}
