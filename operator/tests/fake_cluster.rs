@@ -489,3 +489,46 @@ fn two_operators_only_the_leader_reconciles() {
     b.stop();
     wait("the Lease is free", || holder(&fake).is_none());
 }
+
+/// A transient API error: the object shows Degraded (ApplyFailed) while it lasts, the operator
+/// retries with backoff instead of hammering the server, and recovers to Ready.
+#[test]
+fn transient_errors_back_off_and_recover() {
+    let fake = Fake::start("transient");
+    let _op = fake.operator();
+    fake.call(
+        "POST",
+        "/_fake/fail",
+        Some(&json!({"request": "PATCH Deployment", "times": 3})),
+        "application/json",
+    );
+    let (code, v) = fake.call("POST", CRS, Some(&example()), "application/json");
+    assert_eq!(code, 201, "{v}");
+    wait("Degraded while the API fails", || {
+        fake.get(&format!("{CRS}/orders"))
+            .and_then(|cr| condition(&cr, "Degraded"))
+            .is_some_and(|(s, r)| s == "True" && r == "ApplyFailed")
+    });
+    wait("Ready once the API works again", || {
+        fake.get(&format!("{CRS}/orders"))
+            .and_then(|cr| condition(&cr, "Ready"))
+            .is_some_and(|(s, _)| s == "True")
+    });
+    let cr = fake.get(&format!("{CRS}/orders")).expect("cr");
+    assert_eq!(
+        condition(&cr, "Degraded").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    // Three failures and the success, plus at most a few reconciles woken by child events.
+    let attempts = fake.stats()["requests"]["PATCH Deployment"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!((4..=8).contains(&attempts), "{attempts} attempts");
+    let warned = events(&fake, "orders");
+    assert!(
+        warned
+            .iter()
+            .any(|(t, r, _)| t == "Warning" && r == "ApplyFailed"),
+        "{warned:?}"
+    );
+}

@@ -21,7 +21,8 @@ correctness depends on (operator.md section 4):
 It does not model ownership outside `spec` or removal of fields an apply no longer names,
 admission (CEL, defaulting, pruning) or anything
 else a real API server does. Test hooks: GET /_fake/stats (requests and changing writes per
-method and kind), POST /_fake/reset-stats.
+method and kind), POST /_fake/reset-stats, POST /_fake/fail {"request": "PATCH Deployment",
+"times": N} (the next N such requests answer 500).
 
 usage: fake_apiserver.py PORT_FILE   (binds an ephemeral port on 127.0.0.1 and writes it there)
 """
@@ -40,6 +41,7 @@ EVENTS = []  # (rv, (group, version, plural), namespace, type, object)
 STATE = {"rv": 100}
 STATS = {"requests": {}, "writes": {}}
 OWNERS = {}  # object key -> {spec leaf path: field manager}
+FAIL = {}  # "METHOD Kind" -> how many more of those requests answer 500
 
 KINDS = {
     ("", "v1", "configmaps"): "ConfigMap",
@@ -231,6 +233,11 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/_fake/stats" and method == "GET":
             with LOCK:
                 return self.send_json(200, STATS)
+        if url.path == "/_fake/fail" and method == "POST":
+            spec = self.body()
+            with LOCK:
+                FAIL[spec["request"]] = int(spec["times"])
+                return self.send_json(200, {})
         if url.path == "/_fake/reset-stats" and method == "POST":
             with LOCK:
                 STATS["requests"].clear()
@@ -241,8 +248,15 @@ class Handler(BaseHTTPRequestHandler):
             return self.status(404, "NotFound", "no such resource: " + url.path)
         group, version, plural, ns, name, sub = p
         res = (group, version, plural)
+        request = "%s %s%s" % (method, KINDS[res], "/" + sub if sub else "")
         with LOCK:
-            count("requests", "%s %s%s" % (method, KINDS[res], "/" + sub if sub else ""))
+            count("requests", request)
+            failing = FAIL.get(request, 0) > 0
+            if failing:
+                FAIL[request] -= 1
+        if failing:
+            self.body()
+            return self.status(500, "InternalError", "injected failure of " + request)
         if method == "GET" and name is None and q.get("watch") in ("true", "1"):
             return self.watch(res, ns, q)
         with LOCK:
