@@ -258,6 +258,11 @@ fn cel_service_monitor_interval_is_a_duration() {
         },
         "a duration such as 30s",
     );
+    let mut ok = serde_json::to_value(example()).expect("to JSON");
+    ok["spec"]["metrics"]["serviceMonitor"] =
+        serde_json::json!({"enabled": true, "interval": "30s"});
+    let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
+    assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
 }
 
 #[test]
