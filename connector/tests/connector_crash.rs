@@ -1,6 +1,8 @@
 //! The connector process on its embedded store, killed with SIGKILL in the middle of a produce
 //! run, 20 times at different moments: after a restart on the same data folder, every message
-//! that had been answered `accepted` is consumed (Q-6: accepted means stored).
+//! that had been answered `accepted` is consumed (Q-6: accepted means stored). And stopped with
+//! SIGTERM while a consumer holds unsettled deliveries: the client gets CLOSE
+//! `amqp:connection:forced`, the process exits within its grace, and the deliveries are back.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -15,6 +17,104 @@ use connector::engine::peer;
 use connector::engine::HEADER_AMQP;
 use fe2o3_amqp_types::messaging::Data;
 use serde_bytes::ByteBuf;
+
+/// Issue 5 / CONN-16 / Q-34: SIGTERM drains — CLOSE `amqp:connection:forced` to every client,
+/// exit well within a pod's grace period — and unsettled deliveries are not lost.
+#[test]
+fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start(dir.path(), port);
+    let mut tx = Client::connect(port);
+    tx.write(&peer::frame(
+        0,
+        &peer::attach_sender("tx", 0, "queues/drain"),
+        &[],
+    ));
+    let mut accepted = 0;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut sent = false;
+    while accepted < 3 {
+        assert!(Instant::now() < deadline, "sends not accepted");
+        for (p, _) in tx.read(Duration::from_millis(50)).expect("connected") {
+            match p {
+                Performative::Flow(f) if f.handle.is_some() && !sent => {
+                    for n in 0..3u32 {
+                        tx.write(&peer::frame(
+                            0,
+                            &peer::transfer(0, Some(n), Some(&n.to_be_bytes()), false, false),
+                            &body(n),
+                        ));
+                    }
+                    sent = true;
+                }
+                Performative::Disposition(d) if d.state == Some(DeliveryOutcome::Accepted) => {
+                    accepted += d.last - d.first + 1;
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut rx = Client::connect(port);
+    rx.write(&peer::frame(
+        0,
+        &peer::attach_receiver("rx", 0, "queues/drain"),
+        &[],
+    ));
+    rx.write(&peer::frame(0, &peer::link_flow(0, 0, 3, false), &[]));
+    let mut held = 0;
+    while held < 3 {
+        assert!(Instant::now() < deadline, "deliveries did not arrive");
+        held += rx
+            .read(Duration::from_millis(50))
+            .expect("connected")
+            .iter()
+            .filter(|(p, _)| matches!(p, Performative::Transfer(..)))
+            .count();
+    }
+    // Never settled. Now stop the process as Kubernetes does.
+    let stopped_at = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let mut closed = None;
+    while closed.is_none() && stopped_at.elapsed() < Duration::from_secs(10) {
+        match rx.read(Duration::from_millis(50)) {
+            Some(got) => {
+                closed = got.into_iter().find_map(|(p, _)| match p {
+                    Performative::Close(c) => Some(c.error.as_ref().map(peer::error_symbol)),
+                    _ => None,
+                })
+            }
+            None => break,
+        }
+    }
+    let closed = closed.expect("a CLOSE before the socket went away");
+    assert_eq!(closed.as_deref(), Some("amqp:connection:forced"));
+    loop {
+        if let Ok(Some(s)) = server.try_wait() {
+            assert!(s.success(), "clean exit: {s}");
+            break;
+        }
+        assert!(
+            stopped_at.elapsed() < Duration::from_secs(20),
+            "still running 20 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let port = free_port();
+    let mut server = start(dir.path(), port);
+    let back = consume_all(port, "drain");
+    let _ = server.kill();
+    let _ = server.wait();
+    assert_eq!(
+        back.len(),
+        3,
+        "the unsettled deliveries are back on the queue"
+    );
+}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -169,14 +269,14 @@ fn produce_until_killed(port: u16) -> HashSet<Vec<u8>> {
     }
 }
 
-/// Consumes everything on the queue; returns the bodies.
-fn consume_all(port: u16) -> Vec<Vec<u8>> {
+/// Consumes everything on `queues/<queue>`; returns the bodies.
+fn consume_all(port: u16, queue: &str) -> Vec<Vec<u8>> {
     // What comes back is a whole AMQP message (header, sections); compare its Data section.
 
     let mut c = Client::connect(port);
     c.write(&peer::frame(
         0,
-        &peer::attach_receiver("rx", 0, "queues/crash"),
+        &peer::attach_receiver("rx", 0, &format!("queues/{queue}")),
         &[],
     ));
     c.write(&peer::frame(
@@ -228,7 +328,7 @@ fn sigkill_during_produce_keeps_every_accepted_message() {
         killer.join().expect("killer");
         let port = free_port();
         let mut server = start(dir.path(), port);
-        let consumed: HashSet<Vec<u8>> = consume_all(port).into_iter().collect();
+        let consumed: HashSet<Vec<u8>> = consume_all(port, "crash").into_iter().collect();
         let _ = server.kill();
         let _ = server.wait();
         let missing = accepted.iter().filter(|b| !consumed.contains(*b)).count();
