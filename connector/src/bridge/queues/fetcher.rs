@@ -75,6 +75,42 @@ pub struct FetchLimits {
     pub max_batch: u32,
     /// ClientID for Gets.
     pub client_id: &'static str,
+    /// How long a loop with no consumer and nothing held lives before it ends and closes its
+    /// downstream session.
+    pub idle_exit: std::time::Duration,
+}
+
+/// Every channel's running loop, by channel: a loop is started and joined under this lock, and
+/// retires under it, so a consumer can never join a loop that is ending.
+pub type Registry = Arc<std::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>>;
+
+/// Joins `key` to `channel`'s loop (starting one if none runs) and returns the loop's command
+/// channel.
+pub fn join<B: Backend>(
+    registry: &Registry,
+    backend: &Arc<B>,
+    channel: &str,
+    limits: FetchLimits,
+    key: ConsumerKey,
+    to: mpsc::UnboundedSender<ToConsumer>,
+) -> mpsc::UnboundedSender<Command> {
+    let mut map = registry.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(tx) = map.get(channel) {
+        if tx.send(Command::Join(key, to.clone())).is_ok() {
+            return tx.clone();
+        }
+    }
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = tx.send(Command::Join(key, to));
+    tokio::spawn(run(
+        backend.clone(),
+        channel.to_string(),
+        limits,
+        rx,
+        registry.clone(),
+    ));
+    map.insert(channel.to_string(), tx.clone());
+    tx
 }
 
 struct Consumer {
@@ -102,12 +138,14 @@ type Fetched = (Arc<str>, u64, QueueMessage);
 /// still waiting after this is waiting for messages that do not exist yet.
 pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
-/// Runs the loop for `channel` until every consumer has left and nothing is pending.
-pub async fn run<B: Backend>(
+/// Runs the loop for `channel` until it has had no consumer and nothing pending for
+/// `limits.idle_exit`.
+async fn run<B: Backend>(
     backend: Arc<B>,
     channel: String,
     limits: FetchLimits,
     rx: mpsc::UnboundedReceiver<Command>,
+    registry: Registry,
 ) {
     Fetcher {
         backend,
@@ -120,6 +158,7 @@ pub async fn run<B: Backend>(
         handed: HashSet::new(),
         session: None,
         batch: 1,
+        registry,
     }
     .run(rx)
     .await
@@ -142,6 +181,8 @@ struct Fetcher<B: Backend> {
     /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
     /// doubling after every full Get.
     batch: u32,
+    /// Where this loop is registered; it removes itself when it retires.
+    registry: Registry,
 }
 
 impl<B: Backend> Fetcher<B> {
@@ -163,10 +204,12 @@ impl<B: Backend> Fetcher<B> {
                 }
             }
             if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
-                // Everyone left and nothing is held: wait for a new consumer.
-                match rx.recv().await {
-                    Some(cmd) => self.apply(cmd),
-                    None => return,
+                // Everyone left and nothing is held: wait for a new consumer, or retire.
+                match tokio::time::timeout(self.limits.idle_exit, rx.recv()).await {
+                    Ok(Some(cmd)) => self.apply(cmd),
+                    Ok(None) => return,
+                    Err(_) if self.retire(&mut rx) => return,
+                    Err(_) => {}
                 }
                 continue;
             }
@@ -244,6 +287,28 @@ impl<B: Backend> Fetcher<B> {
                     self.finish_drains(true);
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
+            }
+        }
+    }
+
+    /// Ends this loop if nothing arrived meanwhile: under the registry's lock (the lock joins
+    /// take), so no consumer can join a loop that is ending. Dropping the session returns
+    /// whatever it still had locked.
+    fn retire(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
+        let mut map = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        match rx.try_recv() {
+            Ok(cmd) => {
+                drop(map);
+                self.apply(cmd);
+                false
+            }
+            Err(_) => {
+                rx.close();
+                if map.get(&self.channel).is_some_and(|tx| tx.is_closed()) {
+                    map.remove(&self.channel);
+                }
+                tracing::debug!(channel = %self.channel, "Get loop idle; ending it");
+                true
             }
         }
     }
@@ -421,5 +486,60 @@ async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<(Arc<str>, u64, Outcom
         if let Err(e) = r {
             tracing::warn!(transaction = %t, error = %e, "settlement failed; KubeMQ returns the messages when the session ends");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::embedded::Embedded;
+    use crate::store::Store;
+
+    fn message(channel: &str) -> QueueMessage {
+        QueueMessage {
+            client_id: "test".into(),
+            channel: channel.into(),
+            body: b"x".to_vec().into(),
+            ..Default::default()
+        }
+    }
+
+    /// A loop with no consumer ends after `idle_exit` and leaves the registry; the next consumer
+    /// starts a fresh loop that delivers.
+    #[tokio::test]
+    async fn idle_loop_retires_and_a_new_consumer_starts_another() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        let backend = Arc::new(Embedded::new(store.clone()));
+        let registry: Registry = Arc::default();
+        let limits = FetchLimits {
+            max_batch: 10,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_millis(50),
+        };
+        let (to, mut from) = mpsc::unbounded_channel();
+        let tx = join(&registry, &backend, "idle", limits, (1, 1), to.clone());
+        let _ = tx.send(Command::Leave((1, 1)));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key("idle")
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the idle loop never retired"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(tx.is_closed(), "the retired loop's channel is closed");
+
+        assert!(!store.send(vec![message("idle")]).await[0].is_error);
+        let tx = join(&registry, &backend, "idle", limits, (1, 2), to);
+        let _ = tx.send(Command::Demand((1, 2), 1, 0));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
+            .await
+            .expect("a delivery from the new loop");
+        assert!(matches!(got, Some(ToConsumer::Message(h)) if h.consumer == (1, 2)));
     }
 }

@@ -33,6 +33,9 @@ use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, Li
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Direction, Metrics};
 
+/// A channel's Get loop ends after this long without consumers (and closes its session).
+const FETCH_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Process-wide part of the bridge: the backend, the limits, and one fetcher per channel.
 pub struct Queues<B: Backend> {
     backend: Arc<B>,
@@ -40,7 +43,7 @@ pub struct Queues<B: Backend> {
     max_unsettled: u32,
     limits: FetchLimits,
     default_pattern: Pattern,
-    fetchers: Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>,
+    fetchers: fetcher::Registry,
     next_connection: AtomicU64,
     metrics: Arc<Metrics>,
 }
@@ -55,29 +58,23 @@ impl<B: Backend> Queues<B> {
             limits: FetchLimits {
                 max_batch: 1000.max(settings.get_batch_size),
                 client_id: "kubemq-amqp-connector",
+                idle_exit: FETCH_IDLE_EXIT,
             },
             default_pattern: Pattern::from_setting(&settings.default_pattern),
-            fetchers: Mutex::new(HashMap::new()),
+            fetchers: Arc::new(Mutex::new(HashMap::new())),
             next_connection: AtomicU64::new(1),
             metrics,
         })
     }
 
-    /// The command channel of `channel`'s fetcher, starting it if needed.
-    fn fetcher(&self, channel: &str) -> mpsc::UnboundedSender<Command> {
-        let mut map = self.fetchers.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(tx) = map.get(channel).filter(|tx| !tx.is_closed()) {
-            return tx.clone();
-        }
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(fetcher::run(
-            self.backend.clone(),
-            channel.to_string(),
-            self.limits,
-            rx,
-        ));
-        map.insert(channel.to_string(), tx.clone());
-        tx
+    /// Joins a consumer to `channel`'s Get loop, starting one if none runs.
+    fn join(
+        &self,
+        channel: &str,
+        key: ConsumerKey,
+        to: mpsc::UnboundedSender<ToConsumer>,
+    ) -> mpsc::UnboundedSender<Command> {
+        fetcher::join(&self.fetchers, &self.backend, channel, self.limits, key, to)
     }
 }
 
@@ -285,10 +282,9 @@ impl<B: Backend> QueuesHandler<B> {
                 "selector filter not supported on this address",
             ));
         }
-        let fetcher = self.bridge.fetcher(&channel);
-        self.bridge.metrics.link(metrics::Role::sender).inc();
         let key: ConsumerKey = (self.connection, link);
-        let _ = fetcher.send(Command::Join(key, self.handout_tx.clone()));
+        let fetcher = self.bridge.join(&channel, key, self.handout_tx.clone());
+        self.bridge.metrics.link(metrics::Role::sender).inc();
         self.links.insert(
             link,
             LinkKind::Consume {
