@@ -382,15 +382,6 @@ impl TestConnector {
         self._facade.as_ref().map(|f| f.addr)
     }
 
-    /// One connector on each backend with default settings: the embedded store in-process, and
-    /// the KubeMQ gRPC client talking to the store's façade over loopback.
-    pub fn on_both_backends() -> [TestConnector; 2] {
-        [
-            Self::start(Settings::default()),
-            Self::start_over_grpc(Settings::default()),
-        ]
-    }
-
     /// Runs `body` against a connector with `settings` on each backend in turn (embedded store,
     /// then gRPC to the store's façade); a failure says which backend it was on.
     pub fn each_backend(settings: Settings, body: impl Fn(&TestConnector)) {
@@ -536,9 +527,9 @@ pub fn run_client_script(
 
 /// Runs a client script scenario (see [`run_client_script`]) against a connector on each backend.
 pub fn run_client_script_on_both_backends(program: &str, dir: &str, args: &[&str], scenario: &str) {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         run_client_script(program, dir, args, scenario, c.addr);
-    }
+    });
 }
 
 /// A connector with the memory node, serving on a loopback port in its own runtime thread.

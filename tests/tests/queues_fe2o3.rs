@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::definitions::{ReceiverSettleMode, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
@@ -18,7 +19,7 @@ fn rt() -> tokio::runtime::Runtime {
 /// receive with a 2 s deadline gets nothing.
 #[test]
 fn q_s1_send_receive_accept() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s1", url.as_str()).await.unwrap();
@@ -47,14 +48,14 @@ fn q_s1_send_receive_accept() {
             assert!(more.is_err(), "the queue is empty");
             conn.close().await.unwrap();
         });
-    }
+    });
 }
 
 /// Q-S2 / Q-17: first deliveries are delivery-count 0; a released message returns with
 /// delivery-count ≥ 1; a rejected one never returns.
 #[test]
 fn q_s2_outcomes_and_redelivery() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s2", url.as_str()).await.unwrap();
@@ -93,13 +94,13 @@ fn q_s2_outcomes_and_redelivery() {
             assert!(more.is_err(), "reject-me never returns");
             conn.close().await.unwrap();
         });
-    }
+    });
 }
 
 /// Q-S3: pre-settled and unsettled produce drained by one `first` receiver; `second` refused.
 #[test]
 fn q_s3_settle_modes() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         let url = c.url();
         rt().block_on(async {
             let mut conn = Connection::open("fe2o3-q-s3", url.as_str()).await.unwrap();
@@ -150,14 +151,14 @@ fn q_s3_settle_modes() {
             );
             conn.close().await.unwrap();
         });
-    }
+    });
 }
 
 /// Q-S4: 1 MiB at max-frame-size 4096, stored after the last fragment, one `accepted`, received
 /// with the same length and bytes.
 #[test]
 fn q_s4_large_message() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         let url = c.url();
         let body: Vec<u8> = (0..1_048_576u32)
             .map(|i| (i.wrapping_mul(7).wrapping_add(3) % 256) as u8)
@@ -189,5 +190,5 @@ fn q_s4_large_message() {
             got
         });
         assert!(got == body, "1 MiB body differs");
-    }
+    });
 }

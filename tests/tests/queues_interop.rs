@@ -29,11 +29,10 @@ fn q_38_grpc_and_amqp_share_queues() {
 /// message is received exactly once, none is lost; on both backends.
 #[test]
 fn q_2_q_3_competing_consumers() {
-    competing(TestConnector::start(Settings::default()));
-    competing(TestConnector::start_over_grpc(Settings::default()));
+    TestConnector::each_backend(Settings::default(), competing);
 }
 
-fn competing(c: TestConnector) {
+fn competing(c: &TestConnector) {
     const N: usize = 10_000;
     let url = c.url();
     interop_tests::runtime().block_on(async {
@@ -124,7 +123,7 @@ fn competing(c: TestConnector) {
 /// in flight, reach a single consumer in the order they were sent; on both backends.
 #[test]
 fn one_link_keeps_its_order() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         const N: usize = 5_000;
         let url = c.url();
         interop_tests::runtime().block_on(async {
@@ -163,5 +162,5 @@ fn one_link_keeps_its_order() {
             }
             conn.close().await.unwrap();
         });
-    }
+    });
 }

@@ -2,6 +2,7 @@
 //! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
 //! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
 
+use connector::config::Settings;
 use interop_tests::{run_client_script_on_both_backends, TestConnector};
 
 fn run(scenario: &str) {
@@ -43,7 +44,7 @@ fn q_32_teardown_returns_messages() {
 /// nothing: a fresh consumer gets them all, with delivery-count increased; on both backends.
 #[test]
 fn q_32_sigkilled_client_loses_nothing() {
-    for c in TestConnector::on_both_backends() {
+    TestConnector::each_backend(Settings::default(), |c| {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/queues.py");
         let out = std::process::Command::new("python3")
             .args([script, "killed", &c.url()])
@@ -84,5 +85,5 @@ fn q_32_sigkilled_client_loses_nothing() {
             counts
         });
         assert!(counts.iter().all(|n| *n >= 1), "redeliveries: {counts:?}");
-    }
+    });
 }
