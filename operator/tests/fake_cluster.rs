@@ -152,16 +152,7 @@ struct Operator {
 
 impl Operator {
     fn ready(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
-            return false;
-        };
-        let _ = write!(
-            s,
-            "GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text.starts_with("HTTP/1.1 200")
+        self.get("/readyz").starts_with("HTTP/1.1 200")
     }
 
     fn get(&self, path: &str) -> String {

@@ -127,6 +127,18 @@ fn no_uid_no_children() {
     assert_eq!(desired(&cr), Err(RenderError::NoOwner));
 }
 
+/// The pod template's metadata of the rendered Deployment.
+fn pod_meta(d: &Desired) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+    d.deployment
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .metadata
+        .as_ref()
+        .expect("pod template metadata")
+}
+
 #[test]
 fn selector_never_changes_with_the_spec() {
     let a = desired(&fixture("amqpconnector.yaml")).expect("renders");
@@ -138,18 +150,7 @@ fn selector_never_changes_with_the_spec() {
     let b = desired(&changed).expect("renders");
     let sel = |d: &Desired| d.deployment.spec.as_ref().expect("spec").selector.clone();
     assert_eq!(sel(&a), sel(&b));
-    let pod_labels = b
-        .deployment
-        .spec
-        .as_ref()
-        .expect("spec")
-        .template
-        .metadata
-        .as_ref()
-        .expect("meta")
-        .labels
-        .clone()
-        .expect("labels");
+    let pod_labels = pod_meta(&b).labels.clone().expect("labels");
     assert_eq!(
         pod_labels.get("app.kubernetes.io/name").map(String::as_str),
         Some("amqp-connector"),
@@ -173,18 +174,7 @@ fn config_hash_follows_the_configuration_only() {
     let tuned = desired(&tuned).expect("renders");
     assert_ne!(tuned.config_hash, base.config_hash);
     let annotation = |d: &Desired| {
-        d.deployment
-            .spec
-            .as_ref()
-            .expect("spec")
-            .template
-            .metadata
-            .as_ref()
-            .expect("meta")
-            .annotations
-            .as_ref()
-            .expect("annotations")[CONFIG_HASH_ANNOTATION]
-            .clone()
+        pod_meta(d).annotations.as_ref().expect("annotations")[CONFIG_HASH_ANNOTATION].clone()
     };
     assert_eq!(
         annotation(&tuned),
