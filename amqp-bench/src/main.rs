@@ -18,6 +18,11 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 mod coalesce;
 mod direct;
 
+/// The same allocator as the connector, for both the AMQP and the direct gRPC load: the load
+/// tool shares the cores with what it measures, and glibc's malloc made it the costliest process.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Command line.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "amqp-bench", about = "Load tool for AMQP 1.0 queues")]

@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
-use connector::backend::{Backend, BackendError, Downstream};
+use connector::backend::{Backend, BackendError, Downstream, ReadyHint};
 use connector::kubemq::{QueueMessage, QueueMessagePolicy};
 use interop_tests::TestFacade;
 
@@ -128,6 +128,50 @@ fn every_method() {
         // Dropping the session returned what it held unsettled.
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(f.store.ready_count("g") + f.store.ready_count("g-other"), 5);
+    });
+}
+
+/// The gRPC client's ready estimate (kubemq-grpc.md 7, Q-12 as decided): messages this process
+/// stored and has not fetched back; refused sends are not counted; a Get that comes back short
+/// proves the queue empty.
+#[test]
+fn ready_estimate_counts_this_process_traffic() {
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let c = client(&f);
+        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(0));
+        let mut batch: Vec<QueueMessage> = (0..30).map(|i| msg("est", &format!("m{i}"))).collect();
+        batch[7] = msg("bad queue", "refused");
+        batch.push(msg("est-other", "x"));
+        let r = c.send_queue(batch).await.unwrap();
+        assert_eq!(r.iter().filter(|r| r.is_error).count(), 1);
+        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(29));
+        assert_eq!(c.ready_hint("est-other"), ReadyHint::Estimate(1));
+        assert_eq!(
+            f.store.ready_count("est"),
+            29,
+            "the estimate matches the store"
+        );
+
+        let mut ds = c.open_downstream().await.unwrap();
+        let b = ds.get("est", "grpc-test", 20, 1000).await.unwrap();
+        assert_eq!(b.messages.len(), 20);
+        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(9));
+        // Another producer's messages (straight into the store) are fetched too: the count goes
+        // below zero and reads as unknown until a short Get shows the queue empty.
+        assert!(f
+            .store
+            .send(vec![msg("est", "foreign")])
+            .await
+            .iter()
+            .all(|r| !r.is_error));
+        let b = ds.get("est", "grpc-test", 10, 1000).await.unwrap();
+        assert_eq!(b.messages.len(), 10);
+        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(0));
+        let b = ds.get("est", "grpc-test", 5, 1000).await.unwrap();
+        assert!(b.messages.is_empty());
+        c.send_queue(vec![msg("est", "again")]).await.unwrap();
+        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(1));
     });
 }
 

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream};
+use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
 use crate::kubemq::{
     PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
 };
@@ -83,8 +83,8 @@ impl Backend for Embedded {
         Ok(crate::store::grpc::queues_summary(queues))
     }
 
-    fn ready_hint(&self, channel: &str) -> Option<u64> {
-        Some(self.store.ready_count(channel) as u64)
+    fn ready_hint(&self, channel: &str) -> ReadyHint {
+        ReadyHint::Exact(self.store.ready_count(channel) as u64)
     }
 
     async fn ping(&self) -> Result<PingResult, BackendError> {

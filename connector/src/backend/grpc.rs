@@ -23,7 +23,8 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
-use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream};
+use super::ready_estimate::ReadyEstimate;
+use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::{
     Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
@@ -94,6 +95,8 @@ pub struct KubemqGrpc {
     /// Unbounded so that a send joins the queue on its first poll (Backend::send_queue); what is
     /// queued is bounded by the producers' credit windows.
     upstream: mpsc::UnboundedSender<Pending>,
+    /// This process's sends and fetches per channel, for Get sizing.
+    ready: Arc<ReadyEstimate>,
 }
 
 impl KubemqGrpc {
@@ -132,6 +135,7 @@ impl KubemqGrpc {
         Ok(KubemqGrpc {
             shared,
             upstream: tx,
+            ready: Arc::default(),
         })
     }
 
@@ -302,6 +306,18 @@ impl Batcher {
     }
 }
 
+/// Consecutive messages to the same channel: (channel, count), in order.
+fn channel_runs(messages: &[QueueMessage]) -> Vec<(String, usize)> {
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for m in messages {
+        match runs.last_mut() {
+            Some((channel, n)) if *channel == m.channel => *n += 1,
+            _ => runs.push((m.channel.clone(), 1)),
+        }
+    }
+    runs
+}
+
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>>>;
 
 /// One QueuesDownstream stream.
@@ -311,6 +327,7 @@ pub struct GrpcDownstream {
     lost: Arc<AtomicBool>,
     reader: tokio::task::JoinHandle<()>,
     deadline: Duration,
+    ready: Arc<ReadyEstimate>,
 }
 
 impl GrpcDownstream {
@@ -357,7 +374,15 @@ impl Downstream for GrpcDownstream {
         let limit =
             Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0).max(1000)) + self.deadline;
         match tokio::time::timeout(limit, wait).await {
-            Ok(Ok(r)) => batch_from(r),
+            Ok(Ok(r)) => {
+                let batch = batch_from(r)?;
+                self.ready.fetched(
+                    channel,
+                    usize::try_from(max_items).unwrap_or(0),
+                    batch.messages.len(),
+                );
+                Ok(batch)
+            }
             Ok(Err(_)) => Err(BackendError::Unavailable(
                 "downstream stream lost during Get".into(),
             )),
@@ -388,11 +413,27 @@ impl Backend for KubemqGrpc {
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let (done, wait) = oneshot::channel();
-        self.upstream
-            .send(Pending { messages, done })
-            .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?;
-        wait.await
-            .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))?
+        let runs = channel_runs(&messages);
+        for (channel, n) in &runs {
+            self.ready.sending(channel, *n);
+        }
+        let result = match self.upstream.send(Pending { messages, done }) {
+            Ok(()) => wait
+                .await
+                .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))
+                .and_then(|r| r),
+            Err(_) => Err(BackendError::Unavailable("send batcher stopped".into())),
+        };
+        let mut results = result.as_deref().unwrap_or_default().iter();
+        for (channel, n) in &runs {
+            let stored = results.by_ref().take(*n).filter(|r| !r.is_error).count();
+            self.ready.sent(channel, *n, stored);
+        }
+        result
+    }
+
+    fn ready_hint(&self, channel: &str) -> ReadyHint {
+        ReadyHint::Estimate(self.ready.ready(channel))
     }
 
     async fn open_downstream(&self) -> Result<GrpcDownstream, BackendError> {
@@ -442,6 +483,7 @@ impl Backend for KubemqGrpc {
             lost,
             reader,
             deadline: self.shared.deadline,
+            ready: self.ready.clone(),
         })
     }
 

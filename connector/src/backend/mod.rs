@@ -7,6 +7,7 @@
 
 pub mod embedded;
 pub mod grpc;
+pub mod ready_estimate;
 
 use std::future::Future;
 
@@ -63,12 +64,23 @@ pub trait Backend: Send + Sync + 'static {
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
 
-    /// How many messages `channel` has ready right now, when the backend knows it exactly and
-    /// cheaply (the embedded store does; KubeMQ's QueuesInfo figures are estimates). Lets a Get
-    /// ask for exactly what is there instead of waiting for a batch that cannot fill.
-    fn ready_hint(&self, _channel: &str) -> Option<u64> {
-        None
+    /// How many messages `channel` has ready right now, as far as the backend can tell cheaply.
+    /// Lets a Get ask for what is there instead of waiting for a batch that cannot fill.
+    fn ready_hint(&self, _channel: &str) -> ReadyHint {
+        ReadyHint::Unknown
     }
+}
+
+/// What a backend knows about a channel's ready messages (see [`Backend::ready_hint`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadyHint {
+    /// Nothing.
+    Unknown,
+    /// Exactly this many (the embedded store counts them).
+    Exact(u64),
+    /// Probably this many, counted from this process's own sends and fetches
+    /// ([`ready_estimate`]); 0 means unknown, and the count may be low but rarely high.
+    Estimate(u64),
 }
 
 /// One consumer session: Gets open transactions, settlements apply to them. KubeMQ answers a

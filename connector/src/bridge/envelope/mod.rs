@@ -74,10 +74,126 @@ fn section_value(
     }
 }
 
+/// The envelope's JSON shape. Typed, so that printing and parsing the common case (a body kind
+/// and a few properties) skips building a generic JSON tree; the sections stay generic JSON
+/// because their contents are the client's. Fields print in this order. Reading accepts JSON
+/// objects only (serde's derive would also take an array) and ignores keys it does not know.
+#[derive(Debug, Default, serde::Serialize)]
+struct Amqp10 {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    props: Option<Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    app: Option<Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    annotations: Option<Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    delivery_annotations: Option<Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    footer: Option<Json>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_section: Option<Json>,
+}
+
+/// `{"amqp10": {...}}`: what `Metadata` holds for a message that came through AMQP.
+#[derive(Debug, serde::Serialize)]
+struct Envelope {
+    amqp10: Amqp10,
+}
+
+/// The keys of both objects; anything else is skipped.
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Key {
+    Amqp10,
+    Props,
+    App,
+    Annotations,
+    DeliveryAnnotations,
+    Footer,
+    BodySection,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Amqp10 {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> serde::de::Visitor<'de> for Object {
+            type Value = Amqp10;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Amqp10, A::Error> {
+                let mut e = Amqp10::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    let slot = match key {
+                        Key::Props => &mut e.props,
+                        Key::App => &mut e.app,
+                        Key::Annotations => &mut e.annotations,
+                        Key::DeliveryAnnotations => &mut e.delivery_annotations,
+                        Key::Footer => &mut e.footer,
+                        Key::BodySection => &mut e.body_section,
+                        Key::Amqp10 | Key::Other => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = Some(map.next_value()?);
+                }
+                Ok(e)
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Envelope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Outer;
+        impl<'de> serde::de::Visitor<'de> for Outer {
+            type Value = Envelope;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object with an amqp10 object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Envelope, A::Error> {
+                let mut amqp10 = None;
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        // A non-object here fails the whole read: then it is not an envelope.
+                        Key::Amqp10 => amqp10 = Some(map.next_value::<Amqp10>()?),
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                amqp10
+                    .map(|amqp10| Envelope { amqp10 })
+                    .ok_or_else(|| serde::de::Error::missing_field("amqp10"))
+            }
+        }
+        d.deserialize_map(Outer)
+    }
+}
+
+/// A section's JSON, if it is there and is an object (anything else is ignored on egress).
+fn object(section: &Option<Json>) -> Option<&Map<String, Json>> {
+    section.as_ref().and_then(Json::as_object)
+}
+
 /// Ingress (ENV-1 … ENV-9): an encoded AMQP message → envelope and body.
 pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
     let layout = walk(msg)?;
-    let mut env = Map::new();
+    let mut env = Amqp10::default();
     let mut props = Map::new();
     let mut to = None;
     if let Some(r) = &layout.properties {
@@ -101,36 +217,36 @@ pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
         }
     }
     if !props.is_empty() {
-        env.insert("props".into(), Json::Object(props));
+        env.props = Some(Json::Object(props));
     }
-    for (key, range, what) in [
+    for (slot, range, what) in [
         (
-            "app",
+            &mut env.app,
             &layout.application_properties,
             "application-properties",
         ),
         (
-            "annotations",
+            &mut env.annotations,
             &layout.message_annotations,
             "message-annotations",
         ),
         (
-            "delivery_annotations",
+            &mut env.delivery_annotations,
             &layout.delivery_annotations,
             "delivery-annotations",
         ),
-        ("footer", &layout.footer, "footer"),
+        (&mut env.footer, &layout.footer, "footer"),
     ] {
         if let Some(r) = range {
             if let Value::Map(m) = section_value(msg, r, what)? {
-                env.insert(key.into(), map_to_json(m));
+                *slot = Some(map_to_json(m));
             }
         }
     }
     let body = match layout.body_kind {
         BodyKind::Empty => Vec::new(),
         BodyKind::Data { .. } => {
-            env.insert("body_section".into(), json!("data"));
+            env.body_section = Some(json!("data"));
             // Slices, not bytes: this copy is on every produced message's path.
             data_sections(&msg[layout.body.clone()]).fold(Vec::new(), |mut body, part| {
                 body.extend_from_slice(part);
@@ -138,12 +254,13 @@ pub fn ingress(msg: &[u8]) -> Result<Stored, IngressError> {
             })
         }
         BodyKind::Value => {
-            env.insert("body_section".into(), json!("value"));
+            env.body_section = Some(json!("value"));
             value_bytes(&msg[layout.body.clone()])?.to_vec()
         }
         BodyKind::Sequence => return Err(IngressError::SequenceBody),
     };
-    let metadata = json!({ "amqp10": Json::Object(env) }).to_string();
+    // Printing a typed value into a String cannot fail (no map has non-string keys).
+    let metadata = serde_json::to_string(&Envelope { amqp10: env }).unwrap_or_default();
     Ok(Stored { metadata, body, to })
 }
 
@@ -172,18 +289,11 @@ pub fn egress(
     tags: &std::collections::HashMap<String, String>,
     info: DeliveryInfo,
 ) -> Vec<u8> {
-    let env = serde_json::from_str::<Json>(metadata)
+    let env = serde_json::from_str::<Envelope>(metadata)
         .ok()
-        .and_then(|mut j| j.get_mut("amqp10").map(Json::take))
-        .and_then(|j| match j {
-            Json::Object(m) => Some(m),
-            _ => None,
-        });
+        .map(|e| e.amqp10);
     let mut out = Vec::with_capacity(body.len() + 256);
-    let props = env
-        .as_ref()
-        .and_then(|e| e.get("props"))
-        .and_then(Json::as_object);
+    let props = env.as_ref().and_then(|e| object(&e.props));
     // Header (ENV-14, Q-17): made by the connector.
     let ttl = props
         .and_then(|p| p.get("ttl"))
@@ -197,8 +307,8 @@ pub fn egress(
     );
     match &env {
         Some(env) => {
-            for (key, code) in [("delivery_annotations", 0x71), ("annotations", 0x72)] {
-                if let Some(Json::Object(m)) = env.get(key) {
+            for (section, code) in [(&env.delivery_annotations, 0x71), (&env.annotations, 0x72)] {
+                if let Some(m) = object(section) {
                     push_section(&mut out, code, Value::Map(annotations_from_json(m)));
                 }
             }
@@ -217,7 +327,7 @@ pub fn egress(
                     push_section(&mut out, 0x73, Value::List(fields));
                 }
             }
-            if let Some(Json::Object(m)) = env.get("app") {
+            if let Some(m) = object(&env.app) {
                 let app = m
                     .iter()
                     .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
@@ -243,7 +353,7 @@ pub fn egress(
     }
     let value_body = env
         .as_ref()
-        .and_then(|e| e.get("body_section"))
+        .and_then(|e| e.body_section.as_ref())
         .and_then(Json::as_str)
         == Some("value");
     if value_body && value_len(body).map(|n| n == body.len()).unwrap_or(false) {
@@ -252,7 +362,7 @@ pub fn egress(
     } else {
         push_data(&mut out, body);
     }
-    if let Some(Json::Object(m)) = env.as_ref().and_then(|e| e.get("footer")) {
+    if let Some(m) = env.as_ref().and_then(|e| object(&e.footer)) {
         push_section(&mut out, 0x78, Value::Map(annotations_from_json(m)));
     }
     out

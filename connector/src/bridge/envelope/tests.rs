@@ -329,6 +329,39 @@ fn op_env_6_plain_grpc_message() {
         .any(|(c, v)| *c == 0x75 && *v == Value::Binary(ByteBuf::from(b"raw".to_vec()))));
 }
 
+/// An envelope with keys we do not write (a newer writer) or a section that is not an object is
+/// still an envelope: the parts that make sense are used, nothing becomes an annotation. JSON
+/// that has no `amqp10` object is not an envelope (OP-ENV-6).
+#[test]
+fn envelope_read_leniently() {
+    let tags = HashMap::new();
+    let odd = r#"{"amqp10":{"props":5,"future":[1],"app":{"k":"v"},"body_section":"data"},"x":0}"#;
+    let s = sections(&egress(odd, b"b", &tags, first_delivery()));
+    assert!(
+        !s.iter().any(|(c, _)| *c == 0x72),
+        "no metadata annotation: {s:?}"
+    );
+    assert!(
+        !s.iter().any(|(c, _)| *c == 0x73),
+        "props that are not an object are dropped"
+    );
+    assert!(s
+        .iter()
+        .any(|(c, v)| *c == 0x74 && matches!(v, Value::Map(m) if m.len() == 1)));
+    for not_envelope in [
+        r#"{"amqp10":null}"#,
+        r#"{"amqp10":[1]}"#,
+        r#"[{"amqp10":{}}]"#,
+        "{}",
+    ] {
+        let s = sections(&egress(not_envelope, b"b", &tags, first_delivery()));
+        assert!(
+            s.iter().any(|(c, _)| *c == 0x72),
+            "{not_envelope} is delivered as the metadata annotation"
+        );
+    }
+}
+
 /// ENV-10 / OP-ENV-3: every marker round-trips through JSON.
 #[test]
 fn markers_round_trip() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::backend::{Backend, Downstream};
+use crate::backend::{Backend, Downstream, ReadyHint};
 use crate::kubemq::QueueMessage;
 
 /// Identifies a consumer link across the process: (connection number, link id).
@@ -147,21 +147,9 @@ async fn run<B: Backend>(
     rx: mpsc::UnboundedReceiver<Command>,
     registry: Registry,
 ) {
-    Fetcher {
-        backend,
-        channel,
-        limits,
-        consumers: HashMap::new(),
-        order: VecDeque::new(),
-        buffer: VecDeque::new(),
-        settle: Vec::new(),
-        handed: HashSet::new(),
-        session: None,
-        batch: 1,
-        registry,
-    }
-    .run(rx)
-    .await
+    Fetcher::new(backend, channel, limits, registry)
+        .run(rx)
+        .await
 }
 
 /// The loop's state: who wants how much, what was fetched and not handed out, what was settled
@@ -186,6 +174,22 @@ struct Fetcher<B: Backend> {
 }
 
 impl<B: Backend> Fetcher<B> {
+    fn new(backend: Arc<B>, channel: String, limits: FetchLimits, registry: Registry) -> Self {
+        Fetcher {
+            backend,
+            channel,
+            limits,
+            consumers: HashMap::new(),
+            order: VecDeque::new(),
+            buffer: VecDeque::new(),
+            settle: Vec::new(),
+            handed: HashSet::new(),
+            session: None,
+            batch: 1,
+            registry,
+        }
+    }
+
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
             // Take every command that is already waiting.
@@ -239,6 +243,7 @@ impl<B: Backend> Fetcher<B> {
                 },
             };
             let want = self.get_size(demand);
+
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (kubemq-grpc.md 4.3.1).
             let channel = self.channel.clone();
@@ -322,15 +327,18 @@ impl<B: Backend> Fetcher<B> {
     }
 
     /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);
-    /// otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for more than is
-    /// there would outlive DRAIN_GRACE and end the drain with messages still waiting. Never more
-    /// than the demand.
+    /// with an estimate, for that many (a Get for more than is there holds them a whole
+    /// WaitTimeout); otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for
+    /// more than is there would outlive DRAIN_GRACE and end the drain with messages still
+    /// waiting. Never more than the demand.
     fn get_size(&self, demand: u32) -> u32 {
         let cap = demand.min(self.limits.max_batch);
+        let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);
         match self.backend.ready_hint(&self.channel) {
-            Some(ready) => cap.min(u32::try_from(ready).unwrap_or(u32::MAX)).max(1),
-            None if self.consumers.values().any(|c| c.draining) => 1,
-            None => cap.min(self.batch).max(1),
+            ReadyHint::Exact(ready) => count(ready),
+            ReadyHint::Estimate(ready) if ready > 0 => count(ready),
+            _ if self.consumers.values().any(|c| c.draining) => 1,
+            _ => cap.min(self.batch).max(1),
         }
     }
 
@@ -359,7 +367,7 @@ impl<B: Backend> Fetcher<B> {
     fn finish_drains(&mut self, nothing_more: bool) {
         let ready_now = !nothing_more
             && self.buffer.is_empty()
-            && self.backend.ready_hint(&self.channel).is_none_or(|r| r > 0);
+            && self.backend.ready_hint(&self.channel) != ReadyHint::Exact(0);
         for (k, c) in self.consumers.iter_mut() {
             if c.draining && (c.demand == 0 || !ready_now) {
                 c.draining = false;
@@ -493,7 +501,88 @@ async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<(Arc<str>, u64, Outcom
 mod tests {
     use super::*;
     use crate::backend::embedded::Embedded;
+    use crate::backend::BackendError;
+    use crate::kubemq::{PingResult, QueuesInfo, SendQueueMessageResult};
     use crate::store::Store;
+
+    /// The embedded backend with a ready hint chosen by the test.
+    struct Hinted(Embedded, ReadyHint);
+
+    impl Backend for Hinted {
+        type Downstream = <Embedded as Backend>::Downstream;
+
+        async fn send_queue(
+            &self,
+            messages: Vec<QueueMessage>,
+        ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+            self.0.send_queue(messages).await
+        }
+
+        async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
+            self.0.open_downstream().await
+        }
+
+        async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
+            self.0.queues_info(filter).await
+        }
+
+        async fn ping(&self) -> Result<PingResult, BackendError> {
+            self.0.ping().await
+        }
+
+        fn ready_hint(&self, _channel: &str) -> ReadyHint {
+            self.1
+        }
+    }
+
+    /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the
+    /// backend says is ready when it knows, exactly or by its own count; without a count it
+    /// follows the adaptive batch, and while a drain is on it asks for one. Always within the
+    /// demand and the ceiling.
+    #[test]
+    fn get_size_follows_the_ready_hint() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        let limits = FetchLimits {
+            max_batch: 500,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_secs(60),
+        };
+        let size = |hint, draining| {
+            let backend = Arc::new(Hinted(Embedded::new(store.clone()), hint));
+            let mut f = Fetcher::new(backend, "q".into(), limits, Registry::default());
+            f.batch = 64;
+            let (to, _) = mpsc::unbounded_channel();
+            f.consumers.insert(
+                (1, 1),
+                Consumer {
+                    demand: 0,
+                    draining,
+                    handed: 0,
+                    to,
+                },
+            );
+            [f.get_size(100), f.get_size(1000), f.get_size(10)]
+        };
+        use ReadyHint::*;
+        assert_eq!(size(Exact(30), false), [30, 30, 10]);
+        assert_eq!(
+            size(Exact(0), false),
+            [1, 1, 1],
+            "one, to return on the next arrival"
+        );
+        assert_eq!(size(Exact(9000), false), [100, 500, 10]);
+        assert_eq!(size(Estimate(30), false), [30, 30, 10]);
+        assert_eq!(size(Estimate(30), true), [30, 30, 10]);
+        assert_eq!(
+            size(Estimate(0), false),
+            [64, 64, 10],
+            "no count: the adaptive batch"
+        );
+        assert_eq!(size(Unknown, false), [64, 64, 10]);
+        assert_eq!(size(Unknown, true), [1, 1, 1]);
+        assert_eq!(size(Estimate(0), true), [1, 1, 1]);
+    }
 
     fn message(channel: &str) -> QueueMessage {
         QueueMessage {

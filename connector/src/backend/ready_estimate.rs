@@ -1,0 +1,154 @@
+//! How many messages a channel probably has ready, counted from this process's own traffic.
+//!
+//! KubeMQ's Get waits for MaxItems messages or its full WaitTimeout (at least 1 s), and KubeMQ
+//! cannot say cheaply what a queue holds. A Get sized from a guess therefore holds the last
+//! messages of a burst for a second. Most traffic of a channel served through this connector is
+//! produced through it too, and those sends are counted here: sent (stored, or being stored)
+//! minus fetched is what is waiting or about to be, and a Get for that many returns as soon as
+//! they are stored (kubemq-grpc.md 7: "ask for the number of messages already known to be
+//! waiting").
+//!
+//! Only an over-count costs anything (a Get that waits its second), so the count errs low:
+//! - a send counts from the moment it leaves; one KubeMQ refuses is taken back, and messages a
+//!   Get fetched before their send was confirmed are not counted twice;
+//! - a Get that came back short proves the queue was empty then: the count drops to zero, keeping
+//!   only the debt that sends still unconfirmed can repay;
+//! - messages from other producers are fetched too and push the count below zero, where it reads
+//!   as "unknown" and the caller falls back to its own sizing until the next short Get.
+//!
+//! Messages that leave without being fetched (expired, dead-lettered, taken by another connector
+//! process) are an over-count until the next short Get corrects it: one Get's wait, the same as
+//! without this count.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Count {
+    /// Confirmed sends minus fetched messages since the last short Get; negative while fetched
+    /// messages are not yet confirmed, or while other producers' messages were fetched.
+    ready: i64,
+    /// Messages sent and not yet confirmed or refused.
+    unconfirmed: i64,
+}
+
+/// Per-channel counts of this process's sends and fetches.
+#[derive(Debug, Default)]
+pub struct ReadyEstimate {
+    channels: Mutex<HashMap<String, Count>>,
+}
+
+impl ReadyEstimate {
+    /// Applies `f` to `channel`'s count; a count back at nothing is dropped, so channels used
+    /// once do not stay in the map.
+    fn with(&self, channel: &str, f: impl FnOnce(&mut Count)) {
+        let mut map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        let settled = match map.get_mut(channel) {
+            Some(c) => {
+                f(c);
+                c.ready == 0 && c.unconfirmed == 0
+            }
+            None => {
+                let mut c = Count::default();
+                f(&mut c);
+                if c.ready == 0 && c.unconfirmed == 0 {
+                    return;
+                }
+                map.insert(channel.to_string(), c);
+                false
+            }
+        };
+        if settled {
+            map.remove(channel);
+        }
+    }
+
+    /// `n` messages to `channel` are on their way to the broker.
+    pub fn sending(&self, channel: &str, n: usize) {
+        self.with(channel, |c| c.unconfirmed += n as i64);
+    }
+
+    /// Of `n` messages to `channel` that were on their way, `stored` were confirmed.
+    pub fn sent(&self, channel: &str, n: usize, stored: usize) {
+        self.with(channel, |c| {
+            c.unconfirmed -= n as i64;
+            c.ready += stored as i64;
+        });
+    }
+
+    /// A Get for `asked` messages of `channel` returned `got`.
+    pub fn fetched(&self, channel: &str, asked: usize, got: usize) {
+        self.with(channel, |c| {
+            c.ready -= got as i64;
+            if got < asked {
+                c.ready = c.ready.min(0).max(-c.unconfirmed);
+            }
+        });
+    }
+
+    /// Messages of `channel` probably ready now or within a send's time (0 when unknown).
+    pub fn ready(&self, channel: &str) -> u64 {
+        let map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(channel)
+            .map_or(0, |c| u64::try_from(c.ready + c.unconfirmed).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn confirmed_sends_minus_fetches() {
+        let e = ReadyEstimate::default();
+        e.sending("q", 10);
+        assert_eq!(e.ready("q"), 10, "sends on their way count");
+        e.sent("q", 10, 9);
+        assert_eq!(e.ready("q"), 9, "a refused message is not counted");
+        e.fetched("q", 5, 5);
+        assert_eq!(e.ready("q"), 4);
+        assert_eq!(e.ready("other"), 0);
+    }
+
+    #[test]
+    fn fetched_before_confirmed_is_owed_across_a_short_get() {
+        let e = ReadyEstimate::default();
+        e.sending("q", 3);
+        // The consumer saw the three before their send was confirmed, then asked for more.
+        e.fetched("q", 3, 3);
+        assert_eq!(e.ready("q"), 0);
+        e.fetched("q", 4, 0);
+        assert_eq!(e.ready("q"), 0);
+        e.sent("q", 3, 3);
+        assert_eq!(
+            e.ready("q"),
+            0,
+            "those three are gone: no Get should wait for them"
+        );
+    }
+
+    #[test]
+    fn a_short_get_forgets_other_producers_and_over_counts() {
+        let e = ReadyEstimate::default();
+        // Another producer's 50 were fetched: below zero, read as unknown.
+        e.fetched("q", 50, 50);
+        assert_eq!(e.ready("q"), 0);
+        e.sending("q", 2);
+        e.sent("q", 2, 2);
+        assert_eq!(e.ready("q"), 0, "still owed from the other producer");
+        // The queue ran dry: the debt is forgotten, local sends count again.
+        e.fetched("q", 10, 3);
+        e.sending("q", 1);
+        e.sent("q", 1, 1);
+        assert_eq!(e.ready("q"), 1);
+        // An over-count (say, messages that expired) ends at the next short Get.
+        e.sending("q", 5);
+        e.sent("q", 5, 5);
+        e.fetched("q", 6, 2);
+        assert_eq!(e.ready("q"), 0);
+        assert!(
+            e.channels.lock().unwrap().is_empty(),
+            "nothing kept for a settled channel"
+        );
+    }
+}
