@@ -354,8 +354,8 @@ impl Store {
     async fn deliver(&self, queue: &str, seqs: Vec<u64>) -> Vec<Delivered> {
         let now = now_ns();
         let mut out = Vec::with_capacity(seqs.len());
-        for seq in seqs {
-            let Some(mut msg) = self.read_locked(queue, seq) else {
+        for (seq, msg) in self.read_locked_many(queue, seqs) {
+            let Some(mut msg) = msg else {
                 continue;
             };
             let attrs = msg.attributes.get_or_insert_with(Default::default);
@@ -379,18 +379,37 @@ impl Store {
         out
     }
 
+    /// The stored message of locked `seq`.
     fn read_locked(&self, queue: &str, seq: u64) -> Option<QueueMessage> {
-        let e = *self.lock().queue(queue).locked.get(&seq)?;
-        match self.log.read(e.loc, e.len) {
-            Ok(record::Record {
-                kind: Some(Kind::Enqueue(Enqueue { message: Some(m) })),
-            }) => Some(m),
-            other => {
-                tracing::error!(queue, seq, error = ?other.err(), "stored message unreadable; dropping it");
-                self.ack(queue, &[seq]);
-                None
-            }
-        }
+        self.read_locked_many(queue, vec![seq]).pop()?.1
+    }
+
+    /// The stored messages of those of `seqs` that are locked, read together (messages sent
+    /// together lie together on disk); one that cannot be read is dropped and logged.
+    fn read_locked_many(&self, queue: &str, seqs: Vec<u64>) -> Vec<(u64, Option<QueueMessage>)> {
+        let entries: Vec<(u64, Entry)> = {
+            let mut st = self.lock();
+            let q = st.queue(queue);
+            seqs.into_iter()
+                .filter_map(|seq| Some((seq, *q.locked.get(&seq)?)))
+                .collect()
+        };
+        let spans: Vec<_> = entries.iter().map(|(_, e)| (e.loc, e.len)).collect();
+        let records = self.log.read_many(&spans);
+        entries
+            .into_iter()
+            .zip(records)
+            .map(|((seq, _), r)| match r {
+                Ok(record::Record {
+                    kind: Some(Kind::Enqueue(Enqueue { message: Some(m) })),
+                }) => (seq, Some(m)),
+                other => {
+                    tracing::error!(queue, seq, error = ?other.err(), "stored message unreadable; dropping it");
+                    self.ack(queue, &[seq]);
+                    (seq, None)
+                }
+            })
+            .collect()
     }
 
     /// Removes locked copies for good (ack). Unknown sequences are ignored.

@@ -121,22 +121,43 @@ pub enum Parsed {
 
 /// Reads the record at the front of `buf`.
 pub fn parse(buf: &[u8]) -> Parsed {
+    match payload(buf) {
+        Ok(p) => decoded(Record::decode(&buf[p.clone()]), p.end),
+        Err(e) => e,
+    }
+}
+
+/// [`parse`] for a shared buffer: message bodies in the record share `buf`'s memory instead of
+/// being copied out of it.
+pub fn parse_shared(buf: &bytes::Bytes) -> Parsed {
+    match payload(buf) {
+        Ok(p) => decoded(Record::decode(buf.slice(p.clone())), p.end),
+        Err(e) => e,
+    }
+}
+
+/// Where the checked payload of the record at the front of `buf` lies.
+fn payload(buf: &[u8]) -> Result<std::ops::Range<usize>, Parsed> {
     if buf.len() < FRAME_HEADER {
-        return Parsed::Incomplete;
+        return Err(Parsed::Incomplete);
     }
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
     let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
     if len > MAX_RECORD {
-        return Parsed::Corrupt;
+        return Err(Parsed::Corrupt);
     }
     let Some(payload) = buf.get(FRAME_HEADER..FRAME_HEADER + len) else {
-        return Parsed::Incomplete;
+        return Err(Parsed::Incomplete);
     };
     if crc32fast::hash(payload) != crc {
-        return Parsed::Corrupt;
+        return Err(Parsed::Corrupt);
     }
-    match Record::decode(payload) {
-        Ok(r) if r.kind.is_some() => Parsed::Record(Box::new(r), FRAME_HEADER + len),
+    Ok(FRAME_HEADER..FRAME_HEADER + len)
+}
+
+fn decoded(r: Result<Record, prost::DecodeError>, framed: usize) -> Parsed {
+    match r {
+        Ok(r) if r.kind.is_some() => Parsed::Record(Box::new(r), framed),
         _ => Parsed::Corrupt,
     }
 }
