@@ -88,6 +88,12 @@ struct Pending {
     done: oneshot::Sender<Result<Vec<SendQueueMessageResult>, BackendError>>,
 }
 
+/// HTTP/2 receive window per stream: a Get reply of a few hundred 1 KiB messages, or one large
+/// message, arrives without waiting for WINDOW_UPDATEs (the default is 64 KiB).
+pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// HTTP/2 receive window of the whole connection, shared by its streams.
+pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
+
 /// A KubeMQ server reached over gRPC.
 #[derive(Clone)]
 pub struct KubemqGrpc {
@@ -113,6 +119,8 @@ impl KubemqGrpc {
                 BackendError::Unavailable(format!("invalid KubeMQ address {address:?}: {e}"))
             })?
             .connect_timeout(Duration::from_secs(5))
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10));

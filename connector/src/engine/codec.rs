@@ -18,6 +18,7 @@ use serde_amqp::macros::DeserializeComposite;
 use serde_amqp::Value;
 
 use super::frame::{write_frame, TYPE_AMQP, TYPE_SASL};
+use super::quick_decode;
 use super::validate::{value_len, ValidateError};
 
 /// A decoded AMQP performative, with a TRANSFER's payload split off.
@@ -259,7 +260,7 @@ fn symbolic_code(name: &[u8]) -> Option<u64> {
     NAMES.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
 }
 
-fn from<'a, T: serde::Deserialize<'a>>(
+pub(super) fn from<'a, T: serde::Deserialize<'a>>(
     bytes: &'a [u8],
     what: &'static str,
 ) -> Result<T, DecodeError> {
@@ -280,7 +281,13 @@ pub fn decode_performative(body: &Bytes) -> Result<Performative, DecodeError> {
         0x11 => Performative::Begin(from(perf, "begin")?),
         0x12 => Performative::Attach(decode_attach(perf)?),
         0x13 => Performative::Flow(from(perf, "flow")?),
-        0x14 => Performative::Transfer(from(perf, "transfer")?, body.slice(len..)),
+        0x14 => Performative::Transfer(
+            match quick_decode::transfer(perf) {
+                Some(t) => t,
+                None => from(perf, "transfer")?,
+            },
+            body.slice(len..),
+        ),
         0x15 => Performative::Disposition(decode_disposition(perf)?),
         0x16 => Performative::Detach(from(perf, "detach")?),
         0x17 => Performative::End(from(perf, "end")?),
@@ -311,6 +318,14 @@ fn decode_attach(perf: &[u8]) -> Result<AttachFrame, DecodeError> {
 }
 
 fn decode_disposition(perf: &[u8]) -> Result<DispositionFrame, DecodeError> {
+    match quick_decode::disposition(perf) {
+        Some(d) => Ok(d),
+        None => serde_disposition(perf),
+    }
+}
+
+/// DISPOSITION through serde: strictly first, then leniently for states fe2o3 refuses.
+pub(super) fn serde_disposition(perf: &[u8]) -> Result<DispositionFrame, DecodeError> {
     if let Ok(d) = serde_amqp::from_slice::<Disposition>(perf) {
         return Ok(DispositionFrame {
             role: d.role,

@@ -14,6 +14,7 @@ pub mod frame;
 mod link;
 pub mod message;
 pub mod peer;
+mod quick_decode;
 pub mod serial;
 mod session;
 pub mod validate;

@@ -64,6 +64,10 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
+        // A QueuesUpstream batch is often larger than HTTP/2's default 64 KiB window, which
+        // would cost a WINDOW_UPDATE round trip per batch (KubeMQ's own server grows its window).
+        .initial_stream_window_size(Some(crate::backend::grpc::STREAM_WINDOW))
+        .initial_connection_window_size(Some(crate::backend::grpc::CONNECTION_WINDOW))
         .add_service(Facade::new(store).into_service())
         .serve_with_incoming_shutdown(
             // Small replies must not wait for Nagle's algorithm.
