@@ -54,7 +54,7 @@ pub async fn produce(
         let (g, t) = (grpc.clone(), tally.clone());
         tally.sent.fetch_add(1, Ordering::Relaxed);
         in_flight.spawn(async move {
-            match g.send_queue(vec![m]).await {
+            match g.send_queue(who as u64, vec![m]).await {
                 Ok(r) if r.iter().all(|r| !r.is_error) => {
                     t.accepted.fetch_add(1, Ordering::Relaxed)
                 }

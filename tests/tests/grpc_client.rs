@@ -46,7 +46,7 @@ fn every_method() {
         for i in 0..64 {
             let c = c.clone();
             tasks.push(tokio::spawn(async move {
-                c.send_queue(vec![msg("g", &format!("m{i}"))]).await
+                c.send_queue(i, vec![msg("g", &format!("m{i}"))]).await
             }));
         }
         for t in tasks {
@@ -61,7 +61,10 @@ fn every_method() {
             tasks.push(tokio::spawn(async move {
                 let middle = if i % 4 == 0 { "bad queue" } else { "split" };
                 let r = c
-                    .send_queue(vec![msg("split", "a"), msg(middle, "b"), msg("split", "c")])
+                    .send_queue(
+                        i,
+                        vec![msg("split", "a"), msg(middle, "b"), msg("split", "c")],
+                    )
                     .await;
                 (i, r)
             }));
@@ -75,7 +78,7 @@ fn every_method() {
         assert_eq!(f.store.ready_count("split"), 32 * 3 - 8);
         // An in-band validation error is a result, not an Err.
         let r = c
-            .send_queue(vec![msg("bad queue", "x"), msg("g", "ok")])
+            .send_queue(0, vec![msg("bad queue", "x"), msg("g", "ok")])
             .await
             .unwrap();
         assert!(r[0].is_error && r[0].error.starts_with("Error 120"));
@@ -143,7 +146,7 @@ fn ready_estimate_counts_this_process_traffic() {
         let mut batch: Vec<QueueMessage> = (0..30).map(|i| msg("est", &format!("m{i}"))).collect();
         batch[7] = msg("bad queue", "refused");
         batch.push(msg("est-other", "x"));
-        let r = c.send_queue(batch).await.unwrap();
+        let r = c.send_queue(0, batch).await.unwrap();
         assert_eq!(r.iter().filter(|r| r.is_error).count(), 1);
         assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(29));
         assert_eq!(c.ready_hint("est-other"), ReadyHint::Estimate(1));
@@ -170,8 +173,65 @@ fn ready_estimate_counts_this_process_traffic() {
         assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(0));
         let b = ds.get("est", "grpc-test", 5, 1000).await.unwrap();
         assert!(b.messages.is_empty());
-        c.send_queue(vec![msg("est", "again")]).await.unwrap();
+        c.send_queue(0, vec![msg("est", "again")]).await.unwrap();
         assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(1));
+    });
+}
+
+/// Backend::send_queue's order contract over gRPC: sends of one lane whose futures are first
+/// polled one after the other are stored in that order while many are in flight, on every lane
+/// at once (lanes share the client's upstream streams).
+#[test]
+fn each_lane_keeps_its_order_with_sends_in_flight() {
+    use std::future::{poll_fn, Future};
+    use std::pin::Pin;
+    use std::task::Poll;
+
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let c = client(&f);
+        let mut lanes = Vec::new();
+        for lane in 0..8u64 {
+            let c = c.clone();
+            lanes.push(tokio::spawn(async move {
+                let mut in_flight = Vec::new();
+                for j in 0..60 {
+                    let mut call =
+                        Box::pin(c.send_queue(lane, vec![msg("lanes", &format!("{lane}-{j}"))]));
+                    // The first poll takes the call's place in its lane (as the produce path does).
+                    let early = poll_fn(|cx| {
+                        Poll::Ready(match Pin::new(&mut call).poll(cx) {
+                            Poll::Ready(r) => Some(r),
+                            Poll::Pending => None,
+                        })
+                    })
+                    .await;
+                    in_flight.push((call, early));
+                    tokio::task::yield_now().await;
+                }
+                for (call, early) in in_flight {
+                    let r = match early {
+                        Some(r) => r,
+                        None => call.await,
+                    };
+                    assert!(!r.unwrap()[0].is_error);
+                }
+            }));
+        }
+        for l in lanes {
+            l.await.unwrap();
+        }
+        let mut ds = c.open_downstream().await.unwrap();
+        let b = ds.get("lanes", "grpc-test", 480, 1000).await.unwrap();
+        assert_eq!(b.messages.len(), 480);
+        let mut next = [0u32; 8];
+        for m in &b.messages {
+            let text = String::from_utf8(m.body.to_vec()).unwrap();
+            let (lane, j) = text.split_once('-').unwrap();
+            let (lane, j): (usize, u32) = (lane.parse().unwrap(), j.parse().unwrap());
+            assert_eq!(j, next[lane], "lane {lane} stored out of order");
+            next[lane] += 1;
+        }
     });
 }
 
@@ -214,7 +274,10 @@ fn server_restart_reconnects_and_loses_nothing() {
             max_receive_count: 5,
             ..Default::default()
         });
-        let r = c.send_queue(vec![m, msg("r", "before-2")]).await.unwrap();
+        let r = c
+            .send_queue(0, vec![m, msg("r", "before-2")])
+            .await
+            .unwrap();
         assert!(r.iter().all(|r| !r.is_error));
     });
     f.stop();
@@ -238,7 +301,7 @@ fn server_restart_reconnects_and_loses_nothing() {
     let f = TestFacade::start_at(dir.path(), Some(addr));
     runtime.block_on(async {
         c.ping().await.unwrap();
-        let r = c.send_queue(vec![msg("r", "after")]).await.unwrap();
+        let r = c.send_queue(0, vec![msg("r", "after")]).await.unwrap();
         assert!(!r[0].is_error);
         let mut ds = c.open_downstream().await.unwrap();
         let b = ds.get("r", "grpc-test", 3, 1000).await.unwrap();

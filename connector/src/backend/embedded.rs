@@ -58,8 +58,10 @@ impl Backend for Embedded {
 
     async fn send_queue(
         &self,
+        _lane: u64,
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+        // One order for every lane: the store takes each call's place at its first poll.
         Ok(self.store.send(messages).await)
     }
 

@@ -94,13 +94,20 @@ pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
 /// HTTP/2 receive window of the whole connection, shared by its streams.
 pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 
+/// QueuesUpstream streams per client (opened when first used). Requests on one stream are sent
+/// one at a time, so a lane's order holds; several streams let different producers' batches be
+/// stored in parallel instead of queueing behind one another's fsync.
+const UPSTREAM_STREAMS: usize = 4;
+
 /// A KubeMQ server reached over gRPC.
 #[derive(Clone)]
 pub struct KubemqGrpc {
     shared: Arc<Shared>,
     /// Unbounded so that a send joins the queue on its first poll (Backend::send_queue); what is
     /// queued is bounded by the producers' credit windows.
-    upstream: mpsc::UnboundedSender<Pending>,
+    /// One send batcher per QueuesUpstream stream, each with one request in flight; a lane
+    /// always uses the same one, so its sends stay in order while other lanes' go in parallel.
+    upstream: Arc<[mpsc::UnboundedSender<Pending>]>,
     /// This process's sends and fetches per channel, for Get sizing.
     ready: Arc<ReadyEstimate>,
 }
@@ -138,11 +145,16 @@ impl KubemqGrpc {
             token,
             deadline: opts.deadline,
         });
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(Batcher::new(shared.clone()).run(rx));
+        let upstream = (0..UPSTREAM_STREAMS)
+            .map(|_| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(Batcher::new(shared.clone()).run(rx));
+                tx
+            })
+            .collect();
         Ok(KubemqGrpc {
             shared,
-            upstream: tx,
+            upstream,
             ready: Arc::default(),
         })
     }
@@ -418,6 +430,7 @@ impl Backend for KubemqGrpc {
 
     async fn send_queue(
         &self,
+        lane: u64,
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let (done, wait) = oneshot::channel();
@@ -425,7 +438,8 @@ impl Backend for KubemqGrpc {
         for (channel, n) in &runs {
             self.ready.sending(channel, *n);
         }
-        let result = match self.upstream.send(Pending { messages, done }) {
+        let batcher = &self.upstream[(lane % UPSTREAM_STREAMS as u64) as usize];
+        let result = match batcher.send(Pending { messages, done }) {
             Ok(()) => wait
                 .await
                 .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))

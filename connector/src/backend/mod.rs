@@ -42,10 +42,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Sends queue messages; every message gets its own result, in order (an in-band error is a
     /// result, not an `Err`). The first poll of the returned future takes the messages' place in
-    /// the backend's order without waiting, so calls whose futures are first polled one after the
-    /// other are stored in that order even while earlier ones are still in flight.
+    /// `lane`'s order without waiting, so calls on one lane whose futures are first polled one
+    /// after the other are stored in that order even while earlier ones are still in flight.
+    /// Calls on different lanes may be stored in either order (a producer link is a lane: KubeMQ
+    /// stores concurrent upstream requests in either order, kubemq-grpc.md 4.2).
     fn send_queue(
         &self,
+        lane: u64,
         messages: Vec<QueueMessage>,
     ) -> impl Future<Output = Result<Vec<SendQueueMessageResult>, BackendError>> + Send;
 

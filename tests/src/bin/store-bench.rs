@@ -88,7 +88,7 @@ async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
                     ..Default::default()
                 };
                 let t0 = Instant::now();
-                let r = b.send_queue(vec![m]).await.expect("send");
+                let r = b.send_queue(0, vec![m]).await.expect("send");
                 assert!(!r[0].is_error, "{}", r[0].error);
                 lat.push(t0.elapsed());
             }

@@ -513,9 +513,10 @@ mod tests {
 
         async fn send_queue(
             &self,
+            lane: u64,
             messages: Vec<QueueMessage>,
         ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
-            self.0.send_queue(messages).await
+            self.0.send_queue(lane, messages).await
         }
 
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {

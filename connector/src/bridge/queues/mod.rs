@@ -371,7 +371,12 @@ impl<B: Backend> QueuesHandler<B> {
         link: LinkId,
         channel: Option<String>,
     ) -> Result<(), AmqpError> {
-        let sends = spawn_sender(self.bridge.backend.clone(), link, self.done_tx.clone());
+        let sends = spawn_sender(
+            self.bridge.backend.clone(),
+            self.connection,
+            link,
+            self.done_tx.clone(),
+        );
         self.links
             .insert(link, LinkKind::Produce { channel, sends });
         self.bridge.metrics.link(metrics::Role::receiver).inc();

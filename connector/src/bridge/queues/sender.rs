@@ -43,12 +43,20 @@ struct InFlight<F> {
     result: Option<Results>,
 }
 
-/// Starts the task for `link`; outcomes go to `done`.
+/// The backend lane of `link` on connection `connection`: its own order, and spread over the
+/// backend's parallel streams (the golden-ratio multiply keeps neighbouring ids apart).
+fn lane(connection: u64, link: LinkId) -> u64 {
+    connection.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ link.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
+}
+
+/// Starts the task for `link` of `connection`; outcomes go to `done`.
 pub(super) fn spawn_sender<B: Backend>(
     backend: Arc<B>,
+    connection: u64,
     link: LinkId,
     done: mpsc::UnboundedSender<Done>,
 ) -> mpsc::UnboundedSender<ToStore> {
+    let lane = lane(connection, link);
     let (tx, mut rx) = mpsc::unbounded_channel::<ToStore>();
     tokio::spawn(async move {
         let mut flight = VecDeque::new();
@@ -80,7 +88,7 @@ pub(super) fn spawn_sender<B: Backend>(
                     }
                     // Polled once right here, before the next batch exists: that first poll
                     // takes the batch's place in the backend's order (Backend::send_queue).
-                    let mut call = Box::pin(backend.send_queue(messages));
+                    let mut call = Box::pin(backend.send_queue(lane, messages));
                     let result = poll_fn(|cx| Poll::Ready(match call.as_mut().poll(cx) {
                         Poll::Ready(r) => Some(r),
                         Poll::Pending => None,
