@@ -67,7 +67,8 @@ fn main() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Durable sends from 64 concurrent senders (one message per call), then Get + Ack in batches.
+/// Durable sends from 64 concurrent senders (one message per call, each its own lane), then Get
+/// + Ack in batches.
 async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
     let body = bytes::Bytes::from(vec![0x5a; 1024]);
     let senders = 64;
@@ -88,7 +89,7 @@ async fn run<B: Backend + Clone>(label: &str, backend: &B, total: usize) {
                     ..Default::default()
                 };
                 let t0 = Instant::now();
-                let r = b.send_queue(0, vec![m]).await.expect("send");
+                let r = b.send_queue(s as u64, vec![m]).await.expect("send");
                 assert!(!r[0].is_error, "{}", r[0].error);
                 lat.push(t0.elapsed());
             }
