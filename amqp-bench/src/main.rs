@@ -4,7 +4,9 @@
 //! Each message carries its number and send time, so the consumers can tell lost, duplicated
 //! and late messages apart. Exits 1 when a message is lost.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -238,18 +240,22 @@ async fn consume_amqp(
             d = receiver.recv::<Data>() => d.map_err(|e| e.to_string())?,
             _ = stop.notified() => break,
         };
+        record(&d.body().0, started, &seen);
         batch.push(d);
         // Whatever else has already arrived is settled with it, in one ranged disposition where
         // the ids are consecutive: the direct gRPC consumer acks a Get's messages with one
-        // AckRange, and this is the AMQP form of the same load. (recv is cancel-safe.)
+        // AckRange, and this is the AMQP form of the same load. One poll each, no timer (recv
+        // is cancel-safe).
         while batch.len() < args.credit.max(1) as usize {
-            match tokio::time::timeout(Duration::ZERO, receiver.recv::<Data>()).await {
-                Ok(d) => batch.push(d.map_err(|e| e.to_string())?),
-                Err(_) => break,
+            let mut next = std::pin::pin!(receiver.recv::<Data>());
+            match std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await {
+                Poll::Ready(d) => {
+                    let d = d.map_err(|e| e.to_string())?;
+                    record(&d.body().0, started, &seen);
+                    batch.push(d);
+                }
+                Poll::Pending => break,
             }
-        }
-        for d in &batch {
-            record(&d.body().0, started, &seen);
         }
         receiver
             .accept_all(batch.iter())
