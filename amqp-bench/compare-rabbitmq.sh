@@ -50,7 +50,11 @@ run() {
   local name=$1 pid=$2 url=$3 prefix=$4
   local t0 t1 out rate cpu lat idle
   t0=$(cpu_ticks "$pid")
-  out=$(./target/release/amqp-bench --url "$url" --address "${prefix}bench" --messages "$N" --producers 2 --consumers 2 --pipeline 100 --credit 100 2>/dev/null)
+  # amqp-bench exits non-zero on a lost message: say so in the table instead of stopping silently.
+  if ! out=$(./target/release/amqp-bench --url "$url" --address "${prefix}bench" --messages "$N" --producers 2 --consumers 2 --pipeline 100 --credit 100 2>/dev/null); then
+    echo "| $name | FAILED: $(echo "$out" | tail -1) | | | | |"
+    return
+  fi
   t1=$(cpu_ticks "$pid")
   rate=$(echo "$out" | sed -n 's/.* = \([0-9]*\) msg\/s.*/\1/p')
   cpu=$(awk -v d=$((t1 - t0)) -v clk="$CLK" -v n="$N" 'BEGIN { printf "%.0f", d / clk / n * 1e6 }')

@@ -77,7 +77,7 @@ pub async fn consume(
     started: Instant,
     tally: &Arc<Tally>,
     seen: &Arc<Mutex<Seen>>,
-    stop: &Arc<tokio::sync::Notify>,
+    mut stop: crate::Stop,
 ) -> Result<(), String> {
     let grpc = client(addr)?;
     let channel = channel(args);
@@ -88,7 +88,7 @@ pub async fn consume(
             b = ds.get(&channel, &client_id, args.credit.max(1) as i32, 1000) => {
                 b.map_err(|e| e.to_string())?
             }
-            _ = stop.notified() => break,
+            _ = stop.changed() => break,
         };
         let mut seqs = Vec::with_capacity(batch.messages.len());
         for m in &batch.messages {

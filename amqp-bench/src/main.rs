@@ -4,9 +4,7 @@
 //! Each message carries its number and send time, so the consumers can tell lost, duplicated
 //! and late messages apart. Exits 1 when a message is lost.
 
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::Poll;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -209,10 +207,10 @@ async fn consume(
     started: Instant,
     tally: Arc<Tally>,
     seen: Arc<Mutex<Seen>>,
-    stop: Arc<tokio::sync::Notify>,
+    stop: Stop,
 ) -> Result<(), String> {
     match args.grpc.clone() {
-        Some(addr) => direct::consume(&addr, &args, who, started, &tally, &seen, &stop).await,
+        Some(addr) => direct::consume(&addr, &args, who, started, &tally, &seen, stop).await,
         None => consume_amqp(args, who, started, tally, seen, stop).await,
     }
 }
@@ -223,7 +221,7 @@ async fn consume_amqp(
     started: Instant,
     tally: Arc<Tally>,
     seen: Arc<Mutex<Seen>>,
-    stop: Arc<tokio::sync::Notify>,
+    mut stop: Stop,
 ) -> Result<(), String> {
     let mut conn = connect(&args.url, format!("amqp-bench-consumer-{who}")).await?;
     let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
@@ -234,42 +232,38 @@ async fn consume_amqp(
         .attach(&mut session)
         .await
         .map_err(|e| e.to_string())?;
-    let mut batch = Vec::with_capacity(args.credit as usize);
+    // Settled in batches of half the credit window, with ranged dispositions where the ids are
+    // consecutive (the direct gRPC consumer acks a Get's messages with one AckRange: this is the
+    // AMQP form of the same load). fe2o3 grants new credit once half the window is settled.
+    let settle_every = (args.credit / 2).max(1) as usize;
+    let mut batch = Vec::with_capacity(settle_every);
     loop {
         let d = tokio::select! {
             d = receiver.recv::<Data>() => d.map_err(|e| e.to_string())?,
-            _ = stop.notified() => break,
+            _ = stop.changed() => break,
         };
         record(&d.body().0, started, &seen);
+        tally.received.fetch_add(1, Ordering::Relaxed);
         batch.push(d);
-        // Whatever else has already arrived is settled with it, in one ranged disposition where
-        // the ids are consecutive: the direct gRPC consumer acks a Get's messages with one
-        // AckRange, and this is the AMQP form of the same load. One poll each, no timer (recv
-        // is cancel-safe).
-        while batch.len() < args.credit.max(1) as usize {
-            let mut next = std::pin::pin!(receiver.recv::<Data>());
-            match std::future::poll_fn(|cx| Poll::Ready(next.as_mut().poll(cx))).await {
-                Poll::Ready(d) => {
-                    let d = d.map_err(|e| e.to_string())?;
-                    record(&d.body().0, started, &seen);
-                    batch.push(d);
-                }
-                Poll::Pending => break,
-            }
+        if batch.len() >= settle_every {
+            receiver
+                .accept_all(batch.drain(..))
+                .await
+                .map_err(|e| e.to_string())?;
         }
-        receiver
-            .accept_all(batch.iter())
-            .await
-            .map_err(|e| e.to_string())?;
-        tally
-            .received
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        batch.clear();
     }
+    // What arrived since the last batch, before the link closes (or it would be released).
+    receiver
+        .accept_all(batch.drain(..))
+        .await
+        .map_err(|e| e.to_string())?;
     let _ = receiver.close().await;
     let _ = conn.close().await;
     Ok(())
 }
+
+/// Tells consumers to stop: resolves `changed()` once the run is over.
+type Stop = tokio::sync::watch::Receiver<()>;
 
 #[derive(Default)]
 struct Seen {
@@ -302,7 +296,7 @@ async fn main() {
         counts: vec![0; args.messages as usize],
         latencies: Vec::with_capacity(args.messages as usize),
     }));
-    let stop = Arc::new(tokio::sync::Notify::new());
+    let (stop_all, stop) = tokio::sync::watch::channel(());
     let mut consumers = Vec::new();
     for c in 0..args.consumers {
         consumers.push(tokio::spawn(consume(
@@ -369,7 +363,8 @@ async fn main() {
             eprintln!("producer failed: {e}");
         }
     }
-    stop.notify_waiters();
+    // A watch, not a Notify: a consumer busy settling when this is sent still sees it.
+    stop_all.send_replace(());
     for c in consumers {
         let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
     }
