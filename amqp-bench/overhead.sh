@@ -5,8 +5,8 @@
 # with every process's CPU per message. Not part of CI. Loopback only; ports 50000 and 5672/5674.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-N=${N:-200000}
-ROUNDS=${ROUNDS:-3}
+N=${N:-300000}
+ROUNDS=${ROUNDS:-6}
 CLK=$(getconf CLK_TCK)
 B=./target/release
 cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
