@@ -326,18 +326,6 @@ impl Batcher {
     }
 }
 
-/// Consecutive messages to the same channel: (channel, count), in order.
-fn channel_runs(messages: &[QueueMessage]) -> Vec<(String, usize)> {
-    let mut runs: Vec<(String, usize)> = Vec::new();
-    for m in messages {
-        match runs.last_mut() {
-            Some((channel, n)) if *channel == m.channel => *n += 1,
-            _ => runs.push((m.channel.clone(), 1)),
-        }
-    }
-    runs
-}
-
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>>>;
 
 /// One QueuesDownstream stream.
@@ -434,10 +422,7 @@ impl Backend for KubemqGrpc {
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let (done, wait) = oneshot::channel();
-        let runs = channel_runs(&messages);
-        for (channel, n) in &runs {
-            self.ready.sending(channel, *n);
-        }
+        let sending = self.ready.sending(&messages);
         let batcher = &self.upstream[(lane % UPSTREAM_STREAMS as u64) as usize];
         let result = match batcher.send(Pending { messages, done }) {
             Ok(()) => wait
@@ -446,11 +431,7 @@ impl Backend for KubemqGrpc {
                 .and_then(|r| r),
             Err(_) => Err(BackendError::Unavailable("send batcher stopped".into())),
         };
-        let mut results = result.as_deref().unwrap_or_default().iter();
-        for (channel, n) in &runs {
-            let stored = results.by_ref().take(*n).filter(|r| !r.is_error).count();
-            self.ready.sent(channel, *n, stored);
-        }
+        sending.finish(result.as_deref().unwrap_or_default());
         result
     }
 

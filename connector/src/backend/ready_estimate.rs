@@ -21,7 +21,9 @@
 //! without this count.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Count {
@@ -30,6 +32,35 @@ struct Count {
     ready: i64,
     /// Messages sent and not yet confirmed or refused.
     unconfirmed: i64,
+}
+
+/// Messages of one send, by channel, not yet confirmed or refused.
+pub struct Sending {
+    estimate: Arc<ReadyEstimate>,
+    /// Consecutive messages to the same channel: (channel, count), in order.
+    runs: Vec<(String, usize)>,
+}
+
+impl Sending {
+    /// The send's results (one per message, in order; none if the send failed as a whole).
+    pub fn finish(mut self, results: &[SendQueueMessageResult]) {
+        let mut results = results.iter();
+        for (channel, n) in std::mem::take(&mut self.runs) {
+            let stored = results.by_ref().take(n).filter(|r| !r.is_error).count();
+            self.estimate.with(&channel, |c| {
+                c.unconfirmed -= n as i64;
+                c.ready += stored as i64;
+            });
+        }
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        for (channel, n) in std::mem::take(&mut self.runs) {
+            self.estimate.with(&channel, |c| c.unconfirmed -= n as i64);
+        }
+    }
 }
 
 /// Per-channel counts of this process's sends and fetches.
@@ -63,17 +94,24 @@ impl ReadyEstimate {
         }
     }
 
-    /// `n` messages to `channel` are on their way to the broker.
-    pub fn sending(&self, channel: &str, n: usize) {
-        self.with(channel, |c| c.unconfirmed += n as i64);
-    }
-
-    /// Of `n` messages to `channel` that were on their way, `stored` were confirmed.
-    pub fn sent(&self, channel: &str, n: usize, stored: usize) {
-        self.with(channel, |c| {
-            c.unconfirmed -= n as i64;
-            c.ready += stored as i64;
-        });
+    /// `messages` are on their way to the broker: counted per channel until the returned guard
+    /// is given their results, or dropped (a send abandoned midway counts as refused, so an
+    /// unfinished send can never leave the count high).
+    pub fn sending(self: &Arc<Self>, messages: &[QueueMessage]) -> Sending {
+        let mut runs: Vec<(String, usize)> = Vec::new();
+        for m in messages {
+            match runs.last_mut() {
+                Some((channel, n)) if *channel == m.channel => *n += 1,
+                _ => runs.push((m.channel.clone(), 1)),
+            }
+        }
+        for (channel, n) in &runs {
+            self.with(channel, |c| c.unconfirmed += *n as i64);
+        }
+        Sending {
+            estimate: self.clone(),
+            runs,
+        }
     }
 
     /// A Get for `asked` messages of `channel` returned `got`.
@@ -98,28 +136,71 @@ impl ReadyEstimate {
 mod tests {
     use super::*;
 
-    #[test]
-    fn confirmed_sends_minus_fetches() {
-        let e = ReadyEstimate::default();
-        e.sending("q", 10);
-        assert_eq!(e.ready("q"), 10, "sends on their way count");
-        e.sent("q", 10, 9);
-        assert_eq!(e.ready("q"), 9, "a refused message is not counted");
-        e.fetched("q", 5, 5);
-        assert_eq!(e.ready("q"), 4);
-        assert_eq!(e.ready("other"), 0);
+    fn to(channel: &str, n: usize) -> Vec<QueueMessage> {
+        (0..n)
+            .map(|_| QueueMessage {
+                channel: channel.into(),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn results(errors: &[bool]) -> Vec<SendQueueMessageResult> {
+        errors
+            .iter()
+            .map(|&is_error| SendQueueMessageResult {
+                is_error,
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    /// Sends and stores `n` messages to `channel`, all confirmed.
+    fn sent(e: &Arc<ReadyEstimate>, channel: &str, n: usize) {
+        e.sending(&to(channel, n)).finish(&results(&vec![false; n]));
     }
 
     #[test]
-    fn fetched_before_confirmed_is_owed_across_a_short_get() {
-        let e = ReadyEstimate::default();
-        e.sending("q", 3);
+    fn sends_minus_fetches_per_channel() {
+        let e = Arc::new(ReadyEstimate::default());
+        let mut batch = to("q", 10);
+        batch.extend(to("other", 2));
+        let sending = e.sending(&batch);
+        assert_eq!(e.ready("q"), 10, "sends on their way count");
+        assert_eq!(e.ready("other"), 2);
+        let mut outcome = vec![false; 12];
+        outcome[3] = true;
+        sending.finish(&results(&outcome));
+        assert_eq!(e.ready("q"), 9, "a refused message is not counted");
+        e.fetched("q", 5, 5);
+        assert_eq!(e.ready("q"), 4);
+        assert_eq!(e.ready("other"), 2);
+        assert_eq!(e.ready("none"), 0);
+    }
+
+    #[test]
+    fn an_abandoned_or_failed_send_counts_nothing() {
+        let e = Arc::new(ReadyEstimate::default());
+        drop(e.sending(&to("q", 7)));
+        assert_eq!(e.ready("q"), 0, "dropped midway");
+        e.sending(&to("q", 3)).finish(&[]);
+        assert_eq!(e.ready("q"), 0, "failed as a whole");
+        assert!(
+            e.channels.lock().unwrap().is_empty(),
+            "nothing kept for a settled channel"
+        );
+    }
+
+    #[test]
+    fn fetched_before_confirmed_is_not_counted_twice() {
+        let e = Arc::new(ReadyEstimate::default());
+        let sending = e.sending(&to("q", 3));
         // The consumer saw the three before their send was confirmed, then asked for more.
         e.fetched("q", 3, 3);
         assert_eq!(e.ready("q"), 0);
         e.fetched("q", 4, 0);
         assert_eq!(e.ready("q"), 0);
-        e.sent("q", 3, 3);
+        sending.finish(&results(&[false; 3]));
         assert_eq!(
             e.ready("q"),
             0,
@@ -129,21 +210,18 @@ mod tests {
 
     #[test]
     fn a_short_get_forgets_other_producers_and_over_counts() {
-        let e = ReadyEstimate::default();
+        let e = Arc::new(ReadyEstimate::default());
         // Another producer's 50 were fetched: below zero, read as unknown.
         e.fetched("q", 50, 50);
         assert_eq!(e.ready("q"), 0);
-        e.sending("q", 2);
-        e.sent("q", 2, 2);
+        sent(&e, "q", 2);
         assert_eq!(e.ready("q"), 0, "still owed from the other producer");
         // The queue ran dry: the debt is forgotten, local sends count again.
         e.fetched("q", 10, 3);
-        e.sending("q", 1);
-        e.sent("q", 1, 1);
+        sent(&e, "q", 1);
         assert_eq!(e.ready("q"), 1);
         // An over-count (say, messages that expired) ends at the next short Get.
-        e.sending("q", 5);
-        e.sent("q", 5, 5);
+        sent(&e, "q", 5);
         e.fetched("q", 6, 2);
         assert_eq!(e.ready("q"), 0);
         assert!(

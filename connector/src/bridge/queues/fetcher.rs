@@ -243,7 +243,6 @@ impl<B: Backend> Fetcher<B> {
                 },
             };
             let want = self.get_size(demand);
-
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (kubemq-grpc.md 4.3.1).
             let channel = self.channel.clone();
