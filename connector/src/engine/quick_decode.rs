@@ -45,7 +45,8 @@ impl<'a> Fields<'a> {
         })
     }
 
-    /// The next field's constructor byte, or `None` when the list has no more fields.
+    /// The next field's constructor byte: `Some(None)` once the list has no more fields, `None`
+    /// if the bytes run out.
     fn next(&mut self) -> Option<Option<u8>> {
         if self.left == 0 {
             return Some(None);
