@@ -364,6 +364,10 @@ impl<B: Backend> Fetcher<B> {
     /// nothing ready — known from the backend's ready count, or, without one, because
     /// `nothing_more` says a Get outlived DRAIN_GRACE or the broker is unreachable.
     fn finish_drains(&mut self, nothing_more: bool) {
+        // Runs on every turn of the loop: ask the backend only when someone drains.
+        if !self.consumers.values().any(|c| c.draining) {
+            return;
+        }
         let ready_now = !nothing_more
             && self.buffer.is_empty()
             && self.backend.ready_hint(&self.channel) != ReadyHint::Exact(0);
