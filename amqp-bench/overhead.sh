@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The connector's own overhead (issue 4): one connector serves its embedded store as KubeMQ's
 # gRPC API; a second one speaks AMQP in front of it. The same load runs through the second one
-# (fe2o3 client) and straight at the gRPC server (amqp-bench --grpc), alternating, ROUNDS times,
-# with every process's CPU per message. Not part of CI. Loopback only; ports 50000 and 5672/5674.
+# (amqp-bench's lean AMQP client; CLIENT=fe2o3 for the third-party one) and straight at the gRPC
+# server (amqp-bench --grpc), alternating, ROUNDS times, with every process's CPU per message.
+# Not part of CI. Loopback only; ports 50000 and 5672/5674.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-300000}
 ROUNDS=${ROUNDS:-6}
+CLIENT=${CLIENT:-lean}
 CLK=$(getconf CLK_TCK)
 B=./target/release
 cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
@@ -46,6 +48,6 @@ $B/kubemq-amqp-connector --kubemq-address 127.0.0.1:50000 --http-address off >/d
 FRONT=$!
 sleep 1
 for r in $(seq "$ROUNDS"); do
-  bench "round $r AMQP  " "store=$STORE" "connector=$FRONT" -- --address "queues/amqp-$r"
+  bench "round $r AMQP  " "store=$STORE" "connector=$FRONT" -- --client "$CLIENT" --address "queues/amqp-$r"
   bench "round $r direct" "store=$STORE" -- --grpc 127.0.0.1:50000 --address "queues/direct-$r"
 done

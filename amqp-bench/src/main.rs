@@ -17,6 +17,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
 mod coalesce;
 mod direct;
+mod lean;
 
 /// The same allocator as the connector, for both the AMQP and the direct gRPC load: the load
 /// tool shares the cores with what it measures, and glibc's malloc made it the costliest process.
@@ -60,11 +61,34 @@ struct Args {
     /// Give up waiting for the rest after this many seconds without progress.
     #[arg(long, default_value_t = 10)]
     idle_timeout: u64,
+    /// The AMQP client: fe2o3-amqp, or the tool's own lean client (the same wire load at a
+    /// fraction of the client CPU, for measuring the connector on cores it shares with the tool).
+    #[arg(long, value_enum, default_value_t = Client::Fe2o3)]
+    client: Client,
     /// Skip AMQP: drive a KubeMQ gRPC server at this `host:port` straight from a Rust client
     /// with the same load (pipelined sends; a Get of `credit` messages, then one AckRange, per
     /// round), to measure what the connector itself costs.
     #[arg(long)]
     grpc: Option<String>,
+}
+
+/// Which AMQP client drives the load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Client {
+    /// fe2o3-amqp, a third-party client.
+    Fe2o3,
+    /// amqp-bench's own minimal client (lean.rs).
+    Lean,
+}
+
+/// The credentials (`user:password@`) and the `host:port` of an `amqp://` URL.
+fn split_url(url: &str) -> (Option<(&str, &str)>, &str) {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let (creds, host) = match rest.rsplit_once('@') {
+        Some((c, h)) => (c.split_once(':'), h),
+        None => (None, rest),
+    };
+    (creds, host.trim_end_matches('/'))
 }
 
 /// Opens a connection with TCP_NODELAY on its socket (small frames must not wait for Nagle's
@@ -73,12 +97,7 @@ async fn connect(
     url: &str,
     container_id: String,
 ) -> Result<fe2o3_amqp::connection::ConnectionHandle<()>, String> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let (creds, host) = match rest.rsplit_once('@') {
-        Some((c, h)) => (c.split_once(':'), h),
-        None => (None, rest),
-    };
-    let host = host.trim_end_matches('/');
+    let (creds, host) = split_url(url);
     let stream = tokio::net::TcpStream::connect(host)
         .await
         .map_err(|e| format!("{host}: {e}"))?;
@@ -137,6 +156,9 @@ async fn produce(
 ) -> Result<(), String> {
     match args.grpc.clone() {
         Some(addr) => direct::produce(&addr, &args, who, first, count, started, &tally).await,
+        None if args.client == Client::Lean => {
+            lean::produce(&args, who, first, count, started, &tally).await
+        }
         None => produce_amqp(args, who, first, count, started, tally).await,
     }
 }
@@ -211,6 +233,9 @@ async fn consume(
 ) -> Result<(), String> {
     match args.grpc.clone() {
         Some(addr) => direct::consume(&addr, &args, who, started, &tally, &seen, stop).await,
+        None if args.client == Client::Lean => {
+            lean::consume(&args, who, started, &tally, &seen, stop).await
+        }
         None => consume_amqp(args, who, started, tally, seen, stop).await,
     }
 }

@@ -44,6 +44,46 @@ fn unsettled_and_presettled_runs_lose_nothing() {
     assert!(out.contains("lost 0"), "{out}");
 }
 
+/// The lean client (`--client lean`) moves the same loads: unsettled with two of each, pre-settled,
+/// and messages larger than a frame (multi-frame TRANSFERs both ways), with nothing lost.
+#[test]
+fn lean_client_runs_lose_nothing() {
+    let c = TestConnector::start(Settings::default());
+    let lean = ["--client", "lean"];
+    for (extra, n) in [
+        (
+            &[
+                "--producers",
+                "2",
+                "--consumers",
+                "2",
+                "--address",
+                "queues/lean",
+            ][..],
+            "2000",
+        ),
+        (&["--presettled", "--address", "queues/lean-pre"][..], "500"),
+        (
+            &["--size", "300000", "--address", "queues/lean-big"][..],
+            "20",
+        ),
+    ] {
+        let args: Vec<&str> = lean
+            .iter()
+            .chain(extra)
+            .copied()
+            .chain(["--messages", n])
+            .collect();
+        let (ok, out) = bench(&c.url(), &args);
+        assert!(ok, "{args:?}: {out}");
+        assert!(
+            out.contains(&format!("{n} received")) && out.contains("lost 0 duplicated 0"),
+            "{args:?}: {out}"
+        );
+    }
+    assert_eq!(c.store.ready_count("lean"), 0, "everything was accepted");
+}
+
 /// The loss check is real: with no consumer, every message sent counts as lost and the run fails.
 #[test]
 fn missing_messages_fail_the_run() {
