@@ -46,7 +46,45 @@ pub struct Dropped {
 
 struct Append {
     bytes: BytesMut,
-    done: Option<oneshot::Sender<io::Result<Location>>>,
+    done: Option<oneshot::Sender<io::Result<(Location, Pin)>>>,
+}
+
+/// Appends per segment whose callers have not yet counted their records live.
+type Pins = Arc<Mutex<BTreeMap<u64, u64>>>;
+
+/// Keeps a segment from being deleted until the records just appended to it are counted live:
+/// the segment can close (and look spent) before the appender has had its turn to count them.
+/// Dropping it releases the segment.
+#[derive(Debug)]
+pub struct Pin {
+    pins: Pins,
+    segment: u64,
+}
+
+impl Pin {
+    fn new(pins: &Pins, segment: u64) -> Pin {
+        *pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(segment)
+            .or_default() += 1;
+        Pin {
+            pins: pins.clone(),
+            segment,
+        }
+    }
+}
+
+impl Drop for Pin {
+    fn drop(&mut self) {
+        let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = pins.get_mut(&self.segment) {
+            *n -= 1;
+            if *n == 0 {
+                pins.remove(&self.segment);
+            }
+        }
+    }
 }
 
 type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
@@ -57,6 +95,7 @@ pub struct Log {
     tx: Mutex<Option<mpsc::Sender<Append>>>,
     files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
     active: Arc<AtomicU64>,
+    pins: Pins,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -145,11 +184,13 @@ impl Log {
         let first = existing.last().map_or(1, |n| n + 1);
         let files = Arc::new(Mutex::new(files));
         let active = Arc::new(AtomicU64::new(first));
+        let pins = Pins::default();
         let (tx, rx) = mpsc::channel::<Append>();
         let mut writer = Writer {
             dir: dir.to_path_buf(),
             files: files.clone(),
             active: active.clone(),
+            pins: pins.clone(),
             file: None,
             len: 0,
             segment_bytes,
@@ -165,12 +206,14 @@ impl Log {
             tx: Mutex::new(Some(tx)),
             files,
             active,
+            pins,
             thread: Mutex::new(Some(thread)),
         })
     }
 
-    /// Appends framed records; resolves once they are on disk.
-    pub async fn append(&self, bytes: BytesMut) -> io::Result<Location> {
+    /// Appends framed records; resolves once they are on disk, with their segment pinned until
+    /// the returned [`Pin`] is dropped (count the records live first).
+    pub async fn append(&self, bytes: BytesMut) -> io::Result<(Location, Pin)> {
         let (done, wait) = oneshot::channel();
         self.send(Append {
             bytes,
@@ -278,16 +321,31 @@ impl Log {
             .collect()
     }
 
-    /// Deletes a closed segment.
-    pub fn remove(&self, n: u64) -> io::Result<()> {
-        if n >= self.active_segment() {
-            return Ok(());
-        }
-        self.files
+    /// Whether an append to segment `n` is not yet counted live by its caller. Check it before
+    /// the live count: a caller counts first and unpins after.
+    pub fn pinned(&self, n: u64) -> bool {
+        self.pins
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&n);
-        std::fs::remove_file(segment_path(&self.dir, n))
+            .contains_key(&n)
+    }
+
+    /// Deletes a closed segment; false when it is the active one, pinned, or already deleted
+    /// (two reclaims may race for it).
+    pub fn remove(&self, n: u64) -> io::Result<bool> {
+        if n >= self.active_segment() || self.pinned(n) {
+            return Ok(false);
+        }
+        let known = self
+            .files
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&n)
+            .is_some();
+        if known {
+            std::fs::remove_file(segment_path(&self.dir, n))?;
+        }
+        Ok(known)
     }
 
     /// Stops the writer after it has written everything queued.
@@ -309,6 +367,7 @@ struct Writer {
     dir: PathBuf,
     files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
     active: Arc<AtomicU64>,
+    pins: Pins,
     file: Option<File>,
     len: u64,
     segment_bytes: u64,
@@ -352,6 +411,7 @@ impl Writer {
             let result = self.write_batch(&batch, &mut buf);
             for (a, r) in batch.into_iter().zip(result) {
                 if let Some(done) = a.done {
+                    // A caller that gave up drops the pin with the message.
                     let _ = done.send(r);
                 }
             }
@@ -361,8 +421,13 @@ impl Writer {
         }
     }
 
-    /// Writes a batch with one sync; each append gets its location or the error.
-    fn write_batch(&mut self, batch: &[Append], buf: &mut Vec<u8>) -> Vec<io::Result<Location>> {
+    /// Writes a batch with one sync; each append gets its location, pinned (before a later
+    /// append of the batch can close the segment), or the error.
+    fn write_batch(
+        &mut self,
+        batch: &[Append],
+        buf: &mut Vec<u8>,
+    ) -> Vec<io::Result<(Location, Pin)>> {
         let mut locs = Vec::with_capacity(batch.len());
         buf.clear();
         let mut failed: Option<io::Error> = None;
@@ -384,10 +449,14 @@ impl Writer {
                     break;
                 }
             }
-            locs.push(Location {
-                segment: self.active.load(Ordering::Acquire),
-                offset: self.len + buf.len() as u64,
-            });
+            let segment = self.active.load(Ordering::Acquire);
+            locs.push((
+                Location {
+                    segment,
+                    offset: self.len + buf.len() as u64,
+                },
+                Pin::new(&self.pins, segment),
+            ));
             buf.extend_from_slice(&a.bytes);
         }
         // Only a batch someone waits on is fsynced. Records nobody waits for (settlements) are
@@ -458,6 +527,37 @@ mod tests {
         }
     }
 
+    /// A segment closed by a later append is not deleted while an append to it is not yet
+    /// counted live (its pin is held), and deleting it twice is no error.
+    #[tokio::test]
+    async fn a_pinned_segment_outlives_its_close() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = Log::start(dir.path(), &[], 256, Box::new(BytesMut::new)).expect("log");
+        let body = "x".repeat(300);
+        let mut buf = BytesMut::new();
+        enqueue(&mut buf, &body);
+        let (a, pin) = log.append(buf).await.expect("append");
+        let mut buf = BytesMut::new();
+        enqueue(&mut buf, &body);
+        let (b, _b_pin) = log.append(buf).await.expect("append");
+        assert!(
+            b.segment > a.segment,
+            "the second append closed the first segment"
+        );
+        assert!(log.pinned(a.segment));
+        assert!(!log.remove(a.segment).expect("remove"), "pinned: kept");
+        drop(pin);
+        assert!(!log.pinned(a.segment));
+        assert!(
+            log.remove(a.segment).expect("remove"),
+            "deleted once counted"
+        );
+        assert!(
+            !log.remove(a.segment).expect("remove again"),
+            "already gone"
+        );
+    }
+
     /// Back-to-back records come back from one read each with their own body; a span that does
     /// not hold exactly one record fails alone; order is kept across appends.
     #[tokio::test]
@@ -469,10 +569,10 @@ mod tests {
             .iter()
             .map(|b| enqueue(&mut buf, b))
             .collect();
-        let first = log.append(buf).await.expect("append");
+        let (first, _) = log.append(buf).await.expect("append");
         let mut buf = BytesMut::new();
         let d_len = enqueue(&mut buf, "dddd");
-        let d = log.append(buf).await.expect("append");
+        let (d, _) = log.append(buf).await.expect("append");
 
         let mut spans = Vec::new();
         let mut offset = first.offset;

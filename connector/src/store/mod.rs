@@ -268,7 +268,8 @@ impl Store {
             return results;
         }
         match self.log.append(buf).await {
-            Ok(base) => {
+            // The pin holds the segment until these records are counted live below.
+            Ok((base, _pin)) => {
                 let mut st = self.lock();
                 for (_, queue, n, due, off, len) in placed {
                     let e = Entry {
@@ -530,7 +531,7 @@ impl Store {
             );
             (target, new_seq, len as u32)
         };
-        let base = self.log.append(buf).await?;
+        let (base, _pin) = self.log.append(buf).await?;
         let mut st = self.lock();
         if let Some(e) = st.queue(queue).locked.remove(&seq) {
             st.drop_live(e.loc.segment);
@@ -617,7 +618,7 @@ impl Store {
                 (target, seq, len as u32)
             };
             match self.log.append(buf).await {
-                Ok(base) => {
+                Ok((base, _pin)) => {
                     self.forget_delayed(due_ns, id, e);
                     let mut st = self.lock();
                     st.add_live(base.segment);
@@ -642,11 +643,13 @@ impl Store {
         }
     }
 
-    /// Deletes closed segments from the oldest while nothing in them is live.
+    /// Deletes closed segments from the oldest while nothing in them is live. A segment with an
+    /// append not yet counted (pinned) is live too: it is checked first, because an appender
+    /// counts its records before it unpins.
     fn reclaim(&self) {
         let active = self.log.active_segment();
         for seg in self.log.segments() {
-            if seg >= active {
+            if seg >= active || self.log.pinned(seg) {
                 break;
             }
             let live = self.lock().live.get(&seg).copied().unwrap_or(0);
@@ -654,9 +657,10 @@ impl Store {
                 break;
             }
             match self.log.remove(seg) {
-                Ok(()) => {
+                Ok(true) => {
                     self.lock().live.remove(&seg);
                 }
+                Ok(false) => break,
                 Err(e) => {
                     tracing::warn!(segment = seg, error = %e, "could not delete a spent segment");
                     break;
