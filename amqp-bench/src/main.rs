@@ -391,7 +391,12 @@ async fn main() {
     // A watch, not a Notify: a consumer busy settling when this is sent still sees it.
     stop_all.send_replace(());
     for c in consumers {
-        let _ = tokio::time::timeout(Duration::from_secs(5), c).await;
+        match tokio::time::timeout(Duration::from_secs(5), c).await {
+            Ok(Ok(Err(e))) => eprintln!("consumer failed: {e}"),
+            Ok(Err(e)) => eprintln!("consumer task failed: {e}"),
+            Err(_) => eprintln!("a consumer did not stop within 5 s"),
+            Ok(Ok(Ok(()))) => {}
+        }
     }
     let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     let lost = seen.counts.iter().filter(|c| **c == 0).count();
@@ -422,6 +427,20 @@ async fn main() {
         tally.failed.load(Ordering::Relaxed)
     );
     if lost > 0 {
+        // Runs of consecutive numbers tell a lost send (one producer's run) from a lost Get.
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (n, _) in seen.counts.iter().enumerate().filter(|(_, c)| **c == 0) {
+            match runs.last_mut() {
+                Some((_, last)) if *last + 1 == n => *last = n,
+                _ => runs.push((n, n)),
+            }
+        }
+        let shown: Vec<String> = runs
+            .iter()
+            .take(8)
+            .map(|(a, b)| format!("{a}..={b}"))
+            .collect();
+        eprintln!("lost numbers ({} runs): {}", runs.len(), shown.join(", "));
         std::process::exit(1);
     }
 }

@@ -170,9 +170,14 @@ fn ready_estimate_counts_this_process_traffic() {
             .all(|r| !r.is_error));
         let b = ds.get("est", "grpc-test", 10, 1000).await.unwrap();
         assert_eq!(b.messages.len(), 10);
-        assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(0));
+        assert_eq!(c.ready_hint("est"), ReadyHint::Unknown);
         let b = ds.get("est", "grpc-test", 5, 1000).await.unwrap();
         assert!(b.messages.is_empty());
+        assert_eq!(
+            c.ready_hint("est"),
+            ReadyHint::Estimate(0),
+            "a short Get: known empty"
+        );
         c.send_queue(0, vec![msg("est", "again")]).await.unwrap();
         assert_eq!(c.ready_hint("est"), ReadyHint::Estimate(1));
     });

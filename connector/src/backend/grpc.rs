@@ -436,7 +436,10 @@ impl Backend for KubemqGrpc {
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {
-        ReadyHint::Estimate(self.ready.ready(channel))
+        match self.ready.ready(channel) {
+            Some(n) => ReadyHint::Estimate(n),
+            None => ReadyHint::Unknown,
+        }
     }
 
     async fn open_downstream(&self) -> Result<GrpcDownstream, BackendError> {

@@ -82,7 +82,7 @@ pub enum ReadyHint {
     /// Exactly this many (the embedded store counts them).
     Exact(u64),
     /// Probably this many, counted from this process's own sends and fetches
-    /// ([`ready_estimate`]); 0 means unknown, and the count may be low but rarely high.
+    /// ([`ready_estimate`]): low rather than high; 0 when nothing is waiting or on its way.
     Estimate(u64),
 }
 

@@ -124,11 +124,13 @@ impl ReadyEstimate {
         });
     }
 
-    /// Messages of `channel` probably ready now or within a send's time (0 when unknown).
-    pub fn ready(&self, channel: &str) -> u64 {
+    /// Messages of `channel` probably ready now or within a send's time; `None` when other
+    /// producers' messages were fetched since the last short Get (the count is below zero). A
+    /// channel with nothing counted has none: a Get for one returns on the next arrival.
+    pub fn ready(&self, channel: &str) -> Option<u64> {
         let map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
         map.get(channel)
-            .map_or(0, |c| u64::try_from(c.ready + c.unconfirmed).unwrap_or(0))
+            .map_or(Some(0), |c| u64::try_from(c.ready + c.unconfirmed).ok())
     }
 }
 
@@ -166,25 +168,25 @@ mod tests {
         let mut batch = to("q", 10);
         batch.extend(to("other", 2));
         let sending = e.sending(&batch);
-        assert_eq!(e.ready("q"), 10, "sends on their way count");
-        assert_eq!(e.ready("other"), 2);
+        assert_eq!(e.ready("q"), Some(10), "sends on their way count");
+        assert_eq!(e.ready("other"), Some(2));
         let mut outcome = vec![false; 12];
         outcome[3] = true;
         sending.finish(&results(&outcome));
-        assert_eq!(e.ready("q"), 9, "a refused message is not counted");
+        assert_eq!(e.ready("q"), Some(9), "a refused message is not counted");
         e.fetched("q", 5, 5);
-        assert_eq!(e.ready("q"), 4);
-        assert_eq!(e.ready("other"), 2);
-        assert_eq!(e.ready("none"), 0);
+        assert_eq!(e.ready("q"), Some(4));
+        assert_eq!(e.ready("other"), Some(2));
+        assert_eq!(e.ready("none"), Some(0));
     }
 
     #[test]
     fn an_abandoned_or_failed_send_counts_nothing() {
         let e = Arc::new(ReadyEstimate::default());
         drop(e.sending(&to("q", 7)));
-        assert_eq!(e.ready("q"), 0, "dropped midway");
+        assert_eq!(e.ready("q"), Some(0), "dropped midway");
         e.sending(&to("q", 3)).finish(&[]);
-        assert_eq!(e.ready("q"), 0, "failed as a whole");
+        assert_eq!(e.ready("q"), Some(0), "failed as a whole");
         assert!(
             e.channels.lock().unwrap().is_empty(),
             "nothing kept for a settled channel"
@@ -197,13 +199,13 @@ mod tests {
         let sending = e.sending(&to("q", 3));
         // The consumer saw the three before their send was confirmed, then asked for more.
         e.fetched("q", 3, 3);
-        assert_eq!(e.ready("q"), 0);
+        assert_eq!(e.ready("q"), Some(0));
         e.fetched("q", 4, 0);
-        assert_eq!(e.ready("q"), 0);
+        assert_eq!(e.ready("q"), Some(0));
         sending.finish(&results(&[false; 3]));
         assert_eq!(
             e.ready("q"),
-            0,
+            Some(0),
             "those three are gone: no Get should wait for them"
         );
     }
@@ -213,17 +215,17 @@ mod tests {
         let e = Arc::new(ReadyEstimate::default());
         // Another producer's 50 were fetched: below zero, read as unknown.
         e.fetched("q", 50, 50);
-        assert_eq!(e.ready("q"), 0);
+        assert_eq!(e.ready("q"), None);
         sent(&e, "q", 2);
-        assert_eq!(e.ready("q"), 0, "still owed from the other producer");
+        assert_eq!(e.ready("q"), None, "still owed from the other producer");
         // The queue ran dry: the debt is forgotten, local sends count again.
         e.fetched("q", 10, 3);
         sent(&e, "q", 1);
-        assert_eq!(e.ready("q"), 1);
+        assert_eq!(e.ready("q"), Some(1));
         // An over-count (say, messages that expired) ends at the next short Get.
         sent(&e, "q", 5);
         e.fetched("q", 6, 2);
-        assert_eq!(e.ready("q"), 0);
+        assert_eq!(e.ready("q"), Some(0));
         assert!(
             e.channels.lock().unwrap().is_empty(),
             "nothing kept for a settled channel"

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::merge::Merge;
 use crate::backend::{Backend, Downstream, ReadyHint};
 use crate::kubemq::QueueMessage;
 
@@ -171,6 +172,8 @@ struct Fetcher<B: Backend> {
     batch: u32,
     /// Where this loop is registered; it removes itself when it retires.
     registry: Registry,
+    /// The wait for the consumers' credit after a large Get.
+    merge: Option<Merge>,
 }
 
 impl<B: Backend> Fetcher<B> {
@@ -187,6 +190,7 @@ impl<B: Backend> Fetcher<B> {
             session: None,
             batch: 1,
             registry,
+            merge: None,
         }
     }
 
@@ -228,6 +232,22 @@ impl<B: Backend> Fetcher<B> {
                     None => return,
                 }
                 continue;
+            }
+            // After a large Get, the next waits (briefly) for the consumers' credit to come back
+            // whole; a drain never waits (FLOW-5).
+            if let Some(m) = self.merge.take() {
+                let draining = self.consumers.values().any(|c| c.draining);
+                if !draining && !m.over(demand as usize) {
+                    self.merge = Some(m);
+                    tokio::select! {
+                        cmd = rx.recv() => match cmd {
+                            Some(cmd) => self.apply(cmd),
+                            None => return,
+                        },
+                        _ = tokio::time::sleep_until(m.until()) => {}
+                    }
+                    continue;
+                }
             }
             let mut d = match self.session.take() {
                 Some(d) => d,
@@ -278,6 +298,7 @@ impl<B: Backend> Fetcher<B> {
             match got {
                 Ok(b) => {
                     self.session = Some(d);
+                    self.merge = Merge::after(b.messages.len(), demand as usize);
                     self.take_batch(b, want);
                 }
                 Err(e) => {
@@ -326,16 +347,15 @@ impl<B: Backend> Fetcher<B> {
     }
 
     /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);
-    /// with an estimate, for that many (a Get for more than is there holds them a whole
-    /// WaitTimeout); otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for
+    /// with an estimate, the same (a Get for more than is there holds them a whole WaitTimeout;
+    /// an estimate of 0 — drained, nothing on its way — asks for 1); otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for
     /// more than is there would outlive DRAIN_GRACE and end the drain with messages still
     /// waiting. Never more than the demand.
     fn get_size(&self, demand: u32) -> u32 {
         let cap = demand.min(self.limits.max_batch);
         let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);
         match self.backend.ready_hint(&self.channel) {
-            ReadyHint::Exact(ready) => count(ready),
-            ReadyHint::Estimate(ready) if ready > 0 => count(ready),
+            ReadyHint::Exact(ready) | ReadyHint::Estimate(ready) => count(ready),
             _ if self.consumers.values().any(|c| c.draining) => 1,
             _ => cap.min(self.batch).max(1),
         }
@@ -580,8 +600,8 @@ mod tests {
         assert_eq!(size(Estimate(30), true), [30, 30, 10]);
         assert_eq!(
             size(Estimate(0), false),
-            [64, 64, 10],
-            "no count: the adaptive batch"
+            [1, 1, 1],
+            "nothing counted: one, to return on the next arrival"
         );
         assert_eq!(size(Unknown, false), [64, 64, 10]);
         assert_eq!(size(Unknown, true), [1, 1, 1]);

@@ -1,27 +1,20 @@
 //! One produce link's path to the backend: messages are stored in the order they arrived, in
 //! batches (every message waiting, up to 1,000, is one backend send, so a fast producer gets
-//! batching and group commit), one batch at a time. Each message still gets its own outcome
-//! `accepted` only once stored), in order.
-//!
-//! A pipelining client refills its window as outcomes come back, and that refill needs a trip
-//! (dispositions out, new transfers in) of about a third of a store round trip. Sent at once,
-//! the first part of a refill would go alone while the rest queued behind it, and the link's
-//! window would stay split in two halves, each stored on its own: half the messages per round
-//! trip of what a client of the backend's own API gets (BENCHMARKS.md). So after a batch of at
-//! least `MERGE_MIN` messages is stored, the next batch waits up to `MERGE_WAIT` for that many
-//! more to arrive, and the window travels whole again.
+//! batching and group commit), one batch at a time, and after a large batch the next waits for
+//! the client's refill (`merge`). Each message still gets its own outcome (Q-6: `accepted` only
+//! once stored), in order.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Duration;
 
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::merge::Merge;
 use super::rejected;
 use crate::backend::{Backend, BackendError};
 use crate::engine::{Condition, LinkId};
@@ -29,11 +22,6 @@ use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 
 /// Most messages in one backend send.
 const MAX_BATCH: usize = 1000;
-/// A stored batch at least this large is taken as a pipelining client's, whose refill is worth
-/// waiting for; smaller ones (a client sending a message at a time) never make the next wait.
-const MERGE_MIN: usize = 16;
-/// The longest the next batch waits for the refill (the timer's resolution is 1 ms).
-const MERGE_WAIT: Duration = Duration::from_millis(1);
 
 /// A produce that finished in the backend.
 pub(super) struct Done {
@@ -52,29 +40,6 @@ type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
 struct InFlight<F> {
     ids: Vec<(u32, bool)>,
     call: Pin<Box<F>>,
-}
-
-/// The next batch waiting for a refill: until `want` messages are queued, or `until`.
-#[derive(Debug, Clone, Copy)]
-struct Merge {
-    want: usize,
-    until: Instant,
-}
-
-impl Merge {
-    /// After `stored` messages came back with `queued` waiting: the wait for their refill, if
-    /// the batch was large enough to expect one.
-    fn after(stored: usize, queued: usize) -> Option<Merge> {
-        (stored >= MERGE_MIN).then(|| Merge {
-            want: (queued + stored).min(MAX_BATCH),
-            until: Instant::now() + MERGE_WAIT,
-        })
-    }
-
-    /// Whether the wait is over.
-    fn over(&self, queued: usize, open: bool) -> bool {
-        !open || queued >= self.want || Instant::now() >= self.until
-    }
 }
 
 /// The backend lane of `link` on connection `connection`: its own order, and spread over the
@@ -98,7 +63,7 @@ pub(super) fn spawn_sender<B: Backend>(
         let mut merge: Option<Merge> = None;
         let mut open = true;
         loop {
-            if merge.is_some_and(|m| m.over(queued.len(), open)) {
+            if merge.is_some_and(|m| !open || m.over(queued.len())) {
                 merge = None;
             }
             if flight.is_none() && merge.is_none() && !queued.is_empty() {
@@ -115,7 +80,7 @@ pub(super) fn spawn_sender<B: Backend>(
             if !open && flight.is_none() && queued.is_empty() {
                 break;
             }
-            let wake = merge.map(|m| m.until);
+            let wake = merge.map(|m| m.until());
             tokio::select! {
                 results = poll_fn(|cx| match flight.as_mut() {
                     Some(f) => f.call.as_mut().poll(cx),
@@ -124,7 +89,8 @@ pub(super) fn spawn_sender<B: Backend>(
                     let ids = flight.take().map(|f| f.ids).unwrap_or_default();
                     let stored = ids.len();
                     report(link, &done, ids, results);
-                    merge = Merge::after(stored, queued.len());
+                    // Expect as many back as were just stored.
+                    merge = Merge::after(stored, (queued.len() + stored).min(MAX_BATCH));
                 }
                 // Everything waiting joins the queue at once.
                 m = rx.recv(), if open => match m {
@@ -189,6 +155,7 @@ mod tests {
     use crate::kubemq::{PingResult, QueuesInfo};
     use crate::store::Store;
     use std::sync::Mutex;
+    use std::time::Duration;
 
     /// A backend that stores one call at a time and takes 20 ms for each, like a lane whose
     /// every request waits for an fsync; it records how many messages each call carried.
@@ -291,13 +258,14 @@ mod tests {
     }
 
     /// The wait for a refill ends even when none comes: a message sent after a large batch is
-    /// still stored (within MERGE_WAIT), and a link sending one message at a time never waits.
+    /// still stored (the wait is MERGE_WAIT at most), and a link sending one message at a time never waits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refill_that_never_comes_does_not_hold_a_message() {
         let (backend, _dir) = backend();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         let tx = spawn_sender(backend.clone(), 1, 1, done_tx);
         let within = Duration::from_secs(10);
+        use super::super::merge::MERGE_MIN;
         for id in 0..MERGE_MIN as u32 {
             tx.send(message(id)).expect("sender runs");
         }
