@@ -97,13 +97,19 @@ fn await_transfers(p: &mut RawPeer, expect: usize) -> Vec<(u32, bool, bytes::Byt
     if expect == 0 {
         return transfers(&p.read_all(NOTHING_WINDOW).0);
     }
-    let seen = std::cell::Cell::new(0);
-    let mut got = p.read_until(WAIT, |r| {
-        if matches!(r, Received::Frame(_, Performative::Transfer(..))) {
-            seen.set(seen.get() + 1);
+    // read_until re-tests everything read so far on each turn, so its predicate must not count:
+    // read on until the transfers gathered are enough.
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut got = Vec::new();
+    while transfers(&got).len() < expect {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
         }
-        seen.get() >= expect
-    });
+        got.extend(p.read_until(left, |r| {
+            matches!(r, Received::Frame(_, Performative::Transfer(..)))
+        }));
+    }
     got.extend(p.read_all(Duration::from_millis(150)).0);
     transfers(&got)
 }
