@@ -764,10 +764,12 @@ mod tests {
         }
         assert_eq!(delivered as usize, total);
         let gets = gets.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        // Without the wait the Gets alternate on halves (50, 150, 50, ...); a slow machine may
-        // miss the 1 ms wait now and then.
-        let whole = gets.iter().filter(|n| **n == 200).count();
-        assert!(whole * 2 >= gets.len(), "most Gets whole: {gets:?}");
+        // Without the wait most Gets carry one consumer's half window (50; mean about 60);
+        // with it 200, or 150 on a loaded machine where the 1 ms passes before the last half is
+        // back. The trailing Gets for one (an empty queue) do not count.
+        let large: Vec<i32> = gets.iter().copied().filter(|n| *n >= 16).collect();
+        let mean = large.iter().sum::<i32>() / large.len().max(1) as i32;
+        assert!(mean >= 100, "Gets of whole windows, mostly: {gets:?}");
         assert_eq!(store.ready_count("win"), 0);
     }
 }

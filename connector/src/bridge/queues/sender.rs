@@ -251,10 +251,10 @@ mod tests {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         assert_eq!(sizes.iter().sum::<usize>(), total as usize);
-        assert_eq!(sizes[0], 60, "the window arrived split");
-        // Timer-free in the common case; a slow test machine may miss a merge now and then.
-        let whole = sizes.iter().filter(|n| **n == 100).count();
-        assert!(whole * 2 >= sizes.len(), "most batches whole: {sizes:?}");
+        // Split, the batches alternate 60 / 40 (mean 50); whole, they are 100, less where a
+        // loaded machine lets the 1 ms wait pass before the refill is in.
+        let mean = sizes.iter().sum::<usize>() / sizes.len();
+        assert!(mean >= 80, "batches of whole windows, mostly: {sizes:?}");
     }
 
     /// The wait for a refill ends even when none comes: a message sent after a large batch is
