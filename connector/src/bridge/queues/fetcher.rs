@@ -348,9 +348,10 @@ impl<B: Backend> Fetcher<B> {
 
     /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);
     /// with an estimate, the same (a Get for more than is there holds them a whole WaitTimeout;
-    /// an estimate of 0 — drained, nothing on its way — asks for 1); otherwise the adaptive batch, or 1 at a time while a drain is on: a Get for
-    /// more than is there would outlive DRAIN_GRACE and end the drain with messages still
-    /// waiting. Never more than the demand.
+    /// an estimate of 0 — drained, nothing on its way — asks for 1); otherwise the adaptive
+    /// batch, or 1 at a time while a drain is on: a Get for more than is there would outlive
+    /// DRAIN_GRACE and end the drain with messages still waiting. Never more than the demand
+    ///
     fn get_size(&self, demand: u32) -> u32 {
         let cap = demand.min(self.limits.max_batch);
         let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);

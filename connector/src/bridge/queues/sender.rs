@@ -102,18 +102,12 @@ pub(super) fn spawn_sender<B: Backend>(
                     }
                     None => open = false,
                 },
-                _ = sleep_until_opt(wake), if wake.is_some() => {}
+                // (The deadline is only awaited while there is one.)
+                _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
             }
         }
     });
     tx
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
-        None => std::future::pending().await,
-    }
 }
 
 /// Sends each message's outcome (ERR-9's mapping of produce failures).
