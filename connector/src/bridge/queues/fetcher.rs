@@ -529,37 +529,6 @@ mod tests {
     use crate::kubemq::{PingResult, QueuesInfo, SendQueueMessageResult};
     use crate::store::Store;
 
-    /// The embedded backend with a ready hint chosen by the test.
-    struct Hinted(Embedded, ReadyHint);
-
-    impl Backend for Hinted {
-        type Downstream = <Embedded as Backend>::Downstream;
-
-        async fn send_queue(
-            &self,
-            lane: u64,
-            messages: Vec<QueueMessage>,
-        ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
-            self.0.send_queue(lane, messages).await
-        }
-
-        async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
-            self.0.open_downstream().await
-        }
-
-        async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-            self.0.queues_info(filter).await
-        }
-
-        async fn ping(&self) -> Result<PingResult, BackendError> {
-            self.0.ping().await
-        }
-
-        fn ready_hint(&self, _channel: &str) -> ReadyHint {
-            self.1
-        }
-    }
-
     /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the
     /// backend says is ready when it knows, exactly or by its own count; without a count it
     /// follows the adaptive batch, and while a drain is on it asks for one. Always within the
@@ -574,7 +543,7 @@ mod tests {
             idle_exit: std::time::Duration::from_secs(60),
         };
         let size = |hint, draining| {
-            let backend = Arc::new(Hinted(Embedded::new(store.clone()), hint));
+            let backend = Arc::new(Watched::new(store.clone(), Some(hint)));
             let mut f = Fetcher::new(backend, "q".into(), limits, Registry::default());
             f.batch = 64;
             let (to, _) = mpsc::unbounded_channel();
@@ -657,8 +626,23 @@ mod tests {
         assert!(matches!(got, Some(ToConsumer::Message(h)) if h.consumer == (1, 2)));
     }
 
-    /// The embedded backend, recording each Get's MaxItems.
-    struct Recording(Embedded, Arc<std::sync::Mutex<Vec<i32>>>);
+    /// The embedded backend, with the ready hint chosen by the test (if any) and each Get's
+    /// MaxItems recorded.
+    struct Watched {
+        inner: Embedded,
+        hint: Option<ReadyHint>,
+        gets: Arc<std::sync::Mutex<Vec<i32>>>,
+    }
+
+    impl Watched {
+        fn new(store: Arc<Store>, hint: Option<ReadyHint>) -> Watched {
+            Watched {
+                inner: Embedded::new(store),
+                hint,
+                gets: Arc::default(),
+            }
+        }
+    }
 
     struct RecordedGets<D>(D, Arc<std::sync::Mutex<Vec<i32>>>);
 
@@ -685,7 +669,7 @@ mod tests {
         }
     }
 
-    impl Backend for Recording {
+    impl Backend for Watched {
         type Downstream = RecordedGets<<Embedded as Backend>::Downstream>;
 
         async fn send_queue(
@@ -693,26 +677,24 @@ mod tests {
             lane: u64,
             messages: Vec<QueueMessage>,
         ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
-            self.0.send_queue(lane, messages).await
+            self.inner.send_queue(lane, messages).await
         }
 
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
-            Ok(RecordedGets(
-                self.0.open_downstream().await?,
-                self.1.clone(),
-            ))
+            let d = self.inner.open_downstream().await?;
+            Ok(RecordedGets(d, self.gets.clone()))
         }
 
         async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-            self.0.queues_info(filter).await
+            self.inner.queues_info(filter).await
         }
 
         async fn ping(&self) -> Result<PingResult, BackendError> {
-            self.0.ping().await
+            self.inner.ping().await
         }
 
         fn ready_hint(&self, channel: &str) -> ReadyHint {
-            self.0.ready_hint(channel)
+            self.hint.unwrap_or_else(|| self.inner.ready_hint(channel))
         }
     }
 
@@ -727,8 +709,7 @@ mod tests {
         let total = 2000usize;
         let batch: Vec<QueueMessage> = (0..total).map(|_| message("win")).collect();
         assert!(store.send(batch).await.iter().all(|r| !r.is_error));
-        let gets = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let backend = Arc::new(Recording(Embedded::new(store.clone()), gets.clone()));
+        let backend = Arc::new(Watched::new(store.clone(), None));
         let registry: Registry = Arc::default();
         let limits = FetchLimits {
             max_batch: 1000,
@@ -764,7 +745,11 @@ mod tests {
             delivered += c.await.expect("client");
         }
         assert_eq!(delivered as usize, total);
-        let gets = gets.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let gets = backend
+            .gets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         // Without the wait most Gets carry one consumer's half window (50; mean about 60);
         // with it 200, or 150 on a loaded machine where the 1 ms passes before the last half is
         // back. The trailing Gets for one (an empty queue) do not count.
