@@ -221,13 +221,19 @@ impl Wire {
         write_frame(&mut self.out, TYPE_AMQP, 0, |_| {});
     }
 
-    /// Waits for the server's ATTACH in reply to ours; a refusal (an ATTACH without a terminus,
-    /// followed by DETACH with an error) comes back as that error.
-    async fn attached(&mut self) -> Result<Option<u32>, String> {
+    /// Waits for the server's ATTACH in reply to ours; a refusal (an ATTACH without the
+    /// terminus our link is about — the target of a link we send on, the source of one we
+    /// receive on — followed by DETACH with an error) comes back as that error.
+    async fn attached(&mut self, we_send: bool) -> Result<Option<u32>, String> {
         loop {
             match self.next().await? {
                 Performative::Attach(connector::engine::codec::AttachFrame::Full(a)) => {
-                    if a.source.is_none() || a.target.is_none() {
+                    let refused = if we_send {
+                        a.target.is_none()
+                    } else {
+                        a.source.is_none()
+                    };
+                    if refused {
                         return Err(format!("link refused: {:?}", self.error_after().await));
                     }
                     return Ok(a.initial_delivery_count);
@@ -325,7 +331,7 @@ pub async fn produce(
     }
     write_amqp(&mut w.out, 0, &attach, &[]);
     w.flush().await?;
-    w.attached().await?;
+    w.attached(true).await?;
     let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
     let pipeline = args.pipeline.max(1);
     let chunk = w.max_frame.saturating_sub(TRANSFER_OVERHEAD).max(1);
@@ -345,10 +351,10 @@ pub async fn produce(
                     if let Some(next_in) = f.next_incoming_id {
                         w.session_limit = next_in.wrapping_add(f.incoming_window);
                     }
-                    if let (Some(_), Some(c), Some(dc)) =
-                        (f.handle, f.link_credit, f.delivery_count)
-                    {
-                        credit_limit = dc.wrapping_add(c);
+                    // A receiver that leaves delivery-count out (RabbitMQ does) counts from our
+                    // initial one, which is 0 (peer::attach_sender).
+                    if let (Some(_), Some(c)) = (f.handle, f.link_credit) {
+                        credit_limit = f.delivery_count.unwrap_or(0).wrapping_add(c);
                     }
                 }
                 Performative::Disposition(d) if d.role == Role::Receiver => {
@@ -465,7 +471,7 @@ pub async fn consume(
     write_amqp(&mut w.out, 0, &attach, &[]);
     w.flush().await?;
     let window = args.credit.max(1);
-    let mut delivery_count = w.attached().await?.unwrap_or(0);
+    let mut delivery_count = w.attached(false).await?.unwrap_or(0);
     w.queue_flow(delivery_count, window);
     w.flush().await?;
     let settle_every = (window / 2).max(1) as usize;
