@@ -53,25 +53,23 @@ pub async fn produce(
         ..Default::default()
     };
     let mut in_flight = FuturesUnordered::new();
-    let (mut sent, mut open) = (0u64, 0u64);
+    let mut sent = 0u64;
     loop {
         let due = (per_producer_rate > 0.0)
             .then(|| started + Duration::from_secs_f64(sent as f64 / per_producer_rate));
-        let may_send = sent < count && open < window;
+        let may_send = sent < count && (in_flight.len() as u64) < window;
         if may_send && due.is_none_or(|d| d <= Instant::now()) {
             let m = message(sent);
             sent += 1;
-            open += 1;
             tally.sent.fetch_add(1, Ordering::Relaxed);
-            let g = &grpc;
-            in_flight.push(async move { g.send_queue(who as u64, vec![m]).await });
+            in_flight.push(grpc.send_queue(who as u64, vec![m]));
             continue;
         }
-        if open == 0 && sent == count {
+        if in_flight.is_empty() && sent == count {
             break;
         }
         let done = match due.filter(|_| may_send) {
-            Some(at) if open == 0 => {
+            Some(at) if in_flight.is_empty() => {
                 tokio::time::sleep_until(at.into()).await;
                 continue;
             }
@@ -84,7 +82,6 @@ pub async fn produce(
         let Some(result) = done else {
             return Err("no send in flight".into());
         };
-        open -= 1;
         let counter = match result {
             Ok(r) if r.iter().all(|r| !r.is_error) => &tally.accepted,
             _ => &tally.failed,

@@ -235,10 +235,9 @@ impl<B: Backend> Fetcher<B> {
             }
             // After a large Get, the next waits (briefly) for the consumers' credit to come back
             // whole; a drain never waits (FLOW-5).
-            if let Some(m) = self.merge.take() {
+            if let Some(m) = self.merge {
                 let draining = self.consumers.values().any(|c| c.draining);
                 if !draining && !m.over(demand as usize) {
-                    self.merge = Some(m);
                     tokio::select! {
                         cmd = rx.recv() => match cmd {
                             Some(cmd) => self.apply(cmd),
@@ -248,6 +247,7 @@ impl<B: Backend> Fetcher<B> {
                     }
                     continue;
                 }
+                self.merge = None;
             }
             let mut d = match self.session.take() {
                 Some(d) => d,
