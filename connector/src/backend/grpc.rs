@@ -91,6 +91,8 @@ struct Pending {
 /// HTTP/2 receive window per stream: a Get reply of a few hundred 1 KiB messages, or one large
 /// message, arrives without waiting for WINDOW_UPDATEs (the default is 64 KiB).
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
+/// Largest HTTP/2 frame we accept.
+pub const MAX_FRAME: u32 = 1024 * 1024;
 /// HTTP/2 receive window of the whole connection, shared by its streams.
 pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 
@@ -98,6 +100,11 @@ pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 /// one at a time, so a lane's order holds; several streams let different producers' batches be
 /// stored in parallel instead of queueing behind one another's fsync.
 const UPSTREAM_STREAMS: usize = 4;
+
+/// The upstream stream a lane's sends take: consecutive lanes take different streams.
+fn stream_of(lane: u64) -> usize {
+    (lane % UPSTREAM_STREAMS as u64) as usize
+}
 
 /// A KubeMQ server reached over gRPC.
 #[derive(Clone)]
@@ -129,6 +136,7 @@ impl KubemqGrpc {
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .tcp_nodelay(true)
+            .max_frame_size(MAX_FRAME)
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10));
         let client = KubemqClient::new(endpoint.connect_lazy())
@@ -423,7 +431,7 @@ impl Backend for KubemqGrpc {
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let (done, wait) = oneshot::channel();
         let sending = self.ready.sending(&messages);
-        let batcher = &self.upstream[(lane % UPSTREAM_STREAMS as u64) as usize];
+        let batcher = &self.upstream[stream_of(lane)];
         let result = match batcher.send(Pending { messages, done }) {
             Ok(()) => wait
                 .await
@@ -515,5 +523,23 @@ impl Backend for KubemqGrpc {
             async move { c.ping(req).await }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The queues bridge hands produce links consecutive lanes, so links opened one after another
+    /// each get a stream of their own (up to UPSTREAM_STREAMS) instead of one waiting for the
+    /// other's batch on a shared one, wherever the count starts.
+    #[test]
+    fn consecutive_lanes_take_different_streams() {
+        for first in [0u64, 7, u64::MAX - 2] {
+            let streams: std::collections::HashSet<usize> = (0..UPSTREAM_STREAMS as u64)
+                .map(|i| stream_of(first.wrapping_add(i)))
+                .collect();
+            assert_eq!(streams.len(), UPSTREAM_STREAMS, "from lane {first}");
+        }
     }
 }

@@ -68,6 +68,7 @@ pub async fn serve(
         // would cost a WINDOW_UPDATE round trip per batch (KubeMQ's own server grows its window).
         .initial_stream_window_size(Some(crate::backend::grpc::STREAM_WINDOW))
         .initial_connection_window_size(Some(crate::backend::grpc::CONNECTION_WINDOW))
+        .max_frame_size(Some(crate::backend::grpc::MAX_FRAME))
         .add_service(Facade::new(store).into_service())
         .serve_with_incoming_shutdown(
             // Small replies must not wait for Nagle's algorithm.

@@ -46,6 +46,8 @@ pub struct Queues<B: Backend> {
     default_pattern: Pattern,
     fetchers: fetcher::Registry,
     next_connection: AtomicU64,
+    /// The backend lane of the next produce link.
+    next_lane: AtomicU64,
     metrics: Arc<Metrics>,
 }
 
@@ -64,6 +66,7 @@ impl<B: Backend> Queues<B> {
             default_pattern: Pattern::from_setting(&settings.default_pattern),
             fetchers: Arc::new(Mutex::new(HashMap::new())),
             next_connection: AtomicU64::new(1),
+            next_lane: AtomicU64::new(0),
             metrics,
         })
     }
@@ -372,9 +375,13 @@ impl<B: Backend> QueuesHandler<B> {
         link: LinkId,
         channel: Option<String>,
     ) -> Result<(), AmqpError> {
+        // Lanes in turn: links opened one after another use different streams of the backend
+        // (a hash of the link's ids put two producers on one stream in about one run in four,
+        // where each then waited for the other's batch).
+        let lane = self.bridge.next_lane.fetch_add(1, Ordering::Relaxed);
         let sends = spawn_sender(
             self.bridge.backend.clone(),
-            self.connection,
+            lane,
             link,
             self.done_tx.clone(),
         );

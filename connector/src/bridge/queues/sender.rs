@@ -42,20 +42,13 @@ struct InFlight<F> {
     call: Pin<Box<F>>,
 }
 
-/// The backend lane of `link` on connection `connection`: its own order, and spread over the
-/// backend's parallel streams (the golden-ratio multiply keeps neighbouring ids apart).
-fn lane(connection: u64, link: LinkId) -> u64 {
-    connection.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ link.wrapping_mul(0xc2b2_ae3d_27d4_eb4f)
-}
-
-/// Starts the task for `link` of `connection`; outcomes go to `done`.
+/// Starts the task for `link`, storing in `lane`'s order; outcomes go to `done`.
 pub(super) fn spawn_sender<B: Backend>(
     backend: Arc<B>,
-    connection: u64,
+    lane: u64,
     link: LinkId,
     done: mpsc::UnboundedSender<Done>,
 ) -> mpsc::UnboundedSender<ToStore> {
-    let lane = lane(connection, link);
     let (tx, mut rx) = mpsc::unbounded_channel::<ToStore>();
     tokio::spawn(async move {
         let mut queued: VecDeque<ToStore> = VecDeque::new();
@@ -221,7 +214,7 @@ mod tests {
     async fn a_split_window_is_stored_whole_again() {
         let (backend, _dir) = backend();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let tx = spawn_sender(backend.clone(), 1, 1, done_tx);
+        let tx = spawn_sender(backend.clone(), 0, 1, done_tx);
         for id in 0..60 {
             tx.send(message(id)).expect("sender runs");
         }
@@ -257,7 +250,7 @@ mod tests {
     async fn a_refill_that_never_comes_does_not_hold_a_message() {
         let (backend, _dir) = backend();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
-        let tx = spawn_sender(backend.clone(), 1, 1, done_tx);
+        let tx = spawn_sender(backend.clone(), 0, 1, done_tx);
         let within = Duration::from_secs(10);
         use super::super::merge::MERGE_MIN;
         for id in 0..MERGE_MIN as u32 {
