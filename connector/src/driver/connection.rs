@@ -4,7 +4,7 @@ use std::future::poll_fn;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -45,6 +45,16 @@ pub async fn run_connection<H: Handler>(
         }
         handler.after_turn(&mut engine);
         engine.poll_transmit(&mut wbuf);
+        // Write this turn's output now if the socket takes it: the client sees it one select
+        // round sooner, and the next turn's output starts a fresh buffer instead of being copied
+        // behind this one.
+        if !wbuf.is_empty() {
+            match wr.try_write(&wbuf) {
+                Ok(n) => wbuf.advance(n),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => engine.transport_lost(),
+            }
+        }
         if engine.is_closed() {
             break;
         }

@@ -108,6 +108,8 @@ pub struct Connection {
     admission: Option<AmqpError>,
     pub(super) state: State,
     pub(super) out: BytesMut,
+    /// Reused to size a delivery's first TRANSFER before it is written.
+    pub(super) scratch: BytesMut,
     pub(super) events: VecDeque<Event>,
     pub(super) now: Instant,
     /// The negotiated frame size, both directions (CONN-8); 512 until OPEN.
@@ -147,6 +149,7 @@ impl Connection {
             admission,
             state: State::Header(HeaderStage::Initial),
             out: BytesMut::with_capacity(1024),
+            scratch: BytesMut::new(),
             events: VecDeque::new(),
             now,
             max_frame: MIN_MAX_FRAME_SIZE,

@@ -569,10 +569,10 @@ impl Connection {
             more: true,
         };
         // The first frame's performative is the largest; size every chunk by it.
-        let mut perf = BytesMut::new();
-        codec::encode_transfer(&mut perf, &first);
+        self.scratch.clear();
+        codec::encode_transfer(&mut self.scratch, &first);
         let room = (self.max_frame as usize)
-            .saturating_sub(HEADER_LEN + perf.len())
+            .saturating_sub(HEADER_LEN + self.scratch.len())
             .max(1);
         let mut rest = payload;
         let mut head = first;

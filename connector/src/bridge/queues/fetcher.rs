@@ -32,8 +32,9 @@ pub struct Handout {
 /// What the fetcher sends to a consumer's connection.
 #[derive(Debug)]
 pub enum ToConsumer {
-    /// A message to deliver within credit.
-    Message(Box<Handout>),
+    /// Messages to deliver within credit, in order (one send per hand-out round, not per
+    /// message).
+    Messages(Vec<Handout>),
     /// The consumer's drain is complete: everything immediately available was handed out.
     DrainDone(ConsumerKey),
 }
@@ -50,6 +51,9 @@ pub enum Outcome {
     Close,
 }
 
+/// A settled delivery: (transaction, sequence, outcome).
+pub type Settlement = (Arc<str>, u64, Outcome);
+
 /// What consumers tell the fetcher.
 #[derive(Debug)]
 pub enum Command {
@@ -63,8 +67,8 @@ pub enum Command {
     Drain(ConsumerKey, u32, u64),
     /// A consumer left; its remaining demand is gone (its unsettled deliveries come as Settle).
     Leave(ConsumerKey),
-    /// A delivery was settled.
-    Settle(Arc<str>, u64, Outcome),
+    /// Deliveries were settled, gathered over a turn of the consumer's connection.
+    Settle(Vec<Settlement>),
     /// A handed-out message could not be delivered (credit gone): offer it again.
     Return(Box<Handout>),
 }
@@ -445,7 +449,7 @@ impl<B: Backend> Fetcher<B> {
                 self.consumers.remove(&k);
                 self.order.retain(|x| *x != k);
             }
-            Command::Settle(t, s, o) => self.settle.push((t, s, o)),
+            Command::Settle(mut settled) => self.settle.append(&mut settled),
             Command::Return(h) => {
                 let h = *h;
                 self.handed.insert(h.transaction.clone());
@@ -454,8 +458,9 @@ impl<B: Backend> Fetcher<B> {
         }
     }
 
-    /// Hands buffered messages to consumers with demand, round robin.
+    /// Hands buffered messages to consumers with demand, round robin, one send per consumer.
     fn hand_out(&mut self) {
+        let mut batches: HashMap<ConsumerKey, Vec<Handout>> = HashMap::new();
         let mut idle_rounds = 0;
         while !self.buffer.is_empty() && idle_rounds < self.order.len() {
             let Some(k) = self.order.pop_front() else {
@@ -476,18 +481,25 @@ impl<B: Backend> Fetcher<B> {
             c.demand -= 1;
             c.handed += 1;
             self.handed.insert(transaction.clone());
-            let h = Handout {
+            batches.entry(k).or_default().push(Handout {
                 consumer: k,
                 transaction,
                 sequence,
                 message,
+            });
+        }
+        for (k, batch) in batches {
+            let Some(c) = self.consumers.get_mut(&k) else {
+                continue;
             };
-            if let Err(mpsc::error::SendError(ToConsumer::Message(h))) =
-                c.to.send(ToConsumer::Message(Box::new(h)))
+            if let Err(mpsc::error::SendError(ToConsumer::Messages(batch))) =
+                c.to.send(ToConsumer::Messages(batch))
             {
-                // The connection is gone: keep the message for someone else.
+                // The connection is gone: keep the messages for someone else.
                 c.demand = 0;
-                self.put_back((h.transaction, h.sequence, h.message));
+                for h in batch {
+                    self.put_back((h.transaction, h.sequence, h.message));
+                }
             }
         }
     }
@@ -623,7 +635,9 @@ mod tests {
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
             .await
             .expect("a delivery from the new loop");
-        assert!(matches!(got, Some(ToConsumer::Message(h)) if h.consumer == (1, 2)));
+        assert!(
+            matches!(got, Some(ToConsumer::Messages(hs)) if hs.len() == 1 && hs[0].consumer == (1, 2))
+        );
     }
 
     /// The embedded backend, with the ready hint chosen by the test (if any) and each Get's
@@ -727,14 +741,16 @@ mod tests {
                 while let Ok(Some(m)) =
                     tokio::time::timeout(std::time::Duration::from_secs(1), from.recv()).await
                 {
-                    let ToConsumer::Message(h) = m else { continue };
-                    taken += 1;
-                    held.push((h.transaction.clone(), h.sequence));
-                    if held.len() == 50 {
-                        for (t, s) in held.drain(..) {
-                            let _ = tx.send(Command::Settle(t, s, Outcome::Ack));
+                    let ToConsumer::Messages(hs) = m else {
+                        continue;
+                    };
+                    for h in hs {
+                        taken += 1;
+                        held.push((h.transaction.clone(), h.sequence, Outcome::Ack));
+                        if held.len() == 50 {
+                            let _ = tx.send(Command::Settle(std::mem::take(&mut held)));
+                            let _ = tx.send(Command::Demand(key, 100, taken));
                         }
-                        let _ = tx.send(Command::Demand(key, 100, taken));
                     }
                 }
                 taken

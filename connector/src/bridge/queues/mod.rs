@@ -23,10 +23,10 @@ use fe2o3_amqp_types::messaging::{
 use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
-use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, ToConsumer};
+use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, Settlement, ToConsumer};
 use self::sender::{spawn_sender, Done};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
-use super::envelope::{egress, ingress, DeliveryInfo, IngressError};
+use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
@@ -102,6 +102,9 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             closed: HashMap::new(),
             ready_done: Vec::new(),
             ready_handouts: Vec::new(),
+            settled: Vec::new(),
+            demand_changed: Vec::new(),
+            egress: Egress::default(),
             mailboxes: HashMap::new(),
             dynamic_unsettled: HashMap::new(),
             counted_open: false,
@@ -169,6 +172,12 @@ pub struct QueuesHandler<B: Backend> {
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
     ready_done: Vec<Done>,
     ready_handouts: Vec<ToConsumer>,
+    /// Settlements of this turn, by consume link: sent to the fetchers once per turn.
+    settled: Vec<(LinkId, Settlement)>,
+    /// Consume links whose demand changed this turn: reported once per turn.
+    demand_changed: Vec<LinkId>,
+    /// Encodes deliveries, reusing the last Metadata's reading.
+    egress: Egress,
     /// Dynamic nodes of this connection: address → waiting messages (bit-exact AMQP bytes).
     mailboxes: HashMap<String, std::collections::VecDeque<bytes::Bytes>>,
     /// Unsettled deliveries from dynamic nodes: token → (address, message).
@@ -513,7 +522,7 @@ impl<B: Backend> QueuesHandler<B> {
             client_id: self.client_id.clone(),
             channel,
             metadata: stored.metadata,
-            body: stored.body.into(),
+            body: stored.body,
             ..Default::default()
         };
         if sends.send((d.delivery_id, d.settled, message)).is_err() {
@@ -545,7 +554,7 @@ impl<B: Backend> QueuesHandler<B> {
         *taken += 1;
         let (fetcher, presettled) = (fetcher.clone(), *presettled);
         let receive_count = h.message.attributes.as_ref().map_or(1, |a| a.receive_count);
-        let payload = egress(
+        let payload = self.egress.message(
             &h.message.metadata,
             &h.message.body,
             &h.message.tags,
@@ -561,7 +570,8 @@ impl<B: Backend> QueuesHandler<B> {
         match sent {
             Ok(_) if presettled => {
                 // at-most-once, acked as it is sent.
-                let _ = fetcher.send(Command::Settle(h.transaction, h.sequence, Outcome::Ack));
+                self.settled
+                    .push((link, (h.transaction, h.sequence, Outcome::Ack)));
             }
             Ok(_) => {
                 self.deliveries.insert(token, (h.transaction, h.sequence));
@@ -588,6 +598,7 @@ impl<B: Backend> Handler for QueuesHandler<B> {
     }
 
     fn after_turn(&mut self, conn: &mut Connection) {
+        self.flush_turn(conn);
         self.sync_metrics(conn);
     }
 }
@@ -631,7 +642,7 @@ impl<B: Backend> QueuesHandler<B> {
                     let address = address.clone();
                     self.pump_dynamic(conn, &address);
                 } else {
-                    self.report_demand(conn, link);
+                    self.demand_changed.push(link);
                 }
             }
             Event::Settled { link, token, state } => {
@@ -670,10 +681,10 @@ impl<B: Backend> QueuesHandler<B> {
                     //
                     _ => Outcome::Nack,
                 };
-                if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
-                    let _ = fetcher.send(Command::Settle(txn, seq, outcome));
+                if let Some(LinkKind::Consume { .. }) = self.links.get(&link) {
+                    self.settled.push((link, (txn, seq, outcome)));
                 }
-                self.report_demand(conn, link);
+                self.demand_changed.push(link);
             }
             Event::LinkClosed {
                 link, unsettled, ..
@@ -696,11 +707,16 @@ impl<B: Backend> QueuesHandler<B> {
                     }
                 }
                 if let Some(LinkKind::Consume { fetcher, .. }) = kind {
-                    // every unsettled delivery NAcked, once (the engine reports each once).
+                    // This turn's settlements first; then: every unsettled delivery
+                    // NAcked, once (the engine reports each once).
+                    let mut settled = self.take_settled(link);
                     for token in unsettled {
                         if let Some((txn, seq)) = self.deliveries.remove(&token) {
-                            let _ = fetcher.send(Command::Settle(txn, seq, Outcome::Nack));
+                            settled.push((txn, seq, Outcome::Nack));
                         }
+                    }
+                    if !settled.is_empty() {
+                        let _ = fetcher.send(Command::Settle(settled));
                     }
                     let _ = fetcher.send(Command::Leave((self.connection, link)));
                     self.closed.insert(link, fetcher);
@@ -733,22 +749,54 @@ impl<B: Backend> QueuesHandler<B> {
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             self.settle_in(conn, d.link, d.delivery_id, d.presettled, d.state);
         }
-        let mut touched = Vec::new();
         for item in std::mem::take(&mut self.ready_handouts) {
             match item {
-                ToConsumer::Message(h) => {
-                    touched.push(h.consumer.1);
-                    self.consume(conn, *h);
+                ToConsumer::Messages(handouts) => {
+                    for h in handouts {
+                        self.demand_changed.push(h.consumer.1);
+                        self.consume(conn, h);
+                    }
                 }
                 ToConsumer::DrainDone((_, link)) => {
                     let _ = conn.drain_done(link);
                 }
             }
         }
-        touched.sort_unstable();
-        touched.dedup();
-        for link in touched {
-            self.report_demand(conn, link);
+    }
+
+    /// Removes and returns this turn's settlements of `link`.
+    fn take_settled(&mut self, link: LinkId) -> Vec<Settlement> {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.settled)
+            .into_iter()
+            .partition(|(l, _)| *l == link);
+        self.settled = rest;
+        mine.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Sends this turn's settlements to the fetchers, one command per link, then the demand of
+    /// every link whose credit or settlements changed (per turn, not per message: a ranged
+    /// disposition settles a whole window at once).
+    fn flush_turn(&mut self, conn: &Connection) {
+        if !self.settled.is_empty() {
+            let mut by_link: HashMap<LinkId, Vec<Settlement>> = HashMap::new();
+            for (link, s) in self.settled.drain(..) {
+                by_link.entry(link).or_default().push(s);
+            }
+            for (link, settled) in by_link {
+                if let Some(LinkKind::Consume { fetcher, .. }) = self.links.get(&link) {
+                    let _ = fetcher.send(Command::Settle(settled));
+                }
+            }
+        }
+        if !self.demand_changed.is_empty() {
+            let mut links = std::mem::take(&mut self.demand_changed);
+            links.sort_unstable();
+            links.dedup();
+            for &link in &links {
+                self.report_demand(conn, link);
+            }
+            links.clear();
+            self.demand_changed = links;
         }
     }
 }
