@@ -265,6 +265,29 @@ fn q_7_q_10_presettled_and_mixed() {
     });
 }
 
+/// pre-settled messages the connector received are stored even when the client closes its
+/// connection straight after sending them (no disposition to wait for): the link's sends still
+/// waiting or in flight when the connection ends are finished without it.
+#[test]
+fn q_7_presettled_messages_outlive_their_connection() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        let mut p = session(c);
+        producer(&mut p, "gone", 0, "outlive", SenderSettleMode::Settled);
+        let total = 300u32;
+        for i in 0..total {
+            p.frame(
+                0,
+                &peer::transfer(0, Some(i), Some(&i.to_be_bytes()), true, false),
+                &data(&[7; 1024]),
+            );
+        }
+        drop(p);
+        eventually("every received pre-settled message stored", || {
+            c.store.ready_count("outlive") == total as usize
+        });
+    });
+}
+
 /// with credit 0 nothing is fetched or delivered; messages wait in the queue.
 #[test]
 fn q_11_no_credit_no_delivery() {

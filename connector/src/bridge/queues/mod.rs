@@ -12,6 +12,7 @@ mod sender;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -24,7 +25,7 @@ use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
 use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, Settlement, ToConsumer};
-use self::sender::{spawn_sender, Done};
+use self::sender::{Done, Lane};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use crate::backend::Backend;
@@ -86,15 +87,15 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
     type Handler = QueuesHandler<B>;
 
     fn new_handler(&self, _peer: SocketAddr) -> QueuesHandler<B> {
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
         let (handout_tx, handout_rx) = mpsc::unbounded_channel();
         QueuesHandler {
             bridge: self.clone(),
             connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
             client_id: String::new(),
             links: HashMap::new(),
-            done_tx,
-            done_rx,
+            lanes: HashMap::new(),
+            closing_lanes: Vec::new(),
+            refill_timer: None,
             handout_tx,
             handout_rx,
             deliveries: HashMap::new(),
@@ -138,10 +139,7 @@ fn queue_channel(resolved: Resolved, server_receives: bool) -> Result<String, Am
 enum LinkKind {
     /// The client produces to this channel, or with `None` (an anonymous link, ADDR-13) to each
     /// message's `to`; messages go through the link's send task in order.
-    Produce {
-        channel: Option<String>,
-        sends: mpsc::UnboundedSender<(u32, bool, QueueMessage)>,
-    },
+    Produce { channel: Option<String> },
     /// The client consumes from a dynamic node this connection minted (ADDR-11): an in-memory
     /// mailbox fed only by this connection's anonymous senders.
     Dynamic { address: String, presettled: bool },
@@ -161,8 +159,12 @@ pub struct QueuesHandler<B: Backend> {
     connection: u64,
     client_id: String,
     links: HashMap<LinkId, LinkKind>,
-    done_tx: mpsc::UnboundedSender<Done>,
-    done_rx: mpsc::UnboundedReceiver<Done>,
+    /// Produce links' sends, driven by this connection's task.
+    lanes: HashMap<LinkId, Lane>,
+    /// Sends of produce links that ended, still being stored.
+    closing_lanes: Vec<Lane>,
+    /// Wakes the task when a lane's wait for a refill ends.
+    refill_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     handout_tx: mpsc::UnboundedSender<ToConsumer>,
     handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
     /// Unsettled consume deliveries: token → (transaction, sequence).
@@ -185,6 +187,21 @@ pub struct QueuesHandler<B: Backend> {
     /// Whether this connection is counted as open (MET-1), and its sessions as counted (MET-2).
     counted_open: bool,
     counted_sessions: i64,
+}
+
+impl<B: Backend> Drop for QueuesHandler<B> {
+    fn drop(&mut self) {
+        // The connection ended: what its produce links received is still stored.
+        let lanes: Vec<Lane> = self
+            .lanes
+            .drain()
+            .map(|(_, l)| l)
+            .chain(self.closing_lanes.drain(..))
+            .collect();
+        if tokio::runtime::Handle::try_current().is_ok() {
+            sender::finish(self.bridge.backend.clone(), lanes);
+        }
+    }
 }
 
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
@@ -388,14 +405,8 @@ impl<B: Backend> QueuesHandler<B> {
         // (a hash of the link's ids put two producers on one stream in about one run in four,
         // where each then waited for the other's batch).
         let lane = self.bridge.next_lane.fetch_add(1, Ordering::Relaxed);
-        let sends = spawn_sender(
-            self.bridge.backend.clone(),
-            lane,
-            link,
-            self.done_tx.clone(),
-        );
-        self.links
-            .insert(link, LinkKind::Produce { channel, sends });
+        self.lanes.insert(link, Lane::new(lane, link));
+        self.links.insert(link, LinkKind::Produce { channel });
         self.bridge.metrics.link(metrics::Role::receiver).inc();
         conn.accept_link(
             link,
@@ -434,7 +445,7 @@ impl<B: Backend> QueuesHandler<B> {
         (conn.credit(link) as usize).min(room) as u32
     }
     fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
-        let Some(LinkKind::Produce { channel, sends }) = self.links.get(&d.link) else {
+        let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
             return;
         };
         // MET-4: every complete inbound message on a queues link.
@@ -525,14 +536,15 @@ impl<B: Backend> QueuesHandler<B> {
             body: stored.body,
             ..Default::default()
         };
-        if sends.send((d.delivery_id, d.settled, message)).is_err() {
-            self.settle_in(
+        match self.lanes.get_mut(&d.link) {
+            Some(lane) => lane.push((d.delivery_id, d.settled, message)),
+            None => self.settle_in(
                 conn,
                 d.link,
                 d.delivery_id,
                 d.settled,
-                rejected(Condition::InternalError, "send task stopped"),
-            );
+                rejected(Condition::InternalError, "the link's sends are gone"),
+            ),
         }
     }
 
@@ -693,6 +705,13 @@ impl<B: Backend> QueuesHandler<B> {
                 match &kind {
                     Some(LinkKind::Produce { .. }) => {
                         self.bridge.metrics.link(metrics::Role::receiver).dec();
+                        // What the link sent is still stored; the outcomes find no link.
+                        if let Some(mut lane) = self.lanes.remove(&link) {
+                            lane.close();
+                            if !lane.is_idle() {
+                                self.closing_lanes.push(lane);
+                            }
+                        }
                     }
                     Some(_) => {
                         self.bridge.metrics.link(metrics::Role::sender).dec();
@@ -731,9 +750,7 @@ impl<B: Backend> QueuesHandler<B> {
     }
 
     fn poll_work(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        while let Poll::Ready(Some(d)) = self.done_rx.poll_recv(cx) {
-            self.ready_done.push(d);
-        }
+        self.poll_lanes(cx);
         while let Poll::Ready(Some(h)) = self.handout_rx.poll_recv(cx) {
             self.ready_handouts.push(h);
         }
@@ -761,6 +778,33 @@ impl<B: Backend> QueuesHandler<B> {
                     let _ = conn.drain_done(link);
                 }
             }
+        }
+    }
+
+    /// Moves every produce lane on (finished batches' outcomes into `ready_done`, next batches
+    /// started), and keeps the timer set for the earliest wait for a refill.
+    fn poll_lanes(&mut self, cx: &mut Context<'_>) {
+        let backend = &self.bridge.backend;
+        loop {
+            for lane in self.lanes.values_mut().chain(self.closing_lanes.iter_mut()) {
+                lane.poll(cx, backend, &mut self.ready_done);
+            }
+            self.closing_lanes.retain(|l| !l.is_idle());
+            let Some(at) = self.lanes.values().filter_map(Lane::wake_at).min() else {
+                self.refill_timer = None;
+                return;
+            };
+            let timer = self
+                .refill_timer
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+            if timer.deadline() != at {
+                timer.as_mut().reset(at);
+            }
+            if std::future::Future::poll(timer.as_mut(), cx).is_pending() {
+                return;
+            }
+            // A wait ended: its lane starts its batch on the next round.
+            self.refill_timer = None;
         }
     }
 

@@ -1,16 +1,19 @@
-//! One produce link's path to the backend: messages are stored in the order they arrived, in
-//! batches (every message waiting, up to 1,000, is one backend send, so a fast producer gets
-//! batching and group commit), one batch at a time, and after a large batch the next waits for
-//! the client's refill (`merge`). Each message still gets its own outcome (Q-6: `accepted` only
-//! once stored), in order.
+//! One produce link's path to the backend, driven by its connection's task (no task of its own,
+//! so a batch's outcomes reach the client without a hop between tasks): messages are stored in
+//! the order they arrived, in batches (every message waiting, up to 1,000, is one backend send,
+//! so a fast producer gets batching and group commit), one batch at a time, and after a large
+//! batch the next waits for the client's refill (`merge`). Each message still gets its own
+//! outcome (Q-6: `accepted` only once stored), in order. Messages a link received before it or
+//! its connection ended are still stored ([`finish`]).
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
+#[cfg(test)]
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -37,79 +40,170 @@ pub(super) type ToStore = (u32, bool, QueueMessage);
 type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
 
 /// The batch being stored: its deliveries and the backend call.
-struct InFlight<F> {
+struct InFlight {
     ids: Vec<(u32, bool)>,
-    call: Pin<Box<F>>,
+    call: Pin<Box<dyn Future<Output = Results> + Send>>,
 }
 
-/// Starts the task for `link`, storing in `lane`'s order; outcomes go to `done`.
+/// One produce link's sends: the messages waiting, the batch being stored, and the wait for the
+/// client's refill after a large one.
+pub(super) struct Lane {
+    lane: u64,
+    link: LinkId,
+    queued: VecDeque<ToStore>,
+    flight: Option<InFlight>,
+    merge: Option<Merge>,
+    /// The link ended: nothing more will come, so no batch waits for a refill.
+    closing: bool,
+}
+
+impl Lane {
+    /// The sends of `link`, stored in `lane`'s order.
+    pub(super) fn new(lane: u64, link: LinkId) -> Lane {
+        Lane {
+            lane,
+            link,
+            queued: VecDeque::new(),
+            flight: None,
+            merge: None,
+            closing: false,
+        }
+    }
+
+    /// A message to store after those already queued.
+    pub(super) fn push(&mut self, m: ToStore) {
+        self.queued.push_back(m);
+    }
+
+    /// The link ended; what it queued is still stored.
+    pub(super) fn close(&mut self) {
+        self.closing = true;
+        self.merge = None;
+    }
+
+    /// Nothing queued and nothing being stored.
+    pub(super) fn is_idle(&self) -> bool {
+        self.flight.is_none() && self.queued.is_empty()
+    }
+
+    /// When the wait for a refill ends, while one holds back a batch.
+    pub(super) fn wake_at(&self) -> Option<Instant> {
+        self.merge
+            .filter(|_| self.flight.is_none() && !self.queued.is_empty())
+            .map(|m| m.until())
+    }
+
+    /// Moves the lane on: a finished batch's outcomes are appended to `done`, and the next batch
+    /// is started (and polled once, which takes its place in the lane's order) when one is due.
+    /// Registers `cx` for the batch in flight; the caller wakes itself for [`Lane::wake_at`].
+    pub(super) fn poll<B: Backend>(
+        &mut self,
+        cx: &mut Context<'_>,
+        backend: &Arc<B>,
+        done: &mut Vec<Done>,
+    ) {
+        loop {
+            if let Some(f) = self.flight.as_mut() {
+                let Poll::Ready(results) = f.call.as_mut().poll(cx) else {
+                    return;
+                };
+                let ids = self.flight.take().map(|f| f.ids).unwrap_or_default();
+                let stored = ids.len();
+                report(self.link, done, ids, results);
+                // Expect as many back as were just stored.
+                if !self.closing {
+                    self.merge = Merge::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
+                }
+            }
+            if self.merge.is_some_and(|m| m.over(self.queued.len())) {
+                self.merge = None;
+            }
+            if self.merge.is_some() || self.queued.is_empty() {
+                return;
+            }
+            let take = self.queued.len().min(MAX_BATCH);
+            let mut ids = Vec::with_capacity(take);
+            let mut messages = Vec::with_capacity(take);
+            for (id, presettled, m) in self.queued.drain(..take) {
+                ids.push((id, presettled));
+                messages.push(m);
+            }
+            let (backend, lane) = (backend.clone(), self.lane);
+            let call = Box::pin(async move { backend.send_queue(lane, messages).await });
+            self.flight = Some(InFlight { ids, call });
+        }
+    }
+}
+
+/// Drives `lanes` to their end in a task of their own (their connection ended): every message
+/// they hold is still stored; the outcomes have no one to go to.
+pub(super) fn finish<B: Backend>(backend: Arc<B>, mut lanes: Vec<Lane>) {
+    lanes.retain(|l| !l.is_idle());
+    if lanes.is_empty() {
+        return;
+    }
+    for l in &mut lanes {
+        l.close();
+    }
+    tokio::spawn(poll_fn(move |cx| {
+        let mut done = Vec::new();
+        for l in &mut lanes {
+            l.poll(cx, &backend, &mut done);
+        }
+        lanes.retain(|l| !l.is_idle());
+        if lanes.is_empty() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }));
+}
+
+/// Runs one lane in a task of its own, fed by the returned sender, with its outcomes sent to
+/// `done`: the lane as a connection drives it, for tests.
+#[cfg(test)]
 pub(super) fn spawn_sender<B: Backend>(
     backend: Arc<B>,
     lane: u64,
     link: LinkId,
-    done: mpsc::UnboundedSender<Done>,
+    done_tx: mpsc::UnboundedSender<Done>,
 ) -> mpsc::UnboundedSender<ToStore> {
     let (tx, mut rx) = mpsc::unbounded_channel::<ToStore>();
     tokio::spawn(async move {
-        let mut queued: VecDeque<ToStore> = VecDeque::new();
-        let mut flight = None;
-        let mut merge: Option<Merge> = None;
+        let mut lane = Lane::new(lane, link);
         let mut open = true;
-        loop {
-            if merge.is_some_and(|m| !open || m.over(queued.len())) {
-                merge = None;
-            }
-            if flight.is_none() && merge.is_none() && !queued.is_empty() {
-                let take = queued.len().min(MAX_BATCH);
-                let mut ids = Vec::with_capacity(take);
-                let mut messages = Vec::with_capacity(take);
-                for (id, presettled, m) in queued.drain(..take) {
-                    ids.push((id, presettled));
-                    messages.push(m);
-                }
-                let call = Box::pin(backend.send_queue(lane, messages));
-                flight = Some(InFlight { ids, call });
-            }
-            if !open && flight.is_none() && queued.is_empty() {
-                break;
-            }
-            let wake = merge.map(|m| m.until());
+        while open || !lane.is_idle() {
+            let mut done = Vec::new();
+            let wake = lane.wake_at();
             tokio::select! {
-                results = poll_fn(|cx| match flight.as_mut() {
-                    Some(f) => f.call.as_mut().poll(cx),
-                    None => Poll::Pending,
-                }), if flight.is_some() => {
-                    let ids = flight.take().map(|f| f.ids).unwrap_or_default();
-                    let stored = ids.len();
-                    report(link, &done, ids, results);
-                    // Expect as many back as were just stored.
-                    merge = Merge::after(stored, (queued.len() + stored).min(MAX_BATCH));
-                }
-                // Everything waiting joins the queue at once.
                 m = rx.recv(), if open => match m {
                     Some(m) => {
-                        queued.push_back(m);
+                        lane.push(m);
                         while let Ok(m) = rx.try_recv() {
-                            queued.push_back(m);
+                            lane.push(m);
                         }
                     }
-                    None => open = false,
+                    None => {
+                        open = false;
+                        lane.close();
+                    }
                 },
-                // (The deadline is only awaited while there is one.)
+                _ = poll_fn(|cx| {
+                    lane.poll(cx, &backend, &mut done);
+                    if done.is_empty() { Poll::Pending } else { Poll::Ready(()) }
+                }), if !lane.is_idle() => {}
                 _ = tokio::time::sleep_until(wake.unwrap_or_else(Instant::now)), if wake.is_some() => {}
+            }
+            for d in done {
+                let _ = done_tx.send(d);
             }
         }
     });
     tx
 }
 
-/// Sends each message's outcome (ERR-9's mapping of produce failures).
-fn report(
-    link: LinkId,
-    done: &mpsc::UnboundedSender<Done>,
-    ids: Vec<(u32, bool)>,
-    results: Results,
-) {
+/// Each message's outcome (ERR-9's mapping of produce failures).
+fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Results) {
     for (i, (delivery_id, presettled)) in ids.into_iter().enumerate() {
         let state = match &results {
             Ok(r) => match r.get(i) {
@@ -125,7 +219,7 @@ fn report(
             }
             Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
         };
-        let _ = done.send(Done {
+        done.push(Done {
             link,
             delivery_id,
             presettled,
