@@ -4,7 +4,7 @@
 //!
 //! Dropping the stream returns every unsettled message unchanged (4.3.7).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,30 +129,40 @@ impl Downstream {
             return Some(error(&id, &req, op, txn::REQUEUE_NO_CHANNEL));
         }
         let mut op_error = failure;
-        for s in &seqs {
-            let result = match op {
-                Op::AckAll | Op::AckRange => {
-                    self.store.ack(&queue, &[*s]);
-                    Ok(())
-                }
-                Op::NAckAll | Op::NAckRange => self.store.nack(&queue, *s).await,
-                Op::ReQueueAll | Op::ReQueueRange => {
-                    self.store.requeue(&queue, *s, &req.re_queue_channel).await
-                }
-                _ => {
-                    self.store.release(&queue, &[*s]);
-                    Ok(())
-                }
-            };
-            if let Some(t) = self.txns.get_mut(&id) {
-                if result.is_ok() {
-                    t.unsettled.retain(|x| x != s);
-                }
+        // Acks and releases cannot fail and go to the store together; a NAck or ReQueue is a
+        // send of its own that can, and the first failure stops the rest (4.3.4).
+        let done: HashSet<u64> = match op {
+            Op::AckAll | Op::AckRange => {
+                self.store.ack(&queue, &seqs);
+                seqs.iter().copied().collect()
             }
-            if let Err(e) = result {
-                op_error = Some(e);
-                break;
+            Op::NAckAll | Op::NAckRange | Op::ReQueueAll | Op::ReQueueRange => {
+                let mut done = HashSet::new();
+                for s in &seqs {
+                    let result = if matches!(op, Op::NAckAll | Op::NAckRange) {
+                        self.store.nack(&queue, *s).await
+                    } else {
+                        self.store.requeue(&queue, *s, &req.re_queue_channel).await
+                    };
+                    match result {
+                        Ok(()) => {
+                            done.insert(*s);
+                        }
+                        Err(e) => {
+                            op_error = Some(e);
+                            break;
+                        }
+                    }
+                }
+                done
             }
+            _ => {
+                self.store.release(&queue, &seqs);
+                seqs.iter().copied().collect()
+            }
+        };
+        if let Some(t) = self.txns.get_mut(&id) {
+            t.unsettled.retain(|x| !done.contains(x));
         }
         if let Some(t) = self.txns.get_mut(&id) {
             if t.unsettled.is_empty()
@@ -228,10 +238,12 @@ impl Downstream {
 /// The listed sequences up to the first that is not an unsettled message of the transaction (or
 /// repeats an earlier entry), and that first bad entry.
 fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
-    let mut valid: Vec<u64> = Vec::new();
+    let unsettled: HashSet<u64> = unsettled.iter().copied().collect();
+    let mut seen = HashSet::with_capacity(listed.len());
+    let mut valid: Vec<u64> = Vec::with_capacity(listed.len());
     for &s in listed {
         match u64::try_from(s) {
-            Ok(u) if unsettled.contains(&u) && !valid.contains(&u) => valid.push(u),
+            Ok(u) if unsettled.contains(&u) && seen.insert(u) => valid.push(u),
             _ => return (valid, Some(s)),
         }
     }
