@@ -130,6 +130,8 @@ pub struct Metrics {
     /// The `queues` members of `transfers` (in, out), held so that counting a message does not
     /// build and hash a label set: this is on every message's path.
     queue_transfers: [Counter; 2],
+    /// The dispositions family's counters, by `Outcome` (counted on every settled delivery).
+    outcome_counters: [Counter; 4],
 }
 
 impl Default for Metrics {
@@ -155,18 +157,22 @@ impl Metrics {
             events_store_dropped_stalled: Counter::default(),
             rpc_late_responses: Counter::default(),
             queue_transfers: Default::default(),
+            outcome_counters: Default::default(),
         };
         for role in [Role::sender, Role::receiver] {
             let _ = m.link(role);
         }
-        for outcome in [
+        m.outcome_counters = [
             Outcome::accepted,
             Outcome::released,
             Outcome::modified,
             Outcome::rejected,
-        ] {
-            let _ = m.dispositions.get_or_create(&OutcomeLabel { outcome });
-        }
+        ]
+        .map(|outcome| {
+            m.dispositions
+                .get_or_create(&OutcomeLabel { outcome })
+                .clone()
+        });
         for scope in [Scope::conn, Scope::session, Scope::link] {
             let _ = m.errors.get_or_create(&ScopeLabel { scope });
         }
@@ -261,9 +267,7 @@ impl Metrics {
 
     /// Counts one terminal disposition.
     pub fn disposition(&self, outcome: Outcome) {
-        self.dispositions
-            .get_or_create(&OutcomeLabel { outcome })
-            .inc();
+        self.outcome_counters[outcome as usize].inc();
     }
 
     /// Counts emitted error conditions.

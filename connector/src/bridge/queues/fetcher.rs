@@ -375,12 +375,15 @@ impl<B: Backend> Fetcher<B> {
             1
         };
         let txn: Arc<str> = Arc::from(b.transaction_id.as_str());
+        let seq = |m: &QueueMessage| m.attributes.as_ref().map_or(0, |a| a.sequence);
+        // A real KubeMQ has been seen to repeat a sequence in one reply; ascending sequences
+        // (the usual reply) cannot repeat one, so only others are checked one by one.
+        let ascending = b.messages.windows(2).all(|w| seq(&w[0]) < seq(&w[1]));
         let mut seen = HashSet::new();
         for m in b.messages {
-            let seq = m.attributes.as_ref().map_or(0, |a| a.sequence);
-            // A real KubeMQ has been seen to repeat a sequence in one reply.
-            if seen.insert(seq) {
-                self.buffer.push_back((txn.clone(), seq, m));
+            let s = seq(&m);
+            if ascending || seen.insert(s) {
+                self.buffer.push_back((txn.clone(), s, m));
             }
         }
     }
@@ -460,7 +463,10 @@ impl<B: Backend> Fetcher<B> {
 
     /// Hands buffered messages to consumers with demand, round robin, one send per consumer.
     fn hand_out(&mut self) {
-        let mut batches: HashMap<ConsumerKey, Vec<Handout>> = HashMap::new();
+        // A few consumers at most per round: found by a look along the list, not hashed per
+        // message.
+        let mut batches: Vec<(ConsumerKey, Vec<Handout>)> = Vec::new();
+        let mut last_handed: Option<Arc<str>> = None;
         let mut idle_rounds = 0;
         while !self.buffer.is_empty() && idle_rounds < self.order.len() {
             let Some(k) = self.order.pop_front() else {
@@ -480,13 +486,24 @@ impl<B: Backend> Fetcher<B> {
             };
             c.demand -= 1;
             c.handed += 1;
-            self.handed.insert(transaction.clone());
-            batches.entry(k).or_default().push(Handout {
+            // Messages of one transaction come in a run: note it once per run.
+            if last_handed
+                .as_ref()
+                .is_none_or(|t| !Arc::ptr_eq(t, &transaction))
+            {
+                self.handed.insert(transaction.clone());
+                last_handed = Some(transaction.clone());
+            }
+            let h = Handout {
                 consumer: k,
                 transaction,
                 sequence,
                 message,
-            });
+            };
+            match batches.iter_mut().find(|(key, _)| *key == k) {
+                Some((_, batch)) => batch.push(h),
+                None => batches.push((k, vec![h])),
+            }
         }
         for (k, batch) in batches {
             let Some(c) = self.consumers.get_mut(&k) else {
@@ -515,22 +532,23 @@ impl<B: Backend> Fetcher<B> {
 /// Sends pending settlements: per transaction and outcome one request, sequences de-duplicated
 /// and ascending (Q-27; a duplicate would make KubeMQ fail the rest of the range).
 async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<(Arc<str>, u64, Outcome)>) {
-    let mut groups: HashMap<(Arc<str>, Outcome), Vec<u64>> = HashMap::new();
-    for (t, s, o) in settle.drain(..) {
-        groups.entry((t, o)).or_default().push(s);
-    }
-    for ((t, o), mut seqs) in groups {
-        seqs.sort_unstable();
+    // One Arc per transaction (take_batch), so its address names it: sorted by it, a
+    // transaction's settlements lie together without hashing its id for each.
+    settle.sort_unstable_by_key(|(t, s, o)| (Arc::as_ptr(t) as *const u8 as usize, *o as u8, *s));
+    for group in settle.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0) && a.2 == b.2) {
+        let (t, o) = (&group[0].0, group[0].2);
+        let mut seqs: Vec<u64> = group.iter().map(|(_, s, _)| *s).collect();
         seqs.dedup();
         let r = match o {
-            Outcome::Ack => d.ack(&t, &seqs).await,
-            Outcome::Nack => d.nack(&t, &seqs).await,
-            Outcome::Close => d.close(&t).await,
+            Outcome::Ack => d.ack(t, &seqs).await,
+            Outcome::Nack => d.nack(t, &seqs).await,
+            Outcome::Close => d.close(t).await,
         };
         if let Err(e) = r {
             tracing::warn!(transaction = %t, error = %e, "settlement failed; KubeMQ returns the messages when the session ends");
         }
     }
+    settle.clear();
 }
 
 #[cfg(test)]
