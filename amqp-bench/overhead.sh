@@ -39,6 +39,7 @@ bench() {
   done
   grep -q "^lost 0 duplicated 0" <<<"$out" || line+=" (LOSS: $(grep '^lost' <<<"$out"))"
   echo "$line"
+  LAST_RATE=$rate
 }
 
 $B/kubemq-amqp-connector --data-dir "$DATA" --serve-kubemq-grpc 127.0.0.1:50000 --port 5674 --http-address off >/dev/null 2>&1 &
@@ -47,7 +48,14 @@ sleep 1
 $B/kubemq-amqp-connector --kubemq-address 127.0.0.1:50000 --http-address off >/dev/null 2>&1 &
 FRONT=$!
 sleep 1
+# Each round's share is AMQP over the direct run right after it, so that a slow spell of this
+# (shared, virtual) machine weighs on both sides of the ratio alike.
+SHARES=()
 for r in $(seq "$ROUNDS"); do
   bench "round $r AMQP  " "store=$STORE" "connector=$FRONT" -- --client "$CLIENT" --address "queues/amqp-$r"
+  amqp=$LAST_RATE
   bench "round $r direct" "store=$STORE" -- --grpc 127.0.0.1:50000 --address "queues/direct-$r"
+  SHARES+=("$(awk -v a="$amqp" -v d="$LAST_RATE" 'BEGIN {printf "%.1f", 100 * a / d}')")
+  echo "round $r share : ${SHARES[-1]} %"
 done
+printf '%s\n' "${SHARES[@]}" | sort -n | awk '{v[NR] = $1; s += $1} END {printf "share of direct throughput: mean %.1f %%, median %.1f %%\n", s / NR, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'
