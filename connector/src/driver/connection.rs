@@ -16,8 +16,9 @@ use crate::engine::{AmqpError, Connection, EngineConfig, Transport};
 /// Reading stops while this much output waits for the client, so a client that does not read
 /// cannot make the server buffer without bound.
 const MAX_PENDING_WRITE: usize = 4 * 1024 * 1024;
-/// Spare room kept in the read buffer before each read.
-const READ_CHUNK: usize = 64 * 1024;
+/// Spare room kept in the read buffer before each read: a client's window of a hundred or two
+/// 1 KiB messages arrives as one read and one turn (only the touched part costs memory).
+const READ_CHUNK: usize = 256 * 1024;
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
