@@ -5,7 +5,7 @@
 //! [`Connection::poll_transmit`], the application reads [`Event`]s with [`Connection::poll_event`]
 //! and answers with commands. Time is passed in; nothing here reads a clock or touches a socket.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,8 +116,8 @@ pub struct Connection {
     pub(super) max_frame: u32,
     channel_max: u16,
     identity: Option<Identity>,
-    pub(super) sessions: HashMap<u16, Session>,
-    pub(super) links: HashMap<LinkId, Link>,
+    pub(super) sessions: super::FastMap<u16, Session>,
+    pub(super) links: super::FastMap<LinkId, Link>,
     pub(super) next_link_id: LinkId,
     last_recv: Instant,
     last_sent: Instant,
@@ -155,8 +155,8 @@ impl Connection {
             max_frame: MIN_MAX_FRAME_SIZE,
             channel_max: 0,
             identity: None,
-            sessions: HashMap::new(),
-            links: HashMap::new(),
+            sessions: Default::default(),
+            links: Default::default(),
             next_link_id: 1,
             last_recv: now,
             last_sent: now,

@@ -1,7 +1,7 @@
 //! Links: ATTACH checks and replies (LINK-*), DETACH, link credit and drain (FLOW-*), inbound
 //! reassembly and outbound fragmentation of transfers (XFER-*), and settlement both ways.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
@@ -50,7 +50,7 @@ struct ReceiverState {
     partial: Option<Partial>,
     /// Deliveries handed to the application and not yet settled by it: id → client wants a
     /// disposition (it sent the delivery unsettled).
-    in_flight: HashMap<u32, bool>,
+    in_flight: super::FastMap<u32, bool>,
 }
 
 #[derive(Debug)]

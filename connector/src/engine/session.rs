@@ -4,7 +4,7 @@
 //! The server uses the client's channel number as its own for each session: channels are then
 //! bounded by the channel-max we advertised, and SESS-2's cap falls out of it.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use bytes::Bytes;
 use fe2o3_amqp_types::definitions::Role;
@@ -31,7 +31,7 @@ pub(super) struct Session {
     pub next_outgoing_id: u32,
     pub remote_incoming_window: u32,
     pub next_delivery_id: u32,
-    pub by_handle: HashMap<u32, LinkId>,
+    pub by_handle: super::FastMap<u32, LinkId>,
     /// Names of live links, per client role (LINK-8).
     pub names: HashSet<(bool, String)>,
     /// Deliveries we sent and the client has not settled: delivery-id → link.
@@ -78,7 +78,7 @@ impl Connection {
             next_outgoing_id: 0,
             remote_incoming_window: begin.incoming_window,
             next_delivery_id: 0,
-            by_handle: HashMap::new(),
+            by_handle: Default::default(),
             names: HashSet::new(),
             out_unsettled: BTreeMap::new(),
             blocked: VecDeque::new(),

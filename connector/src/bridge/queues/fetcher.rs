@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::merge::Merge;
 use crate::backend::{Backend, Downstream, ReadyHint};
+use crate::engine::FastMap;
 use crate::kubemq::QueueMessage;
 
 /// Identifies a consumer link across the process: (connection number, link id).
@@ -163,13 +164,13 @@ struct Fetcher<B: Backend> {
     backend: Arc<B>,
     channel: String,
     limits: FetchLimits,
-    consumers: HashMap<ConsumerKey, Consumer>,
+    consumers: FastMap<ConsumerKey, Consumer>,
     /// Round-robin order of hand-out.
     order: VecDeque<ConsumerKey>,
     buffer: VecDeque<Fetched>,
     settle: Vec<(Arc<str>, u64, Outcome)>,
     /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
-    handed: HashSet<Arc<str>>,
+    handed: HashSet<Arc<str>, foldhash::fast::RandomState>,
     session: Option<B::Downstream>,
     /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
     /// doubling after every full Get.
@@ -186,11 +187,11 @@ impl<B: Backend> Fetcher<B> {
             backend,
             channel,
             limits,
-            consumers: HashMap::new(),
+            consumers: FastMap::default(),
             order: VecDeque::new(),
             buffer: VecDeque::new(),
             settle: Vec::new(),
-            handed: HashSet::new(),
+            handed: HashSet::default(),
             session: None,
             batch: 1,
             registry,

@@ -31,7 +31,9 @@ use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
-use crate::engine::{AmqpError, Condition, Connection, DeliveryOutcome, Event, LinkAccept, LinkId};
+use crate::engine::{
+    AmqpError, Condition, Connection, DeliveryOutcome, Event, FastMap, LinkAccept, LinkId,
+};
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Direction, Metrics};
 
@@ -92,13 +94,13 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             bridge: self.clone(),
             connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
             client_id: String::new(),
-            links: HashMap::new(),
-            lanes: HashMap::new(),
+            links: FastMap::default(),
+            lanes: FastMap::default(),
             closing_lanes: Vec::new(),
             refill_timer: None,
             handout_tx,
             handout_rx,
-            deliveries: HashMap::new(),
+            deliveries: FastMap::default(),
             next_token: 1,
             closed: HashMap::new(),
             ready_done: Vec::new(),
@@ -158,9 +160,9 @@ pub struct QueuesHandler<B: Backend> {
     bridge: Arc<Queues<B>>,
     connection: u64,
     client_id: String,
-    links: HashMap<LinkId, LinkKind>,
+    links: FastMap<LinkId, LinkKind>,
     /// Produce links' sends, driven by this connection's task.
-    lanes: HashMap<LinkId, Lane>,
+    lanes: FastMap<LinkId, Lane>,
     /// Sends of produce links that ended, still being stored.
     closing_lanes: Vec<Lane>,
     /// Wakes the task when a lane's wait for a refill ends.
@@ -168,7 +170,7 @@ pub struct QueuesHandler<B: Backend> {
     handout_tx: mpsc::UnboundedSender<ToConsumer>,
     handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
     /// Unsettled consume deliveries: token → (transaction, sequence).
-    deliveries: HashMap<u64, (Arc<str>, u64)>,
+    deliveries: FastMap<u64, (Arc<str>, u64)>,
     next_token: u64,
     /// Fetchers of consume links that ended, for handouts still on their way to them.
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
