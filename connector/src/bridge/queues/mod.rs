@@ -107,6 +107,7 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             ready_handouts: Vec::new(),
             settled: Vec::new(),
             demand_changed: Vec::new(),
+            drained: Vec::new(),
             egress: Egress::default(),
             mailboxes: HashMap::new(),
             dynamic_unsettled: HashMap::new(),
@@ -180,6 +181,10 @@ pub struct QueuesHandler<B: Backend> {
     settled: Vec<(LinkId, Settlement)>,
     /// Consume links whose demand changed this turn: reported once per turn.
     demand_changed: Vec<LinkId>,
+    /// Consume links that asked for a drain this turn: the Drain carried their demand, and a
+    /// later report could reach the fetcher after the drain ended and hand it credit the drain
+    /// used up.
+    drained: Vec<LinkId>,
     /// Encodes deliveries, reusing the last Metadata's reading.
     egress: Egress,
     /// Dynamic nodes of this connection: address → waiting messages (bit-exact AMQP bytes).
@@ -642,6 +647,7 @@ impl<B: Backend> QueuesHandler<B> {
                                 self.demand(conn, link),
                                 *taken,
                             ));
+                            self.drained.push(link);
                         }
                         Some(LinkKind::Dynamic { address, .. }) => {
                             let address = address.clone();
@@ -656,6 +662,8 @@ impl<B: Backend> QueuesHandler<B> {
                     let address = address.clone();
                     self.pump_dynamic(conn, &address);
                 } else {
+                    // A FLOW after a drain in the same turn is new credit: it is reported.
+                    self.drained.retain(|l| *l != link);
                     self.demand_changed.push(link);
                 }
             }
@@ -824,7 +832,7 @@ impl<B: Backend> QueuesHandler<B> {
     /// disposition settles a whole window at once).
     fn flush_turn(&mut self, conn: &Connection) {
         if !self.settled.is_empty() {
-            let mut by_link: HashMap<LinkId, Vec<Settlement>> = HashMap::new();
+            let mut by_link: FastMap<LinkId, Vec<Settlement>> = FastMap::default();
             for (link, s) in self.settled.drain(..) {
                 by_link.entry(link).or_default().push(s);
             }
@@ -839,10 +847,13 @@ impl<B: Backend> QueuesHandler<B> {
             links.sort_unstable();
             links.dedup();
             for &link in &links {
-                self.report_demand(conn, link);
+                if !self.drained.contains(&link) {
+                    self.report_demand(conn, link);
+                }
             }
             links.clear();
             self.demand_changed = links;
         }
+        self.drained.clear();
     }
 }
