@@ -4,7 +4,7 @@
 //!
 //! Dropping the stream returns every unsettled message unchanged (4.3.7).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,17 +19,45 @@ pub const UNBOUNDED_MAX_ITEMS: usize = 200_000;
 /// The smallest WaitTimeout, in milliseconds.
 pub const MIN_WAIT_MS: u64 = 1000;
 
+/// An open transaction.
 struct Txn {
     queue: String,
     /// Sequences handed out and not yet settled, in delivery order.
     unsettled: Vec<u64>,
-    closed: bool,
 }
 
-/// The per-stream transaction table.
+/// How many closed transactions a stream remembers. KubeMQ keeps every one for the stream's
+/// life, so settling a closed transaction says "closed response"; a connector's shared session
+/// lives as long as its consumers and makes thousands of Gets a second, so the table would grow
+/// without bound. Past this many, the oldest is forgotten, and settling it gets the unknown-id
+/// error, whose text ("transaction is completed or transaction id not found") covers it too.
+pub const CLOSED_KEPT: usize = 4096;
+
+/// The ids of the stream's most recently closed transactions, oldest first.
+#[derive(Default)]
+struct Closed {
+    order: VecDeque<String>,
+    ids: HashSet<String>,
+}
+
+impl Closed {
+    fn insert(&mut self, id: String) {
+        if self.ids.insert(id.clone()) {
+            self.order.push_back(id);
+        }
+        while self.order.len() > CLOSED_KEPT {
+            if let Some(old) = self.order.pop_front() {
+                self.ids.remove(&old);
+            }
+        }
+    }
+}
+
+/// The per-stream transaction table: the open transactions, and the ids of those closed lately.
 pub struct Downstream {
     store: Arc<Store>,
     txns: HashMap<String, Txn>,
+    closed: Closed,
 }
 
 fn error(
@@ -54,7 +82,14 @@ impl Downstream {
         Downstream {
             store,
             txns: HashMap::new(),
+            closed: Closed::default(),
         }
+    }
+
+    /// (open transactions, closed ones remembered), for tests of the table's bounds.
+    #[cfg(test)]
+    pub(super) fn table_sizes(&self) -> (usize, usize) {
+        (self.txns.len(), self.closed.order.len())
     }
 
     /// Handles one request; `None` means success without a response.
@@ -81,9 +116,9 @@ impl Downstream {
         }
         let id = req.ref_transaction_id.clone();
         let Some(t) = self.txns.get_mut(&id) else {
-            return Some(error(&id, &req, op, txn::NOT_FOUND));
-        };
-        if t.closed {
+            if !self.closed.ids.contains(&id) {
+                return Some(error(&id, &req, op, txn::NOT_FOUND));
+            }
             let text = match op {
                 Op::AckAll | Op::AckRange | Op::ReQueueAll => txn::ACK_CLOSED,
                 Op::NAckAll | Op::NAckRange => txn::NACK_CLOSED,
@@ -92,7 +127,7 @@ impl Downstream {
                 _ => return None, // CloseByClient on a closed transaction is ignored
             };
             return Some(error(&id, &req, op, text));
-        }
+        };
         let queue = t.queue.clone();
         let (seqs, failure) = match op {
             Op::AckAll | Op::NAckAll | Op::ReQueueAll | Op::CloseByClient => {
@@ -164,20 +199,21 @@ impl Downstream {
         if let Some(t) = self.txns.get_mut(&id) {
             t.unsettled.retain(|x| !done.contains(x));
         }
-        if let Some(t) = self.txns.get_mut(&id) {
-            if t.unsettled.is_empty()
+        let ends = self.txns.get(&id).is_some_and(|t| {
+            t.unsettled.is_empty()
                 || matches!(
                     op,
                     Op::AckAll | Op::NAckAll | Op::ReQueueAll | Op::CloseByClient
                 )
-            {
+        });
+        if ends {
+            if let Some(t) = self.txns.remove(&id) {
                 if !t.unsettled.is_empty() {
                     // A failed NAck/ReQueue of "all": whatever is left goes back unchanged.
                     self.store.release(&queue, &t.unsettled);
-                    t.unsettled.clear();
                 }
-                t.closed = true;
             }
+            self.closed.insert(id.clone());
         }
         op_error.map(|e| error(&id, &req, op, e))
     }
@@ -213,18 +249,20 @@ impl Downstream {
         let delivered = self.store.get(&req.channel, max, wait).await;
         let id = new_id();
         let seqs: Vec<u64> = delivered.iter().map(|d| d.sequence).collect();
-        let closed = req.auto_ack || seqs.is_empty();
         if req.auto_ack {
             self.store.ack(&req.channel, &seqs);
         }
-        self.txns.insert(
-            id.clone(),
-            Txn {
-                queue: req.channel.clone(),
-                unsettled: if closed { Vec::new() } else { seqs },
-                closed,
-            },
-        );
+        if req.auto_ack || seqs.is_empty() {
+            self.closed.insert(id.clone());
+        } else {
+            self.txns.insert(
+                id.clone(),
+                Txn {
+                    queue: req.channel.clone(),
+                    unsettled: seqs,
+                },
+            );
+        }
         QueuesDownstreamResponse {
             transaction_id: id,
             ref_request_id: req.request_id.clone(),
@@ -253,7 +291,7 @@ fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
 impl Drop for Downstream {
     fn drop(&mut self) {
         for t in self.txns.values() {
-            if !t.closed && !t.unsettled.is_empty() {
+            if !t.unsettled.is_empty() {
                 self.store.release(&t.queue, &t.unsettled);
             }
         }

@@ -329,6 +329,47 @@ fn close_returns_without_increment() {
     });
 }
 
+/// A session that lives as long as its consumers (the connector's shared Get loop) keeps what it
+/// needs and no more: every settled transaction leaves the table, and only the last CLOSED_KEPT
+/// closed ids are remembered (settling one still says "closed response"; an older one gets the
+/// unknown-id error, whose text covers completed transactions). Before, each Get left its entry
+/// for good: memory grew with every Get for the session's whole life.
+#[test]
+fn a_long_lived_session_keeps_a_bounded_table() {
+    use super::downstream::CLOSED_KEPT;
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let n = CLOSED_KEPT + 10;
+        store
+            .send((0..n).map(|i| msg("long", &i.to_string())).collect())
+            .await;
+        let mut ds = Downstream::new(store.clone());
+        let mut ids = Vec::new();
+        for _ in 0..n {
+            let r = ds.handle(get_req("long", 1, 1000)).await.unwrap();
+            let seq = r.messages[0].attributes.as_ref().unwrap().sequence as i64;
+            assert!(ds
+                .handle(settle(Op::AckRange, &r.transaction_id, &[seq]))
+                .await
+                .is_none());
+            ids.push(r.transaction_id);
+        }
+        assert_eq!(ds.table_sizes(), (0, CLOSED_KEPT));
+        let recent = ds
+            .handle(settle(Op::AckAll, &ids[n - 1], &[]))
+            .await
+            .unwrap();
+        assert_eq!(recent.error, "cannot ack messages with closed response ");
+        let oldest = ds.handle(settle(Op::AckAll, &ids[0], &[])).await.unwrap();
+        assert_eq!(
+            oldest.error,
+            "transaction is completed or transaction id not found"
+        );
+        assert_eq!(store.ready_count("long") + store.locked_count("long"), 0);
+    });
+}
+
 /// 4.3.4: settlement errors, texts and partial application; ActiveOffsets; unknown requests.
 #[test]
 fn settlement_errors() {
