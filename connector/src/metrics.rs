@@ -328,4 +328,33 @@ mod tests {
         assert!(text.contains(r#"kubemq_amqp10_dispositions_total{outcome="accepted"} 1"#));
         assert!(text.contains(r#"kubemq_amqp10_links{role="receiver"} 1"#));
     }
+
+    /// MET-5: each outcome lands under its own label (the counters are held by position, so a
+    /// reordered enum would move counts between labels).
+    #[test]
+    fn met_5_each_outcome_under_its_label() {
+        let m = Metrics::new();
+        let outcomes = [
+            Outcome::accepted,
+            Outcome::released,
+            Outcome::modified,
+            Outcome::rejected,
+        ];
+        for (i, o) in outcomes.into_iter().enumerate() {
+            for _ in 0..=i {
+                m.disposition(o);
+            }
+        }
+        let text = m.encode();
+        for (i, name) in ["accepted", "released", "modified", "rejected"]
+            .into_iter()
+            .enumerate()
+        {
+            let line = format!(
+                r#"kubemq_amqp10_dispositions_total{{outcome="{name}"}} {}"#,
+                i + 1
+            );
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+    }
 }

@@ -168,7 +168,7 @@ struct Fetcher<B: Backend> {
     /// Round-robin order of hand-out.
     order: VecDeque<ConsumerKey>,
     buffer: VecDeque<Fetched>,
-    settle: Vec<(Arc<str>, u64, Outcome)>,
+    settle: Vec<Settlement>,
     /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
     handed: HashSet<Arc<str>, foldhash::fast::RandomState>,
     session: Option<B::Downstream>,
@@ -532,7 +532,7 @@ impl<B: Backend> Fetcher<B> {
 
 /// Sends pending settlements: per transaction and outcome one request, sequences de-duplicated
 /// and ascending (Q-27; a duplicate would make KubeMQ fail the rest of the range).
-async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<(Arc<str>, u64, Outcome)>) {
+async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<Settlement>) {
     // One Arc per transaction (take_batch), so its address names it: sorted by it, a
     // transaction's settlements lie together without hashing its id for each.
     settle.sort_unstable_by_key(|(t, s, o)| (Arc::as_ptr(t) as *const u8 as usize, *o as u8, *s));
