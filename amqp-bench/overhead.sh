@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The connector's own overhead (issue 4): one connector serves its embedded store as KubeMQ's
 # gRPC API; a second one speaks AMQP in front of it. The same load runs through the second one
-# (amqp-bench's lean AMQP client; CLIENT=fe2o3 for the third-party one) and straight at the gRPC
-# server (amqp-bench --grpc), alternating, ROUNDS times, with every process's CPU per message.
-# Not part of CI. Loopback only; ports 50000 and 5672/5674.
+# (amqp-bench's lean AMQP client; CLIENT=fe2o3 for the third-party one), straight at the gRPC
+# server (amqp-bench --grpc), and straight at it through tcp-forward (a byte-for-byte TCP
+# forwarder: what an extra process that does no protocol work costs on this machine),
+# alternating, ROUNDS times, with every process's CPU per message.
+# Not part of CI. Loopback only; ports 50000, 50001 and 5672/5674.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-300000}
@@ -16,8 +18,9 @@ cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 STORE=
 FRONT=
+FORWARD=
 DATA=$(mktemp -d)
-trap '[ -n "$STORE" ] && kill $STORE 2>/dev/null; [ -n "$FRONT" ] && kill $FRONT 2>/dev/null; rm -rf "$DATA"' EXIT
+trap 'for p in $STORE $FRONT $FORWARD; do kill $p 2>/dev/null; done; rm -rf "$DATA"' EXIT
 
 # usage: bench LABEL NAME=PID... -- amqp-bench args; prints throughput and CPU µs per message
 bench() {
@@ -47,15 +50,24 @@ STORE=$!
 sleep 1
 $B/kubemq-amqp-connector --kubemq-address 127.0.0.1:50000 --http-address off >/dev/null 2>&1 &
 FRONT=$!
+$B/tcp-forward 127.0.0.1:50001 127.0.0.1:50000 >/dev/null &
+FORWARD=$!
 sleep 1
-# Each round's share is AMQP over the direct run right after it, so that a slow spell of this
+# Each round's shares are over the direct run in the same round, so that a slow spell of this
 # (shared, virtual) machine weighs on both sides of the ratio alike.
+share() { awk -v a="$1" -v d="$2" 'BEGIN {printf "%.1f", 100 * a / d}'; }
+summary() { sort -n | awk '{v[NR] = $1; s += $1} END {printf "mean %.1f %%, median %.1f %%", s / NR, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 SHARES=()
+FORWARDED=()
 for r in $(seq "$ROUNDS"); do
-  bench "round $r AMQP  " "store=$STORE" "connector=$FRONT" -- --client "$CLIENT" --address "queues/amqp-$r"
+  bench "round $r AMQP     " "store=$STORE" "connector=$FRONT" -- --client "$CLIENT" --address "queues/amqp-$r"
   amqp=$LAST_RATE
-  bench "round $r direct" "store=$STORE" -- --grpc 127.0.0.1:50000 --address "queues/direct-$r"
-  SHARES+=("$(awk -v a="$amqp" -v d="$LAST_RATE" 'BEGIN {printf "%.1f", 100 * a / d}')")
-  echo "round $r share : ${SHARES[-1]} %"
+  bench "round $r direct   " "store=$STORE" -- --grpc 127.0.0.1:50000 --address "queues/direct-$r"
+  direct=$LAST_RATE
+  bench "round $r forwarded" "store=$STORE" "tcp-forward=$FORWARD" -- --grpc 127.0.0.1:50001 --address "queues/forwarded-$r"
+  SHARES+=("$(share "$amqp" "$direct")")
+  FORWARDED+=("$(share "$LAST_RATE" "$direct")")
+  echo "round $r shares of direct: AMQP ${SHARES[-1]} %, forwarded ${FORWARDED[-1]} %"
 done
-printf '%s\n' "${SHARES[@]}" | sort -n | awk '{v[NR] = $1; s += $1} END {printf "share of direct throughput: mean %.1f %%, median %.1f %%\n", s / NR, (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'
+echo "AMQP through the connector, share of direct throughput: $(printf '%s\n' "${SHARES[@]}" | summary)"
+echo "direct through tcp-forward, share of direct throughput: $(printf '%s\n' "${FORWARDED[@]}" | summary)"

@@ -126,3 +126,41 @@ fn direct_grpc_mode_loses_nothing() {
         "{text}"
     );
 }
+
+/// tcp-forward (overhead.sh's extra-hop baseline) passes the direct gRPC load through unchanged:
+/// both directions, several connections, every message exactly once.
+#[test]
+fn tcp_forward_passes_the_direct_load_through() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let f = interop_tests::TestFacade::start();
+    let mut forward = Command::new(env!("CARGO_BIN_EXE_tcp-forward"))
+        .args(["127.0.0.1:0", &f.addr.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("tcp-forward starts");
+    let mut line = String::new();
+    BufReader::new(forward.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("tcp-forward prints its address");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_amqp-bench"))
+        .args(["--grpc", &addr, "--idle-timeout", "3"])
+        .args(["--messages", "2000", "--producers", "2", "--consumers", "2"])
+        .args(["--address", "queues/forwarded"])
+        .output()
+        .expect("amqp-bench runs");
+    let _ = forward.kill();
+    let _ = forward.wait();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("2000 received") && text.contains("lost 0 duplicated 0"),
+        "{text}"
+    );
+}
