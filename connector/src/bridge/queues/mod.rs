@@ -857,3 +857,167 @@ impl<B: Backend> QueuesHandler<B> {
         self.drained.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::poll_fn;
+    use std::time::Instant;
+
+    use bytes::BytesMut;
+    use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
+    use fe2o3_amqp_types::performatives::Disposition;
+
+    use super::*;
+    use crate::backend::embedded::Embedded;
+    use crate::engine::{peer, Transport, HEADER_AMQP};
+    use crate::store::Store;
+
+    /// A handler on a fresh connection whose consume links on channel `q` talk to `commands`
+    /// instead of a Get loop (the registry already holds that channel's command sender).
+    struct Rig {
+        conn: Connection,
+        handler: QueuesHandler<Embedded>,
+        commands: mpsc::UnboundedReceiver<Command>,
+        input: BytesMut,
+        _dir: tempfile::TempDir,
+    }
+
+    impl Rig {
+        fn new() -> Rig {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (store, _) = Store::open(dir.path()).expect("store opens");
+            let settings = Settings::default();
+            let bridge = Queues::new(Embedded::new(store), &settings, Arc::new(Metrics::new()));
+            let (tx, commands) = mpsc::unbounded_channel();
+            bridge
+                .fetchers
+                .lock()
+                .expect("registry")
+                .insert("q".into(), tx);
+            let handler = bridge.new_handler(([127, 0, 0, 1], 5672).into());
+            let cfg = Arc::new(settings.engine_config_no_auth());
+            Rig {
+                conn: Connection::new(cfg, Transport::Plain, None, Instant::now()),
+                handler,
+                commands,
+                input: BytesMut::new(),
+                _dir: dir,
+            }
+        }
+
+        /// One connection turn over `bytes`, as the driver runs it.
+        fn turn(&mut self, bytes: &[u8]) {
+            self.input.extend_from_slice(bytes);
+            self.conn.handle_input(Instant::now(), &mut self.input);
+            self.finish_turn();
+        }
+
+        /// One connection turn over what the Get loop handed over, as the driver runs it.
+        async fn ready_turn(&mut self) {
+            poll_fn(|cx| self.handler.poll_ready(cx)).await;
+            self.handler.on_ready(&mut self.conn);
+            self.finish_turn();
+        }
+
+        fn finish_turn(&mut self) {
+            while let Some(ev) = self.conn.poll_event() {
+                self.handler.on_event(&mut self.conn, ev);
+            }
+            self.handler.after_turn(&mut self.conn);
+            self.conn.poll_transmit(&mut BytesMut::new());
+        }
+
+        /// The commands sent since the last call, by kind: J(oin), D(emand), R (drain), S(ettle),
+        /// L(eave), T (return); the consumer's hand-out channel from a Join.
+        #[allow(clippy::type_complexity)]
+        fn kinds(
+            &mut self,
+        ) -> (
+            String,
+            Option<(ConsumerKey, mpsc::UnboundedSender<ToConsumer>)>,
+        ) {
+            let mut s = String::new();
+            let mut to = None;
+            while let Ok(c) = self.commands.try_recv() {
+                s.push(match c {
+                    Command::Join(key, tx) => {
+                        to = Some((key, tx));
+                        'J'
+                    }
+                    Command::Demand(..) => 'D',
+                    Command::Drain(..) => 'R',
+                    Command::Leave(..) => 'L',
+                    Command::Settle(..) => 'S',
+                    Command::Return(..) => 'T',
+                });
+            }
+            (s, to)
+        }
+    }
+
+    /// FLOW-5: a turn that sends the Get loop a Drain does not also report that link's demand,
+    /// even when the same turn settled deliveries (which changes demand) — the report could reach
+    /// the loop after the drain ended and hand back credit the drain used up — unless a FLOW with
+    /// new credit followed the drain in that turn.
+    #[tokio::test]
+    async fn a_drain_turn_reports_demand_only_for_a_later_flow() {
+        let mut r = Rig::new();
+        let mut bytes = HEADER_AMQP.to_vec();
+        bytes.extend(peer::frame(0, &peer::open("c"), &[]));
+        bytes.extend(peer::frame(0, &peer::begin(), &[]));
+        bytes.extend(peer::frame(
+            0,
+            &peer::attach_receiver("r", 0, "queues/q"),
+            &[],
+        ));
+        r.turn(&bytes);
+        let (kinds, to) = r.kinds();
+        assert_eq!(kinds, "J", "the consume link joined channel q's loop");
+        let (consumer, to) = to.expect("the Join carries the hand-out channel");
+
+        r.turn(&peer::frame(0, &peer::link_flow(0, 0, 10, false), &[]));
+        assert_eq!(r.kinds().0, "D", "new credit is reported");
+
+        // Two messages go out on the link (delivery-ids 0 and 1).
+        let handouts = (1..=2)
+            .map(|sequence| Handout {
+                consumer,
+                transaction: Arc::from("t1"),
+                sequence,
+                message: QueueMessage {
+                    body: bytes::Bytes::from_static(b"m"),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        to.send(ToConsumer::Messages(handouts))
+            .expect("handler listens");
+        r.ready_turn().await;
+        assert_eq!(r.kinds().0, "D", "the hand-outs change demand");
+
+        // The client accepts both and drains, in one write: one turn.
+        let accepted = Some(DeliveryState::Accepted(Accepted {}));
+        let settle = Disposition {
+            role: Role::Receiver,
+            first: 0,
+            last: Some(1),
+            settled: true,
+            state: accepted,
+            batchable: false,
+        };
+        let mut both = peer::frame(0, &settle, &[]);
+        both.extend(peer::frame(0, &peer::link_flow(0, 2, 8, true), &[]));
+        r.turn(&both);
+        assert_eq!(
+            r.kinds().0,
+            "RS",
+            "the settlements and the drain, and no demand report behind the drain"
+        );
+
+        // A drain, then new credit, in one turn: the new credit is reported.
+        let mut both = peer::frame(0, &peer::link_flow(0, 2, 8, true), &[]);
+        both.extend(peer::frame(0, &peer::link_flow(0, 2, 5, false), &[]));
+        r.turn(&both);
+        assert_eq!(r.kinds().0, "RD", "the FLOW after the drain is new credit");
+    }
+}
