@@ -28,15 +28,13 @@ use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, R
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::{
     Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
-    QueuesInfoRequest, SendQueueMessageResult,
+    QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, SendQueueMessageResult,
 };
 use crate::store::grpc::MAX_GRPC_MESSAGE;
 use crate::store::new_id;
 
-mod upstream;
-
-use upstream::Upstream;
-
+/// Messages per QueuesUpstream request at most.
+const MAX_BATCH: usize = 1000;
 /// First retry delay; doubles up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest retry delay.
@@ -84,6 +82,12 @@ fn retryable(s: &Status) -> bool {
     matches!(s.code(), Code::Unavailable | Code::Unknown) && !s.message().starts_with("Error ")
 }
 
+/// One caller's messages, stored together with other callers' in one QueuesUpstream request.
+struct Pending {
+    messages: Vec<QueueMessage>,
+    done: oneshot::Sender<Result<Vec<SendQueueMessageResult>, BackendError>>,
+}
+
 /// HTTP/2 receive window per stream: a Get reply of a few hundred 1 KiB messages, or one large
 /// message, arrives without waiting for WINDOW_UPDATEs (the default is 64 KiB).
 pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
@@ -106,16 +110,18 @@ fn stream_of(lane: u64) -> usize {
 #[derive(Clone)]
 pub struct KubemqGrpc {
     shared: Arc<Shared>,
-    /// One sender per QueuesUpstream stream, each with one request in flight; a lane always
-    /// uses the same one, so its sends stay in order while other lanes' go in parallel.
-    upstream: Arc<[Upstream]>,
+    /// Unbounded so that a send joins the queue on its first poll (Backend::send_queue); what is
+    /// queued is bounded by the producers' credit windows.
+    /// One send batcher per QueuesUpstream stream, each with one request in flight; a lane
+    /// always uses the same one, so its sends stay in order while other lanes' go in parallel.
+    upstream: Arc<[mpsc::UnboundedSender<Pending>]>,
     /// This process's sends and fetches per channel, for Get sizing.
     ready: Arc<ReadyEstimate>,
 }
 
 impl KubemqGrpc {
     /// A client of the KubeMQ at `address` (`host:port`, or a URL). Connects lazily: nothing
-    /// fails here if KubeMQ is down. Needs a tokio runtime (tonic's channel starts a task).
+    /// fails here if KubeMQ is down. Needs a tokio runtime (it starts the send batcher).
     pub fn connect(address: &str, opts: GrpcOptions) -> Result<KubemqGrpc, BackendError> {
         let uri = if address.contains("://") {
             address.to_string()
@@ -148,7 +154,11 @@ impl KubemqGrpc {
             deadline: opts.deadline,
         });
         let upstream = (0..UPSTREAM_STREAMS)
-            .map(|_| Upstream::new(shared.clone()))
+            .map(|_| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                tokio::spawn(Batcher::new(shared.clone()).run(rx));
+                tx
+            })
             .collect();
         Ok(KubemqGrpc {
             shared,
@@ -179,6 +189,148 @@ impl KubemqGrpc {
                 Err(_) => return Err(BackendError::Unavailable("deadline exceeded".into())),
             }
         }
+    }
+}
+
+/// Coalesces queued sends into QueuesUpstream requests on one long-lived stream.
+struct Batcher {
+    shared: Arc<Shared>,
+    stream: Option<(
+        mpsc::Sender<QueuesUpstreamRequest>,
+        tonic::Streaming<QueuesUpstreamResponse>,
+    )>,
+}
+
+impl Batcher {
+    fn new(shared: Arc<Shared>) -> Self {
+        Batcher {
+            shared,
+            stream: None,
+        }
+    }
+
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Pending>) {
+        while let Some(first) = rx.recv().await {
+            // Messages move into the request (no copies); each caller keeps its count so the
+            // results can be split back in order.
+            let mut counts = vec![first.messages.len()];
+            let mut dones = vec![first.done];
+            let mut messages = first.messages;
+            while messages.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(p) => {
+                        counts.push(p.messages.len());
+                        dones.push(p.done);
+                        messages.extend(p.messages);
+                    }
+                    Err(_) => break,
+                }
+            }
+            let total = messages.len();
+            match self.send(messages).await {
+                Ok(results) if results.len() == total => {
+                    let mut results = results.into_iter();
+                    for (n, done) in counts.into_iter().zip(dones) {
+                        let _ = done.send(Ok(results.by_ref().take(n).collect()));
+                    }
+                }
+                Ok(results) => {
+                    let e = BackendError::Unavailable(format!(
+                        "KubeMQ returned {} results for {total} messages",
+                        results.len(),
+                    ));
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One request on the stream, opening it (with backoff) when needed.
+    async fn send(
+        &mut self,
+        messages: Vec<QueueMessage>,
+    ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+        let deadline = tokio::time::Instant::now() + self.shared.deadline;
+        let mut backoff = FIRST_BACKOFF;
+        let mut request = QueuesUpstreamRequest {
+            request_id: new_id(),
+            messages,
+        };
+        let request_id = request.request_id.clone();
+        loop {
+            if self.stream.is_none() {
+                match self.open().await {
+                    Ok(s) => self.stream = Some(s),
+                    Err(s) if retryable(&s) && tokio::time::Instant::now() + backoff < deadline => {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                    Err(s) => return Err(unavailable(&s)),
+                }
+            }
+            let Some((tx, rx)) = self.stream.as_mut() else {
+                continue;
+            };
+            // A stream that is gone hands the request back for the retry on a new one.
+            if let Err(mpsc::error::SendError(back)) = tx.send(request).await {
+                request = back;
+                self.stream = None;
+                continue;
+            }
+            let reply = tokio::time::timeout_at(deadline, rx.next()).await;
+            match reply {
+                Ok(Some(Ok(r))) if r.ref_request_id == request_id => {
+                    if r.is_error {
+                        return Err(BackendError::Rejected(r.error));
+                    }
+                    return Ok(r.results);
+                }
+                Ok(Some(Ok(r))) => {
+                    // Only one request is in flight: anything else is a stale reply.
+                    tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
+                    self.stream = None;
+                    return Err(BackendError::Unavailable(
+                        "upstream reply out of order".into(),
+                    ));
+                }
+                Ok(_) => {
+                    // The stream broke before replying: the request may or may not be stored.
+                    self.stream = None;
+                    return Err(BackendError::Unavailable("upstream stream lost".into()));
+                }
+                Err(_) => {
+                    self.stream = None;
+                    return Err(BackendError::Unavailable(
+                        "upstream request deadline exceeded".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    async fn open(
+        &self,
+    ) -> Result<
+        (
+            mpsc::Sender<QueuesUpstreamRequest>,
+            tonic::Streaming<QueuesUpstreamResponse>,
+        ),
+        Status,
+    > {
+        let (tx, rx) = mpsc::channel(4);
+        let mut client = self.shared.client.clone();
+        let resp = client
+            .queues_upstream(self.shared.request(ReceiverStream::new(rx)))
+            .await?;
+        Ok((tx, resp.into_inner()))
     }
 }
 
@@ -277,8 +429,16 @@ impl Backend for KubemqGrpc {
         lane: u64,
         messages: Vec<QueueMessage>,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+        let (done, wait) = oneshot::channel();
         let sending = self.ready.sending(&messages);
-        let result = self.upstream[stream_of(lane)].send(messages).await;
+        let batcher = &self.upstream[stream_of(lane)];
+        let result = match batcher.send(Pending { messages, done }) {
+            Ok(()) => wait
+                .await
+                .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))
+                .and_then(|r| r),
+            Err(_) => Err(BackendError::Unavailable("send batcher stopped".into())),
+        };
         sending.finish(result.as_deref().unwrap_or_default());
         result
     }
