@@ -8,8 +8,8 @@ use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use interop_tests::TestConnector;
 
-/// Q-38 / GEN-4: a message sent over KubeMQ's gRPC API (its Python SDK) is received over AMQP and
-/// vice versa, on the same channel.
+/// Q-38 / GEN-4 / ADDR-19: a message sent over KubeMQ's gRPC API (its Python SDK) is received over
+/// AMQP and vice versa: `queues/<ch>` over AMQP and the bare `<ch>` over gRPC are one channel.
 #[test]
 fn q_38_grpc_and_amqp_share_queues() {
     let c = TestConnector::start_over_grpc(Settings::default());

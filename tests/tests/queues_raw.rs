@@ -575,9 +575,9 @@ fn q_13_get_reissued_while_credit_remains() {
     });
 }
 
-/// Q-19 / ENV-12 … ENV-14: a delivered message carries the sections it was sent with — properties,
-/// application-properties, message-annotations, Data body, footer — after the header the
-/// connector adds.
+/// Q-19 / ENV-12 … ENV-14 / ENV-7: a delivered message carries the sections it was sent with —
+/// properties, application-properties, message-annotations, Data body, footer (carried through
+/// uninterpreted) — after the header the connector adds.
 #[test]
 fn q_19_sections_rebuilt() {
     use fe2o3_amqp_types::messaging::{

@@ -286,6 +286,19 @@ mod tests {
     }
 
     /// ADDR-4: `events-store/` is never read as `events`; ADDR-5: the channel is verbatim.
+    /// ADDR-21: the examples' and the burn-in's dotted channel names are channels like any other.
+    #[test]
+    fn addr_21_dotted_channel_names() {
+        let q = Pattern::Queues;
+        for ch in ["amqp10.examples.orders", "amqp10.burnin.w1.0042"] {
+            assert_eq!(
+                resolve(&format!("queues/{ch}"), None, q),
+                node(Pattern::Queues, ch)
+            );
+            assert_eq!(resolve(ch, None, q), node(Pattern::Queues, ch));
+        }
+    }
+
     #[test]
     fn addr_4_5_prefix_order_and_verbatim_channel() {
         assert_eq!(

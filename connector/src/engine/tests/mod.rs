@@ -265,8 +265,32 @@ fn conn_7_server_open_fields() {
     assert!(o.hostname.is_none() && o.properties.is_none());
     assert!(
         o.offered_capabilities.is_none() && o.desired_capabilities.is_none(),
-        "GEN-5"
+        "GEN-5; ADDR-16: no ANONYMOUS-RELAY offered"
     );
+}
+
+/// ADDR-20 / GEN-6: there is no vhost. The OPEN hostname is reported and otherwise ignored: the
+/// server answers a client that names one exactly as one that does not.
+#[test]
+fn addr_20_open_hostname_is_ignored() {
+    let answer = |hostname: Option<&str>| {
+        let mut c = Client::new(config());
+        c.raw(&HEADER_AMQP);
+        let mut o = open("client-20");
+        o.hostname = hostname.map(Into::into);
+        let opened = c.frame(0, &o);
+        let evs = c.take_events();
+        assert!(
+            matches!(&evs[..], [Event::Opened { hostname: h, .. }] if h.as_deref() == hostname),
+            "{evs:?}"
+        );
+        let begun = c.frame(0, &begin());
+        (format!("{opened:?} {begun:?}"), c.conn.is_closed())
+    };
+    let (plain, plain_closed) = answer(None);
+    let (named, named_closed) = answer(Some("vhost-a"));
+    assert!(!plain_closed && !named_closed);
+    assert_eq!(plain, named, "the same OPEN and BEGIN either way");
 }
 
 /// CONN-8 / CONN-9: smaller client values win; the frame size never drops below 512.
