@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
-use connector::backend::Backend;
+use connector::backend::{readiness, Backend};
 use connector::bridge::queues::Queues;
 use connector::config::Cli;
 use connector::config::Settings;
@@ -17,7 +17,6 @@ use connector::driver::{serve, ServeOptions};
 use connector::http::Health;
 use connector::metrics::Metrics;
 use connector::store::Store;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 /// glibc's malloc cost the connector about a tenth of its CPU per message (mostly frees across
 /// threads); mimalloc keeps thread-local free lists.
@@ -159,7 +158,9 @@ async fn serve_amqp<B: Backend + Clone>(
     backend: B,
 ) -> ExitCode {
     let metrics = Arc::new(Metrics::new());
-    let ready = Arc::new(AtomicBool::new(false));
+    // Ready = the AMQP listener is bound (it is, here) and the backend answers a ping; the same
+    // flag admits connections (CONN-15).
+    let ready = readiness::watch(Arc::new(backend.clone())).await;
     if let Some(addr) = settings.http_address {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
@@ -178,19 +179,11 @@ async fn serve_amqp<B: Backend + Clone>(
             }
         }
     }
-    // Ready = the AMQP listener is bound (it is, here) and the backend answers a ping.
-    let probe = backend.clone();
-    let flag = ready.clone();
-    tokio::spawn(async move {
-        loop {
-            flag.store(probe.ping().await.is_ok(), Ordering::Release);
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        }
-    });
     let cfg = Arc::new(settings.engine_config_no_auth());
     let opts = ServeOptions {
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
+        broker_ready: Some(ready),
     };
     serve(
         listener,

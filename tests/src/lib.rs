@@ -473,6 +473,7 @@ impl TestConnector {
         let opts = ServeOptions {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
+            broker_ready: None,
         };
         let bridge = connector::bridge::queues::Queues::new(backend, &settings, metrics);
         serve(listener, cfg, opts, Arc::new(bridge), async {
@@ -563,6 +564,7 @@ impl TestServer {
             let opts = ServeOptions {
                 max_connections,
                 shutdown_grace: Duration::from_secs(5),
+                broker_ready: None,
             };
             serve(listener, Arc::new(cfg), opts, factory, async {
                 let _ = stop.await;

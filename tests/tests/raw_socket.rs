@@ -144,6 +144,87 @@ fn conn_15_max_connections() {
     ));
 }
 
+/// CONN-15: while the broker does not answer, a connection gets OPEN then CLOSE `amqp:not-allowed`
+/// `broker not ready`; once it answers, connections are admitted. The connector here is the
+/// production set-up over gRPC (backend::readiness feeding the listener), with KubeMQ played by
+/// the store's façade, started late on the address the connector was given.
+#[test]
+fn conn_15_broker_not_ready() {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use connector::backend::grpc::KubemqGrpc;
+    use connector::backend::readiness;
+    use connector::bridge::queues::Queues;
+    use connector::driver::{serve, ServeOptions};
+    use connector::metrics::Metrics;
+    use interop_tests::{ServerThread, TestFacade};
+
+    // An address nobody listens on yet: KubeMQ is down.
+    let kubemq = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
+    let server = ServerThread::spawn(
+        ([127, 0, 0, 1], 0).into(),
+        move |listener, stop| async move {
+            let settings = Settings::default();
+            let backend =
+                KubemqGrpc::connect(&kubemq.to_string(), Default::default()).expect("client");
+            let ready = readiness::watch(Arc::new(backend.clone())).await;
+            let opts = ServeOptions {
+                max_connections: settings.max_connections,
+                shutdown_grace: Duration::from_secs(5),
+                broker_ready: Some(ready),
+            };
+            let bridge = Queues::new(backend, &settings, Arc::new(Metrics::new()));
+            let cfg = Arc::new(settings.engine_config_no_auth());
+            serve(listener, cfg, opts, Arc::new(bridge), async {
+                let _ = stop.await;
+            })
+            .await;
+        },
+    );
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("early"), &[]);
+    let got = expect(&mut p, "amqp:not-allowed");
+    assert!(
+        got.iter().any(
+            |r| matches!(r, Received::Frame(0, Performative::Open(o)) if o.container_id == "KubeMQ")
+        ),
+        "OPEN first: {got:?}"
+    );
+    assert!(
+        got.iter()
+            .any(|r| description(r).as_deref() == Some("broker not ready")),
+        "{got:?}"
+    );
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let _kubemq = TestFacade::start_at(dir.path(), Some(kubemq));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let mut p = RawPeer::connect(server.addr);
+        p.write(&HEADER_AMQP);
+        p.frame(0, &open("later"), &[]);
+        p.frame(0, &begin(), &[]);
+        let got = p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Begin(_))) || condition(r).is_some()
+        });
+        if got
+            .iter()
+            .any(|r| matches!(r, Received::Frame(_, Performative::Begin(_))))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still refused with KubeMQ up: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// CONN-16: shutdown closes every connection with `amqp:connection:forced`.
 #[test]
 fn conn_16_shutdown_forced() {

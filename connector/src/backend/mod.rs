@@ -7,6 +7,7 @@
 
 pub mod embedded;
 pub mod grpc;
+pub mod readiness;
 pub mod ready_estimate;
 
 use std::future::Future;

@@ -1,7 +1,9 @@
-//! The listener: accepts connections, applies MaxConnections (CONN-15), spawns one task each, and
-//! on shutdown closes every connection with `amqp:connection:forced` and waits a bounded time.
+//! The listener: accepts connections, applies MaxConnections and the broker's readiness (CONN-15),
+//! spawns one task each, and on shutdown closes every connection with `amqp:connection:forced` and
+//! waits a bounded time.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +22,9 @@ pub struct ServeOptions {
     pub max_connections: u32,
     /// How long shutdown waits for connections to finish their CLOSE exchange.
     pub shutdown_grace: Duration,
+    /// The broker's readiness (`backend::readiness`): while false, new connections are refused
+    /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15). None: always ready.
+    pub broker_ready: Option<Arc<AtomicBool>>,
 }
 
 /// Serves AMQP on `listener` until `shutdown` resolves, then closes every connection.
@@ -55,12 +60,20 @@ pub async fn serve<F: HandlerFactory>(
                     }
                 };
                 next_id += 1;
-                let (permit, admission) = match permits.clone().try_acquire_owned() {
+                let ready = opts.broker_ready.as_ref().is_none_or(|r| r.load(Ordering::Acquire));
+                let admitted = if ready {
+                    permits.clone().try_acquire_owned().map_err(|_| {
+                        AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached")
+                    })
+                } else {
+                    Err(AmqpError::new(Condition::NotAllowed, "broker not ready"))
+                };
+                let (permit, admission) = match admitted {
                     Ok(p) => (p, None),
-                    Err(_) => match refusals.clone().try_acquire_owned() {
-                        Ok(p) => (p, Some(AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached"))),
+                    Err(refusal) => match refusals.clone().try_acquire_owned() {
+                        Ok(p) => (p, Some(refusal)),
                         Err(_) => {
-                            tracing::warn!(%peer, "connection limit reached; dropping");
+                            tracing::warn!(%peer, reason = %refusal.description.as_deref().unwrap_or(""), "refusing too many connections at once; dropping");
                             continue;
                         }
                     },
