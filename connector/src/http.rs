@@ -3,7 +3,6 @@
 //! scrapers.
 
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use http_body_util::Full;
@@ -20,7 +19,7 @@ pub struct Health {
     /// Metrics to expose.
     pub metrics: Arc<Metrics>,
     /// Whether the connector is ready to serve clients.
-    pub ready: Arc<AtomicBool>,
+    pub ready: tokio::sync::watch::Receiver<bool>,
 }
 
 fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
@@ -31,7 +30,7 @@ fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
             health.metrics.encode(),
         ),
         "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        "/readyz" if health.ready.load(Ordering::Acquire) => {
+        "/readyz" if *health.ready.borrow() => {
             (StatusCode::OK, "text/plain", "ready\n".to_string())
         }
         "/readyz" => (
@@ -99,14 +98,15 @@ mod tests {
         rt.block_on(async {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = listener.local_addr().unwrap();
+            let (ready, readiness) = tokio::sync::watch::channel(false);
             let health = Health {
                 metrics: Arc::new(Metrics::new()),
-                ready: Arc::new(AtomicBool::new(false)),
+                ready: readiness,
             };
             tokio::spawn(serve(listener, health.clone()));
             assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
             assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
-            health.ready.store(true, Ordering::Release);
+            ready.send_replace(true);
             assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
             let m = get(addr, "/metrics").await;
             assert!(m.contains("# TYPE kubemq_amqp10_connections gauge"), "{m}");

@@ -183,7 +183,7 @@ async fn serve_amqp<B: Backend + Clone>(
     let opts = ServeOptions {
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
-        broker_ready: Some(ready),
+        broker_ready: Some(ready.clone()),
     };
     serve(
         listener,

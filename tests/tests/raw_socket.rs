@@ -144,12 +144,14 @@ fn conn_15_max_connections() {
     ));
 }
 
-/// CONN-15: while the broker does not answer, a connection gets OPEN then CLOSE `amqp:not-allowed`
-/// `broker not ready`; once it answers, connections are admitted. The connector here is the
-/// production set-up over gRPC (backend::readiness feeding the listener), with KubeMQ played by
-/// the store's façade, started late on the address the connector was given.
+/// CONN-15 / CONN-16: while the broker does not answer, a connection gets OPEN then CLOSE
+/// `amqp:not-allowed` `broker not ready`; once it answers, connections are admitted; when it is
+/// lost, the open ones are closed with `amqp:connection:forced` and new ones are refused again.
+/// The connector here is the production set-up over gRPC (backend::readiness feeding the
+/// listener), with KubeMQ played by the store's façade, started late on the address the
+/// connector was given and stopped again.
 #[test]
-fn conn_15_broker_not_ready() {
+fn conn_15_16_broker_readiness() {
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -201,9 +203,9 @@ fn conn_15_broker_not_ready() {
     );
 
     let dir = tempfile::tempdir().expect("temp dir");
-    let _kubemq = TestFacade::start_at(dir.path(), Some(kubemq));
+    let kubemq_up = TestFacade::start_at(dir.path(), Some(kubemq));
     let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
+    let mut admitted = loop {
         let mut p = RawPeer::connect(server.addr);
         p.write(&HEADER_AMQP);
         p.frame(0, &open("later"), &[]);
@@ -215,14 +217,27 @@ fn conn_15_broker_not_ready() {
             .iter()
             .any(|r| matches!(r, Received::Frame(_, Performative::Begin(_))))
         {
-            break;
+            break p;
         }
         assert!(
             Instant::now() < deadline,
             "still refused with KubeMQ up: {got:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
+
+    // KubeMQ goes away: the open connection is closed, new ones are refused.
+    drop(kubemq_up);
+    let got = admitted.read_until(Duration::from_secs(15), |r| condition(r).is_some());
+    assert_eq!(
+        got.iter().filter_map(condition).collect::<Vec<_>>(),
+        ["amqp:connection:forced"],
+        "{got:?}"
+    );
+    let mut p = RawPeer::connect(server.addr);
+    p.write(&HEADER_AMQP);
+    p.frame(0, &open("after"), &[]);
+    expect(&mut p, "amqp:not-allowed");
 }
 
 /// CONN-16: shutdown closes every connection with `amqp:connection:forced`.

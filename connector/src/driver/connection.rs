@@ -23,13 +23,14 @@ const READ_CHUNK: usize = 256 * 1024;
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
 /// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
-/// `shutdown` closes it with `amqp:connection:forced` (CONN-16).
+/// `shutdown`, or `broker_ready` turning false, closes it with `amqp:connection:forced` (CONN-16).
 pub async fn run_connection<H: Handler>(
     stream: TcpStream,
     cfg: Arc<EngineConfig>,
     admission: Option<AmqpError>,
     mut handler: H,
     mut shutdown: watch::Receiver<bool>,
+    mut broker_ready: Option<watch::Receiver<bool>>,
 ) {
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
@@ -39,6 +40,10 @@ pub async fn run_connection<H: Handler>(
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         return;
+    }
+    // Only a change from now on closes this connection (admission already saw the state).
+    if let Some(r) = broker_ready.as_mut() {
+        r.borrow_and_update();
     }
     loop {
         while let Some(ev) = engine.poll_event() {
@@ -81,6 +86,15 @@ pub async fn run_connection<H: Handler>(
                     engine.shutdown(Instant::now().into_std());
                 }
             }
+            r = changed(&mut broker_ready), if !shutting_down => match r {
+                Ok(false) => {
+                    shutting_down = true;
+                    engine.broker_lost(Instant::now().into_std());
+                }
+                Ok(true) => {}
+                // Nobody watches the broker any more (the process is ending).
+                Err(_) => broker_ready = None,
+            }
         }
     }
     while let Some(ev) = engine.poll_event() {
@@ -91,6 +105,19 @@ pub async fn run_connection<H: Handler>(
         let _ = tokio::time::timeout(FINAL_FLUSH, wr.write_all(&wbuf)).await;
     }
     let _ = wr.shutdown().await;
+}
+
+/// The broker's readiness once it changed; never, when nothing reports it.
+async fn changed(
+    ready: &mut Option<watch::Receiver<bool>>,
+) -> Result<bool, watch::error::RecvError> {
+    match ready {
+        Some(r) => {
+            r.changed().await?;
+            Ok(*r.borrow_and_update())
+        }
+        None => std::future::pending().await,
+    }
 }
 
 async fn sleep_until_opt(deadline: Option<Instant>) {

@@ -3,7 +3,6 @@
 //! waits a bounded time.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,8 +22,9 @@ pub struct ServeOptions {
     /// How long shutdown waits for connections to finish their CLOSE exchange.
     pub shutdown_grace: Duration,
     /// The broker's readiness (`backend::readiness`): while false, new connections are refused
-    /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15). None: always ready.
-    pub broker_ready: Option<Arc<AtomicBool>>,
+    /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15), and when it turns false the
+    /// open ones are closed with `amqp:connection:forced` (CONN-16). None: always ready.
+    pub broker_ready: Option<watch::Receiver<bool>>,
 }
 
 /// Serves AMQP on `listener` until `shutdown` resolves, then closes every connection.
@@ -60,7 +60,7 @@ pub async fn serve<F: HandlerFactory>(
                     }
                 };
                 next_id += 1;
-                let ready = opts.broker_ready.as_ref().is_none_or(|r| r.load(Ordering::Acquire));
+                let ready = opts.broker_ready.as_ref().is_none_or(|r| *r.borrow());
                 let admitted = if ready {
                     permits.clone().try_acquire_owned().map_err(|_| {
                         AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached")
@@ -80,7 +80,7 @@ pub async fn serve<F: HandlerFactory>(
                 };
                 let handler = factory.new_handler(peer);
                 let span = tracing::info_span!("conn", id = next_id, %peer);
-                let fut = run_connection(stream, cfg.clone(), admission, handler, stop_rx.clone());
+                let fut = run_connection(stream, cfg.clone(), admission, handler, stop_rx.clone(), opts.broker_ready.clone());
                 tasks.spawn(async move {
                     tracing::debug!("accepted");
                     fut.await;

@@ -335,6 +335,17 @@ impl Connection {
         self.close(now, Some(AmqpError::bare(Condition::ConnectionForced)));
     }
 
+    /// The broker is gone: close with `amqp:connection:forced` (CONN-16), as for a shutdown.
+    pub fn broker_lost(&mut self, now: Instant) {
+        self.close(
+            now,
+            Some(AmqpError::new(
+                Condition::ConnectionForced,
+                "broker unavailable",
+            )),
+        );
+    }
+
     /// The socket is gone: end everything without writing (Q-32 teardown still happens).
     pub fn transport_lost(&mut self) {
         if self.state != State::Closed {
