@@ -159,7 +159,7 @@ async fn serve_amqp<B: Backend + Clone>(
 ) -> ExitCode {
     let metrics = Arc::new(Metrics::new());
     // Ready = the AMQP listener is bound (it is, here) and the backend answers a ping; the same
-    // flag admits connections (CONN-15).
+    // state admits connections (CONN-15) and, lost, closes them (CONN-16).
     let ready = readiness::watch(Arc::new(backend.clone())).await;
     if let Some(addr) = settings.http_address {
         match tokio::net::TcpListener::bind(addr).await {
