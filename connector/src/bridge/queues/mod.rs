@@ -141,7 +141,7 @@ fn queue_channel(resolved: Resolved, server_receives: bool) -> Result<String, Am
 
 enum LinkKind {
     /// The client produces to this channel, or with `None` (an anonymous link, ADDR-13) to each
-    /// message's `to`; messages go through the link's send task in order.
+    /// message's `to`; its messages go through its lane (`sender::Lane`) in order.
     Produce { channel: Option<String> },
     /// The client consumes from a dynamic node this connection minted (ADDR-11): an in-memory
     /// mailbox fed only by this connection's anonymous senders.
