@@ -358,12 +358,8 @@ fn facade_wire_edges() {
             .unwrap_err();
         assert_eq!(e.message(), "empty messages batch");
 
+        // Requests first: like KubeMQ, the façade sends the headers with the first response.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut replies = c
-            .queues_upstream(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
         tx.send(QueuesUpstreamRequest {
             request_id: "u1".into(),
             messages: vec![msg("w", "d"), msg("w", "e")],
@@ -376,6 +372,11 @@ fn facade_wire_edges() {
         })
         .await
         .unwrap();
+        let mut replies = c
+            .queues_upstream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
         use tokio_stream::StreamExt;
         let a = replies.next().await.unwrap().unwrap();
         assert_eq!(
@@ -419,4 +420,63 @@ fn facade_wire_edges() {
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unimplemented);
     });
+}
+
+/// KubeMQ's grpc-go server sends a streaming call's response headers only with its first
+/// response, and the façade does the same: a client that awaits QueuesUpstream or
+/// QueuesDownstream before writing a request waits forever. The connector's client writes its
+/// first request before it awaits the call, so sends and Gets go through (kubemq-grpc.md 4.1).
+#[test]
+fn streams_open_when_headers_come_with_the_first_response() {
+    use connector::kubemq::kubemq_client::KubemqClient;
+    use connector::kubemq::{QueuesDownstreamRequest, QueuesUpstreamRequest};
+    use tokio_stream::wrappers::ReceiverStream;
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let mut raw = KubemqClient::connect(format!("http://{}", f.addr))
+            .await
+            .unwrap();
+        let (_up, rx) = tokio::sync::mpsc::channel::<QueuesUpstreamRequest>(1);
+        let up = tokio::time::timeout(
+            Duration::from_millis(500),
+            raw.queues_upstream(ReceiverStream::new(rx)),
+        )
+        .await;
+        assert!(up.is_err(), "QueuesUpstream headers came before a response");
+        let (_down, rx) = tokio::sync::mpsc::channel::<QueuesDownstreamRequest>(1);
+        let down = tokio::time::timeout(
+            Duration::from_millis(500),
+            raw.queues_downstream(ReceiverStream::new(rx)),
+        )
+        .await;
+        assert!(down.is_err(), "QueuesDownstream headers came before a response");
+
+        let c = client(&f);
+        let sent = tokio::time::timeout(
+            Duration::from_secs(5),
+            c.send_queue(0, vec![msg("headers", "a"), msg("headers", "b")]),
+        )
+        .await
+        .expect("the send waited for headers")
+        .unwrap();
+        assert!(sent.iter().all(|r| !r.is_error), "{sent:?}");
+        let mut ds = c.open_downstream().await.unwrap();
+        for body in ["a", "b"] {
+            let b = tokio::time::timeout(Duration::from_secs(5), ds.get("headers", "t", 1, 1000))
+                .await
+                .expect("the Get waited for headers")
+                .unwrap();
+            assert_eq!(b.messages.len(), 1);
+            assert_eq!(&b.messages[0].body[..], body.as_bytes());
+            let seq = b.messages[0].attributes.as_ref().unwrap().sequence;
+            ds.ack(&b.transaction_id, &[seq]).await.unwrap();
+        }
+    });
+    // Both acks were applied (the second once the stream processed it).
+    let t = Instant::now();
+    while f.store.locked_count("headers") > 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(f.store.locked_count("headers"), 0);
+    assert_eq!(f.store.ready_count("headers"), 0);
 }

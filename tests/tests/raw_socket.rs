@@ -431,7 +431,8 @@ fn long_delivery_tag_invalid_field() {
 }
 
 /// The queues bridge's attach-time refusals over a real socket, each prompt (LINK-5): unknown
-/// prefix → not-found (ADDR-7), invalid channel → not-found (ADDR-6), a pattern not built yet →
+/// prefix → not-found (ADDR-7), invalid channel → not-found (ADDR-6, with KubeMQ's further
+/// rules: no leading `.`, no `..`), a pattern not built yet →
 /// not-implemented, `copy` → invalid-field (Q-35; Q-37: no browse), a selector → not-implemented with the
 /// documented text, a receiver on `responses/` → not-allowed (ADDR-10).
 #[test]
@@ -470,6 +471,23 @@ fn queues_bridge_attach_refusals() {
             ),
             (
                 peer::attach_sender("bad", 1, "queues/a b"),
+                "amqp:not-found",
+                Some("channel contains whitespace"),
+            ),
+            // KubeMQ refuses these names on send and cannot Get from them: a receiver is refused
+            // at attach, not left with a Get loop that fails forever.
+            (
+                peer::attach_receiver("leading-dot", 6, "queues/.orders"),
+                "amqp:not-found",
+                Some("channel has leading '.'"),
+            ),
+            (
+                peer::attach_receiver("empty-segment", 7, "queues/a..b"),
+                "amqp:not-found",
+                Some("channel has an empty segment '..'"),
+            ),
+            (
+                peer::attach_receiver("tab", 8, "queues/a\tb"),
                 "amqp:not-found",
                 Some("channel contains whitespace"),
             ),

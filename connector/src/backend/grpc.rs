@@ -7,8 +7,10 @@
 //!   each message still gets its own result. One request is in flight at a time, so messages keep
 //!   the order in which they were sent, and every request has a deadline (a real KubeMQ can leave
 //!   one unanswered).
-//! - A downstream session is one QueuesDownstream stream; a lost stream fails the waiting Get
-//!   and every later call with `Unavailable`, never a hang.
+//! - A downstream session is one QueuesDownstream stream, opened by its first Get; a lost stream
+//!   fails the waiting Get and every later call with `Unavailable`, never a hang.
+//! - Every streaming call carries its first request before the call is awaited: KubeMQ (grpc-go)
+//!   sends a stream's response headers only with its first response.
 //! - 100 MiB messages both ways; an optional token goes in the `authorization` metadata.
 
 use std::collections::HashMap;
@@ -192,6 +194,18 @@ impl KubemqGrpc {
     }
 }
 
+/// How opening an upstream stream with its first request ended, short of a failure before the
+/// request left.
+enum Opened {
+    /// Open: the request side and the replies.
+    Stream(
+        mpsc::Sender<QueuesUpstreamRequest>,
+        tonic::Streaming<QueuesUpstreamResponse>,
+    ),
+    /// The call failed after it took the request.
+    LostWithRequest(Status),
+}
+
 /// Coalesces queued sends into QueuesUpstream requests on one long-lived stream.
 struct Batcher {
     shared: Arc<Shared>,
@@ -265,19 +279,29 @@ impl Batcher {
         };
         let request_id = request.request_id.clone();
         loop {
-            if self.stream.is_none() {
-                match self.open().await {
-                    Ok(s) => self.stream = Some(s),
-                    Err(s) if retryable(&s) && tokio::time::Instant::now() + backoff < deadline => {
+            let Some((tx, _)) = self.stream.as_mut() else {
+                match tokio::time::timeout_at(deadline, self.open(&request)).await {
+                    Ok(Ok(Opened::Stream(tx, rx))) => {
+                        self.stream = Some((tx, rx));
+                        return self.reply(deadline, &request_id).await;
+                    }
+                    // The request left: it may or may not be stored, as on a stream lost later.
+                    Ok(Ok(Opened::LostWithRequest(s))) => {
+                        return Err(BackendError::Unavailable(format!(
+                            "upstream stream lost: {}",
+                            s.message()
+                        )))
+                    }
+                    Ok(Err(s))
+                        if retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>
+                    {
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
-                    Err(s) => return Err(unavailable(&s)),
+                    Ok(Err(s)) => return Err(unavailable(&s)),
+                    Err(_) => return Err(deadline_exceeded()),
                 }
-            }
-            let Some((tx, rx)) = self.stream.as_mut() else {
-                continue;
             };
             // A stream that is gone hands the request back for the retry on a new one.
             if let Err(mpsc::error::SendError(back)) = tx.send(request).await {
@@ -285,68 +309,121 @@ impl Batcher {
                 self.stream = None;
                 continue;
             }
-            let reply = tokio::time::timeout_at(deadline, rx.next()).await;
-            match reply {
-                Ok(Some(Ok(r))) if r.ref_request_id == request_id => {
-                    if r.is_error {
-                        return Err(BackendError::Rejected(r.error));
-                    }
-                    return Ok(r.results);
-                }
-                Ok(Some(Ok(r))) => {
-                    // Only one request is in flight: anything else is a stale reply.
-                    tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
-                    self.stream = None;
-                    return Err(BackendError::Unavailable(
-                        "upstream reply out of order".into(),
-                    ));
-                }
-                Ok(_) => {
-                    // The stream broke before replying: the request may or may not be stored.
-                    self.stream = None;
-                    return Err(BackendError::Unavailable("upstream stream lost".into()));
-                }
-                Err(_) => {
-                    self.stream = None;
-                    return Err(BackendError::Unavailable(
-                        "upstream request deadline exceeded".into(),
-                    ));
-                }
-            }
+            return self.reply(deadline, &request_id).await;
         }
     }
 
+    /// The reply to the one request in flight on the open stream.
+    async fn reply(
+        &mut self,
+        deadline: tokio::time::Instant,
+        request_id: &str,
+    ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+        let Some((_, rx)) = self.stream.as_mut() else {
+            return Err(BackendError::Unavailable("upstream stream lost".into()));
+        };
+        let reply = tokio::time::timeout_at(deadline, rx.next()).await;
+        if !matches!(&reply, Ok(Some(Ok(r))) if r.ref_request_id == request_id) {
+            self.stream = None;
+        }
+        match reply {
+            Ok(Some(Ok(r))) if r.ref_request_id == request_id => {
+                if r.is_error {
+                    Err(BackendError::Rejected(r.error))
+                } else {
+                    Ok(r.results)
+                }
+            }
+            Ok(Some(Ok(r))) => {
+                // Only one request is in flight: anything else is a stale reply.
+                tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
+                Err(BackendError::Unavailable(
+                    "upstream reply out of order".into(),
+                ))
+            }
+            // The stream broke before replying: the request may or may not be stored.
+            Ok(_) => Err(BackendError::Unavailable("upstream stream lost".into())),
+            Err(_) => Err(deadline_exceeded()),
+        }
+    }
+
+    /// Opens a stream that carries `first` from its start. KubeMQ (grpc-go) sends a streaming
+    /// call's response headers only with its first response, which needs a request first: the
+    /// request is written before the call is awaited, never after.
     async fn open(
         &self,
-    ) -> Result<
-        (
-            mpsc::Sender<QueuesUpstreamRequest>,
-            tonic::Streaming<QueuesUpstreamResponse>,
-        ),
-        Status,
-    > {
+        first: &QueuesUpstreamRequest,
+    ) -> Result<Opened, Status> {
         let (tx, rx) = mpsc::channel(4);
+        // A fresh channel has room. The copy (made only when a stream opens) stays with the
+        // caller for a retry if the open fails before the request left.
+        let _ = tx.try_send(first.clone());
+        let (requests, taken) = tracked(rx);
         let mut client = self.shared.client.clone();
-        let resp = client
-            .queues_upstream(self.shared.request(ReceiverStream::new(rx)))
-            .await?;
-        Ok((tx, resp.into_inner()))
+        match client
+            .queues_upstream(self.shared.request(requests))
+            .await
+        {
+            Ok(resp) => Ok(Opened::Stream(tx, resp.into_inner())),
+            Err(s) if taken.load(Ordering::Acquire) => Ok(Opened::LostWithRequest(s)),
+            Err(s) => Err(s),
+        }
     }
+}
+
+/// A request stream that records whether the call took its first request: a call that failed
+/// before that never reached KubeMQ and can be made again as it is.
+fn tracked<T>(
+    rx: mpsc::Receiver<T>,
+) -> (
+    impl tokio_stream::Stream<Item = T> + Send + 'static,
+    Arc<AtomicBool>,
+)
+where
+    T: Send + 'static,
+{
+    let taken = Arc::new(AtomicBool::new(false));
+    let flag = taken.clone();
+    let stream = ReceiverStream::new(rx).map(move |r| {
+        flag.store(true, Ordering::Release);
+        r
+    });
+    (stream, taken)
+}
+
+fn deadline_exceeded() -> BackendError {
+    BackendError::Unavailable("upstream request deadline exceeded".into())
 }
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>>>;
 
-/// One QueuesDownstream stream.
+/// One QueuesDownstream stream. It opens with its first Get: KubeMQ (grpc-go) answers the call's
+/// headers only with its first response, so the call cannot be awaited before a request is on
+/// it. A stream that was open and is lost fails every later call with `Unavailable` (its
+/// transactions are gone with it), never a hang.
 pub struct GrpcDownstream {
+    shared: Arc<Shared>,
+    stream: Option<OpenStream>,
+    ready: Arc<ReadyEstimate>,
+}
+
+/// The open stream: its request side, the Gets waiting for replies, and the reader of replies.
+struct OpenStream {
     tx: mpsc::Sender<QueuesDownstreamRequest>,
     waiters: Waiters,
     lost: Arc<AtomicBool>,
     reader: tokio::task::JoinHandle<()>,
-    deadline: Duration,
-    ready: Arc<ReadyEstimate>,
 }
 
-impl GrpcDownstream {
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        // Dropping the response stream cancels the call, which is what makes KubeMQ return the
+        // session's unsettled messages (client EOF alone would not).
+        self.reader.abort();
+    }
+}
+
+impl OpenStream {
     fn check(&self) -> Result<(), BackendError> {
         if self.lost.load(Ordering::Acquire) {
             Err(BackendError::Unavailable("downstream stream lost".into()))
@@ -354,13 +431,127 @@ impl GrpcDownstream {
             Ok(())
         }
     }
+
+    fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>> {
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
-impl Drop for GrpcDownstream {
-    fn drop(&mut self) {
-        // Dropping the response stream cancels the call, which is what makes KubeMQ return the
-        // session's unsettled messages (client EOF alone would not).
-        self.reader.abort();
+/// Routes a stream's replies to the Gets waiting for them until the stream ends; reports on
+/// `opened` whether the call was answered at all.
+async fn read_replies(
+    call: impl std::future::Future<
+        Output = Result<tonic::Response<tonic::Streaming<QueuesDownstreamResponse>>, Status>,
+    >,
+    waiters: Waiters,
+    lost: Arc<AtomicBool>,
+    opened: oneshot::Sender<Result<(), Status>>,
+) {
+    let mut inbound = match call.await {
+        Ok(r) => {
+            let _ = opened.send(Ok(()));
+            r.into_inner()
+        }
+        Err(s) => {
+            lost.store(true, Ordering::Release);
+            waiters.lock().unwrap_or_else(|e| e.into_inner()).clear();
+            let _ = opened.send(Err(s));
+            return;
+        }
+    };
+    while let Some(Ok(resp)) = inbound.next().await {
+        let waiter = waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&resp.ref_request_id);
+        match waiter {
+            Some(done) => {
+                let _ = done.send(resp);
+            }
+            None if resp.is_error => {
+                tracing::warn!(transaction = %resp.transaction_id, error = %resp.error, "KubeMQ refused a settlement")
+            }
+            None => {}
+        }
+    }
+    lost.store(true, Ordering::Release);
+    // Waiting Gets learn of the loss when their senders drop here.
+    waiters.lock().unwrap_or_else(|e| e.into_inner()).clear();
+}
+
+impl GrpcDownstream {
+    /// Opens the stream with `first` (a Get) as its first request, retrying with backoff while
+    /// KubeMQ is unreachable; returns where the Get's reply will arrive.
+    async fn open_with(
+        &mut self,
+        first: &QueuesDownstreamRequest,
+        limit: Duration,
+    ) -> Result<oneshot::Receiver<QueuesDownstreamResponse>, BackendError> {
+        let start = tokio::time::Instant::now();
+        // Attempts that never reached KubeMQ are retried within the call deadline; once the Get
+        // is on its way, its own wait counts too.
+        let deadline = start + self.shared.deadline;
+        let mut backoff = FIRST_BACKOFF;
+        loop {
+            let (tx, rx) = mpsc::channel(64);
+            let waiters: Waiters = Arc::default();
+            let (done, wait) = oneshot::channel();
+            waiters
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(first.request_id.clone(), done);
+            // A fresh channel has room: the Get is on the stream before the call is awaited.
+            let _ = tx.try_send(first.clone());
+            let lost = Arc::new(AtomicBool::new(false));
+            let (opened_tx, opened) = oneshot::channel();
+            let (requests, taken) = tracked(rx);
+            let mut client = self.shared.client.clone();
+            let request = self.shared.request(requests);
+            let reader = tokio::spawn(read_replies(
+                async move { client.queues_downstream(request).await },
+                waiters.clone(),
+                lost.clone(),
+                opened_tx,
+            ));
+            let stream = OpenStream {
+                tx,
+                waiters,
+                lost,
+                reader,
+            };
+            match tokio::time::timeout_at(start + limit, opened).await {
+                Ok(Ok(Ok(()))) => {
+                    self.stream = Some(stream);
+                    return Ok(wait);
+                }
+                // The Get reached KubeMQ and the stream broke: a lost stream, not a failed open.
+                Ok(Ok(Err(s))) if taken.load(Ordering::Acquire) => {
+                    return Err(BackendError::Unavailable(format!(
+                        "downstream stream lost during Get: {}",
+                        s.message()
+                    )))
+                }
+                Ok(Ok(Err(s)))
+                    if retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>
+                {
+                    tracing::debug!(error = %s, ?backoff, "KubeMQ unavailable; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                }
+                Ok(Ok(Err(s))) if retryable(&s) => return Err(unavailable(&s)),
+                Ok(Ok(Err(s))) => return Err(BackendError::Rejected(s.message().to_string())),
+                Ok(Err(_)) => {
+                    return Err(BackendError::Unavailable(
+                        "downstream stream lost while opening".into(),
+                    ))
+                }
+                Err(_) => {
+                    return Err(BackendError::Unavailable(
+                        "downstream open deadline exceeded".into(),
+                    ))
+                }
+            }
+        }
     }
 }
 
@@ -372,23 +563,23 @@ impl Downstream for GrpcDownstream {
         max_items: i32,
         wait_ms: i32,
     ) -> Result<Batch, BackendError> {
-        self.check()?;
         let req = get_request(channel, client_id, max_items, wait_ms);
-        let (done, wait) = oneshot::channel();
-        self.waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(req.request_id.clone(), done);
+        let limit = Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0).max(1000))
+            + self.shared.deadline;
         let id = req.request_id.clone();
-        if self.tx.send(req).await.is_err() {
-            self.waiters
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&id);
-            return Err(BackendError::Unavailable("downstream stream lost".into()));
-        }
-        let limit =
-            Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0).max(1000)) + self.deadline;
+        let wait = match self.stream.as_ref() {
+            None => self.open_with(&req, limit).await?,
+            Some(s) => {
+                s.check()?;
+                let (done, wait) = oneshot::channel();
+                s.waiters().insert(id.clone(), done);
+                if s.tx.send(req).await.is_err() {
+                    s.waiters().remove(&id);
+                    return Err(BackendError::Unavailable("downstream stream lost".into()));
+                }
+                wait
+            }
+        };
         match tokio::time::timeout(limit, wait).await {
             Ok(Ok(r)) => {
                 let batch = batch_from(r)?;
@@ -403,19 +594,23 @@ impl Downstream for GrpcDownstream {
                 "downstream stream lost during Get".into(),
             )),
             Err(_) => {
-                self.waiters
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                if let Some(s) = self.stream.as_ref() {
+                    s.waiters().remove(&id);
+                }
                 Err(BackendError::Unavailable("Get deadline exceeded".into()))
             }
         }
     }
 
     async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
-        self.check()?;
-        self.tx
-            .send(req)
+        // A transaction exists only on a stream that a Get opened.
+        let Some(s) = self.stream.as_ref() else {
+            return Err(BackendError::Unavailable(
+                "no downstream stream for this transaction".into(),
+            ));
+        };
+        s.check()?;
+        s.tx.send(req)
             .await
             .map_err(|_| BackendError::Unavailable("downstream stream lost".into()))
     }
@@ -451,52 +646,10 @@ impl Backend for KubemqGrpc {
     }
 
     async fn open_downstream(&self) -> Result<GrpcDownstream, BackendError> {
-        let deadline = tokio::time::Instant::now() + self.shared.deadline;
-        let mut backoff = FIRST_BACKOFF;
-        let (tx, mut inbound) = loop {
-            let (tx, rx) = mpsc::channel(64);
-            let mut client = self.shared.client.clone();
-            match client
-                .queues_downstream(self.shared.request(ReceiverStream::new(rx)))
-                .await
-            {
-                Ok(r) => break (tx, r.into_inner()),
-                Err(s) if retryable(&s) && tokio::time::Instant::now() + backoff < deadline => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                }
-                Err(s) => return Err(unavailable(&s)),
-            }
-        };
-        let waiters: Waiters = Arc::default();
-        let lost = Arc::new(AtomicBool::new(false));
-        let (w, l) = (waiters.clone(), lost.clone());
-        let reader = tokio::spawn(async move {
-            while let Some(Ok(resp)) = inbound.next().await {
-                let waiter = w
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&resp.ref_request_id);
-                match waiter {
-                    Some(done) => {
-                        let _ = done.send(resp);
-                    }
-                    None if resp.is_error => {
-                        tracing::warn!(transaction = %resp.transaction_id, error = %resp.error, "KubeMQ refused a settlement")
-                    }
-                    None => {}
-                }
-            }
-            l.store(true, Ordering::Release);
-            // Waiting Gets learn of the loss when their senders drop here.
-            w.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        });
+        // The stream itself opens with the session's first Get (see GrpcDownstream).
         Ok(GrpcDownstream {
-            tx,
-            waiters,
-            lost,
-            reader,
-            deadline: self.shared.deadline,
+            shared: self.shared.clone(),
+            stream: None,
             ready: self.ready.clone(),
         })
     }

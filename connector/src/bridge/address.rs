@@ -122,7 +122,8 @@ pub fn capability_hint<'a>(capabilities: impl IntoIterator<Item = &'a str>) -> O
 }
 
 /// Checks a channel against ADDR-6 (stricter than KubeMQ, so an accepted channel is always
-/// accepted by the broker) plus `/`, which KubeMQ's store rejects (OP-ADDR-1).
+/// accepted by the broker) plus what KubeMQ's store rejects beyond ADDR-6's table: `/`
+/// (OP-ADDR-1), a leading `.` and an empty segment `..`.
 pub fn validate_channel(channel: &str) -> Result<(), AddressError> {
     let bad = |reason| Err(AddressError::InvalidChannel(reason));
     if channel.is_empty() {
@@ -133,6 +134,13 @@ pub fn validate_channel(channel: &str) -> Result<(), AddressError> {
     }
     if channel.ends_with('.') {
         return bad("channel has trailing '.'");
+    }
+    // KubeMQ's store refuses these on send and cannot Get from them (kubemq-grpc.md 5.1).
+    if channel.starts_with('.') {
+        return bad("channel has leading '.'");
+    }
+    if channel.contains("..") {
+        return bad("channel has an empty segment '..'");
     }
     if channel.chars().any(char::is_whitespace) {
         return bad("channel contains whitespace");
@@ -263,6 +271,25 @@ mod tests {
         );
         assert_eq!(
             resolve("queues/my orders", None, q),
+            Err(AddressError::InvalidChannel("channel contains whitespace"))
+        );
+        // What KubeMQ's store refuses on send, and cannot Get from, is refused here too.
+        for w in ["queues/.orders", "events-store/.a.b", ".orders"] {
+            assert_eq!(
+                resolve(w, None, q),
+                Err(AddressError::InvalidChannel("channel has leading '.'")),
+                "{w}"
+            );
+        }
+        for w in ["queues/a..b", "commands/x...y"] {
+            assert_eq!(
+                resolve(w, None, q),
+                Err(AddressError::InvalidChannel("channel has an empty segment '..'")),
+                "{w}"
+            );
+        }
+        assert_eq!(
+            resolve("queues/a\tb", None, q),
             Err(AddressError::InvalidChannel("channel contains whitespace"))
         );
         for w in ["queues/orders.*", "queues/a>b"] {

@@ -82,6 +82,19 @@ pub async fn serve(
         .await
 }
 
+/// Answers a streaming call as KubeMQ's grpc-go server does: the response headers go out with
+/// the first response, not before. A client that awaits the headers before writing its first
+/// request waits forever here, as it would against KubeMQ.
+async fn headers_with_first<T: Send + 'static>(
+    mut rx: mpsc::Receiver<Result<T, Status>>,
+) -> Result<Response<BoxStream<T>>, Status> {
+    let stream: BoxStream<T> = match rx.recv().await {
+        Some(first) => Box::pin(tokio_stream::once(first).chain(ReceiverStream::new(rx))),
+        None => Box::pin(tokio_stream::empty()),
+    };
+    Ok(Response::new(stream))
+}
+
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
     Err(Status::unimplemented(format!(
         "{what} is not available in the embedded KubeMQ backend yet"
@@ -245,7 +258,7 @@ impl Kubemq for Facade {
             tx.closed().await;
             drop(ds);
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        headers_with_first(rx).await
     }
 
     type QueuesUpstreamStream = BoxStream<QueuesUpstreamResponse>;
@@ -278,7 +291,7 @@ impl Kubemq for Facade {
             }
             tx.closed().await;
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        headers_with_first(rx).await
     }
 
     async fn queues_info(
