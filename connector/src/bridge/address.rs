@@ -284,7 +284,9 @@ mod tests {
         for w in ["queues/a..b", "commands/x...y"] {
             assert_eq!(
                 resolve(w, None, q),
-                Err(AddressError::InvalidChannel("channel has an empty segment '..'")),
+                Err(AddressError::InvalidChannel(
+                    "channel has an empty segment '..'"
+                )),
                 "{w}"
             );
         }
