@@ -194,15 +194,11 @@ impl KubemqGrpc {
     }
 }
 
-/// How opening an upstream stream with its first request ended, short of a failure before the
-/// request left.
-enum Opened {
-    /// Open: the request side and the replies.
-    Stream(
-        mpsc::Sender<QueuesUpstreamRequest>,
-        tonic::Streaming<QueuesUpstreamResponse>,
-    ),
-    /// The call failed after it took the request.
+/// Why an upstream stream did not open.
+enum OpenFailure {
+    /// Before the call took the request: it never reached KubeMQ and can be sent again.
+    NotSent(Status),
+    /// After the call took the request: it may or may not be stored.
     LostWithRequest(Status),
 }
 
@@ -281,25 +277,24 @@ impl Batcher {
         loop {
             let Some((tx, _)) = self.stream.as_mut() else {
                 match tokio::time::timeout_at(deadline, self.open(&request)).await {
-                    Ok(Ok(Opened::Stream(tx, rx))) => {
-                        self.stream = Some((tx, rx));
+                    Ok(Ok(s)) => {
+                        self.stream = Some(s);
                         return self.reply(deadline, &request_id).await;
                     }
-                    // The request left: it may or may not be stored, as on a stream lost later.
-                    Ok(Ok(Opened::LostWithRequest(s))) => {
+                    Ok(Err(OpenFailure::LostWithRequest(s))) => {
                         return Err(BackendError::Unavailable(format!(
                             "upstream stream lost: {}",
                             s.message()
                         )))
                     }
-                    Ok(Err(s))
+                    Ok(Err(OpenFailure::NotSent(s)))
                         if retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>
                     {
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
-                    Ok(Err(s)) => return Err(unavailable(&s)),
+                    Ok(Err(OpenFailure::NotSent(s))) => return Err(unavailable(&s)),
                     Err(_) => return Err(deadline_exceeded()),
                 }
             };
@@ -350,7 +345,16 @@ impl Batcher {
     /// Opens a stream that carries `first` from its start. KubeMQ (grpc-go) sends a streaming
     /// call's response headers only with its first response, which needs a request first: the
     /// request is written before the call is awaited, never after.
-    async fn open(&self, first: &QueuesUpstreamRequest) -> Result<Opened, Status> {
+    async fn open(
+        &self,
+        first: &QueuesUpstreamRequest,
+    ) -> Result<
+        (
+            mpsc::Sender<QueuesUpstreamRequest>,
+            tonic::Streaming<QueuesUpstreamResponse>,
+        ),
+        OpenFailure,
+    > {
         let (tx, rx) = mpsc::channel(4);
         // A fresh channel has room. The copy (made only when a stream opens) stays with the
         // caller for a retry if the open fails before the request left.
@@ -358,9 +362,9 @@ impl Batcher {
         let (requests, taken) = tracked(rx);
         let mut client = self.shared.client.clone();
         match client.queues_upstream(self.shared.request(requests)).await {
-            Ok(resp) => Ok(Opened::Stream(tx, resp.into_inner())),
-            Err(s) if taken.load(Ordering::Acquire) => Ok(Opened::LostWithRequest(s)),
-            Err(s) => Err(s),
+            Ok(resp) => Ok((tx, resp.into_inner())),
+            Err(s) if taken.load(Ordering::Acquire) => Err(OpenFailure::LostWithRequest(s)),
+            Err(s) => Err(OpenFailure::NotSent(s)),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::capture::Capture;
 use super::errors::{self, txn};
 use super::{new_id, Store};
 use crate::kubemq::{
@@ -58,6 +59,8 @@ pub struct Downstream {
     store: Arc<Store>,
     txns: HashMap<String, Txn>,
     closed: Closed,
+    /// KubeMQ's capture of messages by open transactions, when the façade imitates it.
+    capture: Option<Arc<Capture>>,
 }
 
 fn error(
@@ -83,6 +86,17 @@ impl Downstream {
             store,
             txns: HashMap::new(),
             closed: Closed::default(),
+            capture: None,
+        }
+    }
+
+    /// A new stream whose open transactions capture messages as KubeMQ's do ([`Capture`]).
+    pub fn capturing(store: Arc<Store>, capture: Arc<Capture>) -> Self {
+        Downstream {
+            store,
+            txns: HashMap::new(),
+            closed: Closed::default(),
+            capture: Some(capture),
         }
     }
 
@@ -215,6 +229,15 @@ impl Downstream {
             }
             self.closed.insert(id.clone());
         }
+        if let Some(c) = &self.capture {
+            if matches!(op, Op::ReQueueAll | Op::ReQueueRange) {
+                c.arrived(&self.store, &req.re_queue_channel);
+            }
+            match self.txns.get(&id) {
+                Some(t) => c.settled(&self.store, &queue, &id, t.unsettled.len()),
+                None => c.closed(&self.store, &queue, &id),
+            }
+        }
         op_error.map(|e| error(&id, &req, op, e))
     }
 
@@ -251,6 +274,10 @@ impl Downstream {
         let seqs: Vec<u64> = delivered.iter().map(|d| d.sequence).collect();
         if req.auto_ack {
             self.store.ack(&req.channel, &seqs);
+        }
+        if let Some(c) = &self.capture {
+            let open = (!req.auto_ack && !seqs.is_empty()).then_some(id.as_str());
+            c.got(&self.store, &req.channel, max, open, seqs.len());
         }
         if req.auto_ack || seqs.is_empty() {
             self.closed.insert(id.clone());
@@ -290,9 +317,12 @@ fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
 
 impl Drop for Downstream {
     fn drop(&mut self) {
-        for t in self.txns.values() {
+        for (id, t) in self.txns.iter() {
             if !t.unsettled.is_empty() {
                 self.store.release(&t.queue, &t.unsettled);
+            }
+            if let Some(c) = &self.capture {
+                c.closed(&self.store, &t.queue, id);
             }
         }
     }

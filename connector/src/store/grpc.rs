@@ -13,6 +13,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use super::capture::Capture;
 use super::downstream::Downstream;
 use super::{now_ns, Store};
 use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
@@ -37,16 +38,38 @@ pub struct Facade {
     store: Arc<Store>,
     started: Instant,
     started_unix: i64,
+    /// Open transactions capture messages as on a real KubeMQ v2.4 (tests only).
+    capture: Option<Arc<Capture>>,
 }
 
 impl Facade {
-    /// A façade over `store`.
+    /// A façade over `store`, with the store's own semantics.
     pub fn new(store: Arc<Store>) -> Self {
         Facade {
             store,
             started: Instant::now(),
             started_unix: now_ns() / 1_000_000_000,
+            capture: None,
         }
+    }
+
+    /// A façade over `store` whose open transactions capture messages the way a real KubeMQ
+    /// v2.4's do ([`super::capture`]): what the connector meets on the real broker, for tests.
+    pub fn imitating_kubemq(store: Arc<Store>) -> Self {
+        Facade {
+            capture: Some(Capture::new()),
+            ..Self::new(store)
+        }
+    }
+
+    /// Stores `messages` and lets open transactions capture them, as KubeMQ's would.
+    async fn send(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
+        store_and_capture(&self.store, self.capture.as_deref(), messages).await
+    }
+
+    /// Messages open transactions hold on `queue` (0 without capture), for tests.
+    pub fn held(&self, queue: &str) -> usize {
+        self.capture.as_ref().map_or(0, |c| c.held(queue))
     }
 
     /// The tonic service with KubeMQ's 100 MiB message limits.
@@ -63,13 +86,22 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    serve_facade(Facade::new(store), listener, shutdown).await
+}
+
+/// Serves `facade` on `listener` until `shutdown` resolves.
+pub async fn serve_facade(
+    facade: Facade,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
         // A QueuesUpstream batch is often larger than HTTP/2's default 64 KiB window, which
         // would cost a WINDOW_UPDATE round trip per batch (KubeMQ's own server grows its window).
         .initial_stream_window_size(Some(crate::backend::grpc::STREAM_WINDOW))
         .initial_connection_window_size(Some(crate::backend::grpc::CONNECTION_WINDOW))
         .max_frame_size(Some(crate::backend::grpc::MAX_FRAME))
-        .add_service(Facade::new(store).into_service())
+        .add_service(facade.into_service())
         .serve_with_incoming_shutdown(
             // Small replies must not wait for Nagle's algorithm.
             TcpListenerStream::new(listener).map(|s| {
@@ -93,6 +125,25 @@ async fn headers_with_first<T: Send + 'static>(
         None => Box::pin(tokio_stream::empty()),
     };
     Ok(Response::new(stream))
+}
+
+/// Stores `messages`; then, with `capture`, open transactions take what they have room for.
+async fn store_and_capture(
+    store: &Store,
+    capture: Option<&Capture>,
+    messages: Vec<QueueMessage>,
+) -> Vec<SendQueueMessageResult> {
+    let Some(c) = capture else {
+        return store.send(messages).await;
+    };
+    let mut channels: Vec<String> = messages.iter().map(|m| m.channel.clone()).collect();
+    channels.sort_unstable();
+    channels.dedup();
+    let results = store.send(messages).await;
+    for ch in channels {
+        c.arrived(store, &ch);
+    }
+    results
 }
 
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
@@ -152,7 +203,7 @@ impl Kubemq for Facade {
         &self,
         req: Request<QueueMessage>,
     ) -> Result<Response<SendQueueMessageResult>, Status> {
-        let mut r = self.store.send(vec![req.into_inner()]).await;
+        let mut r = self.send(vec![req.into_inner()]).await;
         r.pop()
             .map(Response::new)
             .ok_or_else(|| Status::internal("no result"))
@@ -166,7 +217,7 @@ impl Kubemq for Facade {
         if req.messages.is_empty() {
             return Err(Status::unknown("empty messages batch"));
         }
-        let results = self.store.send(req.messages).await;
+        let results = self.send(req.messages).await;
         // HaveErrors reports store failures only, not validation failures (4.2 step 5).
         let have_errors = results
             .iter()
@@ -234,7 +285,10 @@ impl Kubemq for Facade {
     ) -> Result<Response<Self::QueuesDownstreamStream>, Status> {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
-        let mut ds = Downstream::new(self.store.clone());
+        let mut ds = match &self.capture {
+            Some(c) => Downstream::capturing(self.store.clone(), c.clone()),
+            None => Downstream::new(self.store.clone()),
+        };
         tokio::spawn(async move {
             // One request at a time, in arrival order (4.3.1). A client that goes away cancels a
             // waiting Get at once; dropping `ds` returns every unsettled message (4.3.7).
@@ -269,6 +323,7 @@ impl Kubemq for Facade {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let store = self.store.clone();
+        let capture = self.capture.clone();
         tokio::spawn(async move {
             while let Some(Ok(request)) = inbound.next().await {
                 let resp = if request.messages.is_empty() {
@@ -281,7 +336,8 @@ impl Kubemq for Facade {
                 } else {
                     QueuesUpstreamResponse {
                         ref_request_id: request.request_id,
-                        results: store.send(request.messages).await,
+                        results: store_and_capture(&store, capture.as_deref(), request.messages)
+                            .await,
                         ..Default::default()
                     }
                 };

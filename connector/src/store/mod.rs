@@ -8,6 +8,7 @@
 //! settlement ([`downstream`]) acks, NAcks to the tail, dead-letters, re-queues or returns them.
 //! Message bodies live only on disk; memory holds an index of where each one is.
 
+pub mod capture;
 pub mod downstream;
 pub mod errors;
 pub mod grpc;
@@ -436,6 +437,23 @@ impl Store {
             self.log.append_nowait(buf);
             self.reclaim();
         }
+    }
+
+    /// Locks up to `n` ready messages of `queue` (lowest sequences first) without delivering
+    /// them, for the façade's imitation of KubeMQ's capture ([`capture`]); [`Store::release`]
+    /// returns them.
+    pub fn take_ready(&self, queue: &str, n: usize) -> Vec<u64> {
+        let mut st = self.lock();
+        let q = st.queue(queue);
+        let mut taken = Vec::new();
+        while taken.len() < n {
+            let Some((seq, e)) = q.ready.pop_first() else {
+                break;
+            };
+            q.locked.insert(seq, e);
+            taken.push(seq);
+        }
+        taken
     }
 
     /// Returns locked copies to the queue unchanged: same sequence, same stored receive count

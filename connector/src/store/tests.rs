@@ -868,3 +868,98 @@ fn segments_closing_under_concurrent_sends_and_acks_lose_nothing() {
         });
     }
 }
+
+/// The façade's imitation of KubeMQ v2.4's capture (4.3.11, docs/kubemq-behaviour.md), pinned to
+/// what a real KubeMQ v2.4.0 was seen to do: after five messages are NAcked, a Get(1) returns one
+/// and its open transaction holds the other four, so a Get(4) on another stream waits out its
+/// second with nothing; once that transaction closes they are visible again. A Get at least as
+/// large as the largest so far takes them all at once.
+#[test]
+fn capture_holds_messages_in_an_open_transaction() {
+    use super::capture::Capture;
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let capture = Capture::new();
+        let mut a = Downstream::capturing(store.clone(), capture.clone());
+        let mut b = Downstream::capturing(store.clone(), capture.clone());
+        let five: Vec<QueueMessage> = (0..5).map(|i| msg("cap", &format!("m{i}"))).collect();
+        store.send(five).await;
+        let r = a.handle(get_req("cap", 5, 1000)).await.unwrap();
+        assert_eq!(r.messages.len(), 5);
+        assert!(a
+            .handle(settle(Op::NAckRange, &r.transaction_id, &[1, 2, 3, 4, 5]))
+            .await
+            .is_none());
+        assert_eq!(store.ready_count("cap"), 5, "the NAck copies are ready");
+
+        let one = a.handle(get_req("cap", 1, 1000)).await.unwrap();
+        assert_eq!(one.messages.len(), 1);
+        assert_eq!(
+            capture.held("cap"),
+            4,
+            "the open transaction holds the rest"
+        );
+        let t = Instant::now();
+        let four = b.handle(get_req("cap", 4, 1000)).await.unwrap();
+        assert!(four.messages.is_empty(), "held messages are invisible");
+        assert!(
+            t.elapsed() >= Duration::from_millis(900),
+            "it waited its second"
+        );
+
+        let seq = one.messages[0].attributes.as_ref().unwrap().sequence as i64;
+        assert!(a
+            .handle(settle(Op::AckRange, &one.transaction_id, &[seq]))
+            .await
+            .is_none());
+        assert_eq!(capture.held("cap"), 0);
+        assert_eq!(store.ready_count("cap"), 4, "closing it let them go");
+        let rest = b.handle(get_req("cap", 5, 1000)).await.unwrap();
+        assert_eq!(bodies_of(&rest.messages), ["m1", "m2", "m3", "m4"]);
+    });
+}
+
+/// Capture (4.3.11): a settlement that gives an open transaction room lets it take what arrives
+/// meanwhile, and what a closing transaction held moves to another open one rather than back to
+/// the queue; a stream's end lets everything go.
+#[test]
+fn capture_moves_held_messages_between_open_transactions() {
+    use super::capture::Capture;
+    let dir = tempfile::tempdir().unwrap();
+    rt().block_on(async {
+        let (store, _) = Store::open(dir.path()).unwrap();
+        let capture = Capture::new();
+        let mut a = Downstream::capturing(store.clone(), capture.clone());
+        let mut b = Downstream::capturing(store.clone(), capture.clone());
+        store
+            .send((0..4).map(|i| msg("mv", &format!("m{i}"))).collect())
+            .await;
+        let first = a.handle(get_req("mv", 2, 1000)).await.unwrap();
+        let second = b.handle(get_req("mv", 2, 1000)).await.unwrap();
+        assert_eq!((first.messages.len(), second.messages.len()), (2, 2));
+        // An ack of one of `first`'s gives it room: a new message is held there.
+        assert!(a
+            .handle(settle(Op::AckRange, &first.transaction_id, &[1]))
+            .await
+            .is_none());
+        store.send(vec![msg("mv", "late")]).await;
+        capture.arrived(&store, "mv");
+        assert_eq!((capture.held("mv"), store.ready_count("mv")), (1, 0));
+        // `first` closes: what it held moves to `second`, still invisible.
+        assert!(a
+            .handle(settle(Op::AckRange, &first.transaction_id, &[2]))
+            .await
+            .is_none());
+        assert_eq!((capture.held("mv"), store.ready_count("mv")), (1, 0));
+        // `second`'s stream ends: its unsettled messages and the held one are ready again.
+        drop(b);
+        assert_eq!((capture.held("mv"), store.ready_count("mv")), (0, 3));
+    });
+}
+
+fn bodies_of(m: &[QueueMessage]) -> Vec<String> {
+    m.iter()
+        .map(|x| String::from_utf8_lossy(&x.body).into_owned())
+        .collect()
+}
