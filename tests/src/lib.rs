@@ -325,14 +325,34 @@ impl TestFacade {
     /// Serves the store in `dir` on `addr` (or an ephemeral port). Stopping it drops its runtime:
     /// every connection is cut at once, as when a server dies.
     pub fn start_at(dir: &std::path::Path, addr: Option<SocketAddr>) -> TestFacade {
+        Self::serve_at(dir, addr, false)
+    }
+
+    /// Like [`TestFacade::start`], with open transactions capturing messages as a real KubeMQ
+    /// v2.4's do (`Facade::imitating_kubemq`): a stand-in for the real broker, whose Go module
+    /// this project's machines cannot download.
+    pub fn start_imitating_kubemq() -> TestFacade {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut f = Self::serve_at(dir.path(), None, true);
+        f._dir = Some(dir);
+        f
+    }
+
+    fn serve_at(dir: &std::path::Path, addr: Option<SocketAddr>, capture: bool) -> TestFacade {
+        use connector::store::grpc::{serve_facade, Facade};
         let (store, _) = connector::store::Store::open(dir).expect("store opens");
         let served = store.clone();
         let server = ServerThread::spawn(
             addr.unwrap_or_else(any_port),
             move |listener, stop| async move {
                 served.start_delay_releaser();
+                let facade = if capture {
+                    Facade::imitating_kubemq(served)
+                } else {
+                    Facade::new(served)
+                };
                 tokio::select! {
-                    _ = connector::store::grpc::serve(served, listener, std::future::pending()) => {}
+                    _ = serve_facade(facade, listener, std::future::pending()) => {}
                     _ = stop => {}
                 }
             },
@@ -374,6 +394,15 @@ pub struct TestConnector {
     server: ServerThread,
     _dir: tempfile::TempDir,
     _facade: Option<TestFacade>,
+    kind: Backend,
+}
+
+/// The backends a [`TestConnector`] can run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Embedded,
+    Grpc,
+    KubemqLike,
 }
 
 impl TestConnector {
@@ -382,14 +411,15 @@ impl TestConnector {
         self._facade.as_ref().map(|f| f.addr)
     }
 
-    /// Runs `body` against a connector with `settings` on each backend in turn (embedded store,
-    /// then gRPC to the store's façade); a failure says which backend it was on.
+    /// Runs `body` against a connector with `settings` on each backend in turn: the embedded
+    /// store, gRPC to the store's façade, and gRPC to the façade imitating KubeMQ v2.4's capture
+    /// of messages by open transactions; a failure says which backend it was on.
     pub fn each_backend(settings: Settings, body: impl Fn(&TestConnector)) {
-        for over_grpc in [false, true] {
-            let c = if over_grpc {
-                Self::start_over_grpc(settings.clone())
-            } else {
-                Self::start(settings.clone())
+        for backend in [Backend::Embedded, Backend::Grpc, Backend::KubemqLike] {
+            let c = match backend {
+                Backend::Embedded => Self::start(settings.clone()),
+                Backend::Grpc => Self::start_over_grpc(settings.clone()),
+                Backend::KubemqLike => Self::start_over_kubemq_like(settings.clone()),
             };
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&c)));
             if let Err(panic) = run {
@@ -399,13 +429,21 @@ impl TestConnector {
         }
     }
 
-    /// Which backend this connector uses: `embedded` or `grpc`.
+    /// Which backend this connector uses: `embedded`, `grpc` or `kubemq-like`.
     pub fn backend(&self) -> &'static str {
-        if self._facade.is_some() {
-            "grpc"
-        } else {
-            "embedded"
+        match self.kind {
+            Backend::Embedded => "embedded",
+            Backend::Grpc => "grpc",
+            Backend::KubemqLike => "kubemq-like",
         }
+    }
+
+    /// Starts one over gRPC to a façade imitating KubeMQ v2.4's capture
+    /// ([`TestFacade::start_imitating_kubemq`]).
+    pub fn start_over_kubemq_like(settings: Settings) -> TestConnector {
+        let mut c = Self::over_grpc(settings, TestFacade::start_imitating_kubemq());
+        c.kind = Backend::KubemqLike;
+        c
     }
 
     /// Starts one on the embedded store with `settings` (the port is ignored).
@@ -419,7 +457,10 @@ impl TestConnector {
     /// Starts one whose backend is the KubeMQ gRPC client, talking to the store's façade over
     /// loopback: the same tests then run "KubeMQ over gRPC".
     pub fn start_over_grpc(settings: Settings) -> TestConnector {
-        let facade = TestFacade::start();
+        Self::over_grpc(settings, TestFacade::start())
+    }
+
+    fn over_grpc(settings: Settings, facade: TestFacade) -> TestConnector {
         let store = facade.store.clone();
         let addr = facade.addr.to_string();
         let dir = tempfile::tempdir().expect("temp dir");
@@ -437,6 +478,7 @@ impl TestConnector {
             server,
             _dir: dir,
             _facade: Some(facade),
+            kind: Backend::Grpc,
         }
     }
 
@@ -459,6 +501,7 @@ impl TestConnector {
             server,
             _dir: dir,
             _facade: facade,
+            kind: Backend::Embedded,
         }
     }
 

@@ -602,6 +602,10 @@ impl Downstream for GrpcDownstream {
         }
     }
 
+    fn returned(&mut self, channel: &str, count: usize) {
+        self.ready.returned(channel, count);
+    }
+
     async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
         // A transaction exists only on a stream that a Get opened.
         let Some(s) = self.stream.as_ref() else {
@@ -636,6 +640,12 @@ impl Backend for KubemqGrpc {
         };
         sending.finish(result.as_deref().unwrap_or_default());
         result
+    }
+
+    fn captures(&self) -> bool {
+        // A real KubeMQ v2.4 does; the store's façade, also reached this way, has the same
+        // settlements either way.
+        true
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {

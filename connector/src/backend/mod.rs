@@ -68,6 +68,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
 
+    /// Whether the backend's open transactions take ready messages into the room a settlement
+    /// frees, hiding them until the transaction closes (KubeMQ v2.4's capture, kubemq-grpc.md
+    /// 4.3.11). The Get loop then settles a transaction only as a whole.
+    fn captures(&self) -> bool {
+        false
+    }
+
     /// How many messages `channel` has ready right now, as far as the backend can tell cheaply.
     /// Lets a Get ask for what is there instead of waiting for a batch that cannot fill.
     fn ready_hint(&self, _channel: &str) -> ReadyHint {
@@ -138,6 +145,11 @@ pub trait Downstream: Send + 'static {
             channel,
         ))
     }
+
+    /// `count` messages of `channel` went back to the queue (NAcked, closed, or with a lost
+    /// session): nothing is sent, but a backend that sizes Gets from its own count
+    /// ([`ReadyHint::Estimate`]) counts them as ready.
+    fn returned(&mut self, _channel: &str, _count: usize) {}
 
     /// CloseByClient: every unsettled message goes back unchanged.
     fn close(

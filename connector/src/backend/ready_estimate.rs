@@ -124,6 +124,13 @@ impl ReadyEstimate {
         });
     }
 
+    /// `count` messages of `channel` went back to the queue (NAck, CloseByClient, a lost
+    /// session): a Get for them all takes them at once, where a smaller one would leave the rest
+    /// to be captured by its transaction on a real KubeMQ (kubemq-grpc.md 4.3.11).
+    pub fn returned(&self, channel: &str, count: usize) {
+        self.with(channel, |c| c.ready += count as i64);
+    }
+
     /// Messages of `channel` probably ready now or within a send's time; `None` when other
     /// producers' messages were fetched since the last short Get (the count is below zero). A
     /// channel with nothing counted has none: a Get for one returns on the next arrival.
@@ -208,6 +215,16 @@ mod tests {
             Some(0),
             "those three are gone: no Get should wait for them"
         );
+    }
+
+    #[test]
+    fn returned_messages_count_as_ready() {
+        let e = Arc::new(ReadyEstimate::default());
+        sent(&e, "q", 3);
+        e.fetched("q", 3, 3);
+        assert_eq!(e.ready("q"), Some(0));
+        e.returned("q", 3);
+        assert_eq!(e.ready("q"), Some(3), "a NAck of three makes three ready");
     }
 
     #[test]

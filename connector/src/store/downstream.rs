@@ -123,7 +123,11 @@ impl Downstream {
                 | Op::ActiveOffsets
                 | Op::CloseByClient),
             ) => op,
-            _ => return Some(error("", &req, Op::PollRequestTypeUnknown, txn::UNKNOWN)),
+            // A real KubeMQ echoes the referenced transaction here too.
+            _ => {
+                let id = req.ref_transaction_id.clone();
+                return Some(error(&id, &req, Op::PollRequestTypeUnknown, txn::UNKNOWN));
+            }
         };
         if op == Op::Get {
             return Some(self.get(&req).await);

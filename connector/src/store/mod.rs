@@ -113,6 +113,8 @@ pub struct Store {
     log: Log,
     state: Arc<Mutex<State>>,
     sends: AtomicU64,
+    /// Gets that waited out their WaitTimeout short of MaxItems.
+    waited_out: AtomicU64,
     stop: Arc<Notify>,
 }
 
@@ -177,6 +179,7 @@ impl Store {
             log,
             state,
             sends: AtomicU64::new(0),
+            waited_out: AtomicU64::new(0),
             stop: Arc::new(Notify::new()),
         });
         store.reclaim();
@@ -345,6 +348,7 @@ impl Store {
                 continue;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                self.waited_out.fetch_add(1, Ordering::Relaxed);
                 break;
             }
         }
@@ -437,6 +441,12 @@ impl Store {
             self.log.append_nowait(buf);
             self.reclaim();
         }
+    }
+
+    /// How many Gets so far waited out their WaitTimeout with fewer than MaxItems messages: a
+    /// consumer waiting on messages that exist but are held shows here.
+    pub fn waited_out_gets(&self) -> u64 {
+        self.waited_out.load(Ordering::Relaxed)
     }
 
     /// Locks up to `n` ready messages of `queue` (lowest sequences first) without delivering

@@ -447,8 +447,13 @@ fn settlement_errors() {
         ] {
             let e = ds.handle(settle(op, &t, &[])).await.unwrap();
             assert_eq!(
-                (e.error.as_str(), e.request_type_data),
-                ("request unknown", 0)
+                (
+                    e.error.as_str(),
+                    e.request_type_data,
+                    e.transaction_id.as_str()
+                ),
+                ("request unknown", 0, t.as_str()),
+                "the referenced transaction is echoed, as a real KubeMQ does"
             );
         }
         // An empty Get is a success whose transaction is already closed.

@@ -135,6 +135,25 @@ impl Consumer {
     }
 }
 
+/// Downstream sessions a loop keeps at most: a Get goes on one with no open transaction while
+/// there is one, so consumers holding deliveries of a few Gets never make settlements wait.
+const MAX_SESSIONS: usize = 4;
+
+/// One of the loop's downstream sessions.
+struct Session<D> {
+    id: u64,
+    /// `None` while lent to the running Get.
+    d: Option<D>,
+    /// Its open transactions (messages returned and not all settled).
+    open: usize,
+}
+
+/// An open transaction: the session that owns it and how many of its messages are unsettled.
+struct Txn {
+    session: u64,
+    left: usize,
+}
+
 /// A fetched message not yet handed to a consumer: (transaction, sequence, message).
 type Fetched = (Arc<str>, u64, QueueMessage);
 
@@ -171,7 +190,12 @@ struct Fetcher<B: Backend> {
     settle: Vec<Settlement>,
     /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
     handed: HashSet<Arc<str>, foldhash::fast::RandomState>,
-    session: Option<B::Downstream>,
+    /// The loop's downstream sessions: a Get goes on one with no open transaction, so that
+    /// settlements never wait behind it (kubemq-grpc.md 4.3.1, 7).
+    sessions: Vec<Session<B::Downstream>>,
+    /// Open transactions: which session owns each and how many of its messages are unsettled.
+    txns: FastMap<Arc<str>, Txn>,
+    next_session: u64,
     /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
     /// doubling after every full Get.
     batch: u32,
@@ -192,7 +216,9 @@ impl<B: Backend> Fetcher<B> {
             buffer: VecDeque::new(),
             settle: Vec::new(),
             handed: HashSet::default(),
-            session: None,
+            sessions: Vec::new(),
+            txns: FastMap::default(),
+            next_session: 0,
             batch: 1,
             registry,
             merge: None,
@@ -212,9 +238,7 @@ impl<B: Backend> Fetcher<B> {
             self.hand_out();
             self.finish_drains(false);
             if !self.settle.is_empty() {
-                if let Some(d) = self.session.as_mut() {
-                    flush(d, &mut self.settle).await;
-                }
+                self.flush().await;
             }
             if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
                 // Everyone left and nothing is held: wait for a new consumer, or retire.
@@ -254,10 +278,18 @@ impl<B: Backend> Fetcher<B> {
                 }
                 self.merge = None;
             }
-            let mut d = match self.session.take() {
-                Some(d) => d,
+            let (sid, mut d) = match self.lend_session() {
+                Some(lent) => lent,
                 None => match self.backend.open_downstream().await {
-                    Ok(d) => d,
+                    Ok(d) => {
+                        self.next_session += 1;
+                        self.sessions.push(Session {
+                            id: self.next_session,
+                            d: None,
+                            open: 0,
+                        });
+                        (self.next_session, d)
+                    }
                     Err(e) => {
                         tracing::warn!(channel = %self.channel, error = %e, "cannot open a downstream session; retrying");
                         // Nothing is available while the broker is unreachable.
@@ -283,6 +315,11 @@ impl<B: Backend> Fetcher<B> {
                         cmd = rx.recv() => match cmd {
                             Some(cmd) => {
                                 self.apply(cmd);
+                                // Settlements of other sessions' transactions go now: on a
+                                // real KubeMQ, what they free may be held until they are sent.
+                                if !self.settle.is_empty() {
+                                    self.flush().await;
+                                }
                                 // A drain that arrives once the Get has outlived the grace has
                                 // nothing immediately available either.
                                 if graced {
@@ -302,22 +339,163 @@ impl<B: Backend> Fetcher<B> {
             };
             match got {
                 Ok(b) => {
-                    self.session = Some(d);
                     self.merge = Merge::after(b.messages.len(), demand as usize);
-                    self.take_batch(b, want);
+                    // Its transaction first: a session given back with nothing open may close.
+                    self.take_batch(b, want, sid);
+                    self.give_session_back(sid, d);
                 }
                 Err(e) => {
                     // The session is gone, and with it its transactions: KubeMQ returns their
                     // messages, so whatever is buffered or pending for them is dropped here.
                     tracing::warn!(channel = %self.channel, error = %e, "Get failed; reopening the session");
-                    self.buffer.clear();
-                    self.settle.clear();
-                    self.handed.clear();
+                    self.lose_session(sid, d);
                     self.batch = 1;
                     self.finish_drains(true);
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             }
+        }
+    }
+
+    /// A session for the next Get, taken out of its slot: one with no open transaction, or
+    /// `None` to open another while fewer than [`MAX_SESSIONS`] are open; past that, the one
+    /// with the fewest (its settlements then wait for the Get, as on a single stream).
+    fn lend_session(&mut self) -> Option<(u64, B::Downstream)> {
+        let free = self.sessions.iter().position(|s| s.open == 0);
+        let at = match free {
+            Some(at) => at,
+            None if self.sessions.len() < MAX_SESSIONS => return None,
+            None => self
+                .sessions
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.open)
+                .map(|(at, _)| at)?,
+        };
+        let slot = &mut self.sessions[at];
+        Some((slot.id, slot.d.take()?))
+    }
+
+    /// Puts a session back after its Get, and closes sessions with nothing open beyond one.
+    fn give_session_back(&mut self, sid: u64, d: B::Downstream) {
+        if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) {
+            slot.d = Some(d);
+        }
+        let mut idle = 0;
+        self.sessions.retain(|s| {
+            if s.open > 0 || s.d.is_none() {
+                return true;
+            }
+            idle += 1;
+            idle == 1
+        });
+    }
+
+    /// Forgets a session that failed, with its transactions: KubeMQ returns their unsettled
+    /// messages to the queue, so what is buffered or pending for them goes.
+    fn lose_session(&mut self, sid: u64, mut d: B::Downstream) {
+        self.sessions.retain(|s| s.id != sid);
+        let gone: Vec<(Arc<str>, usize)> = self
+            .txns
+            .iter()
+            .filter(|(_, t)| t.session == sid)
+            .map(|(id, t)| (id.clone(), t.left))
+            .collect();
+        let returned: usize = gone.iter().map(|(_, n)| n).sum();
+        if returned > 0 {
+            d.returned(&self.channel, returned);
+        }
+        for (id, _) in &gone {
+            self.txns.remove(id);
+            self.handed.remove(id);
+        }
+        let lost = |t: &Arc<str>| gone.iter().any(|(id, _)| Arc::ptr_eq(id, t));
+        self.buffer.retain(|(t, _, _)| !lost(t));
+        self.settle.retain(|(t, _, _)| !lost(t));
+    }
+
+    /// Sends pending settlements on the sessions that own their transactions: per transaction
+    /// and outcome one request, sequences de-duplicated and ascending (Q-27; a duplicate would
+    /// make KubeMQ fail the rest of the range). Those of the session lent to a running Get wait
+    /// for it; a session whose stream is lost is forgotten with its transactions.
+    async fn flush(&mut self) {
+        // One Arc per transaction (take_batch), so its address names it: sorted by it, a
+        // transaction's settlements lie together without hashing its id for each.
+        self.settle
+            .sort_unstable_by_key(|(t, s, o)| (Arc::as_ptr(t) as *const u8 as usize, *o as u8, *s));
+        let settle = std::mem::take(&mut self.settle);
+        let whole = self.backend.captures();
+        let mut lost: Vec<u64> = Vec::new();
+        for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0)) {
+            let Some(txn) = self.txns.get(&of_txn[0].0) else {
+                // Its session was lost: KubeMQ gave its messages back already.
+                continue;
+            };
+            // On a backend that captures, a partly settled transaction would take ready
+            // messages into the room its settlements free and hide them until it closes: its
+            // settlements wait until all of its messages are settled.
+            if whole && of_txn.len() < txn.left {
+                self.settle.extend_from_slice(of_txn);
+                continue;
+            }
+            for group in of_txn.chunk_by(|a, b| a.2 == b.2) {
+                self.send_settlements(group, &mut lost).await;
+            }
+        }
+        lost.dedup();
+        for sid in lost {
+            let at = self.sessions.iter().position(|s| s.id == sid);
+            if let Some(d) = at.and_then(|at| self.sessions[at].d.take()) {
+                self.lose_session(sid, d);
+            }
+        }
+    }
+
+    /// Sends one transaction's settlements of one outcome on the session that owns it (or keeps
+    /// them for after the running Get); a session whose send fails goes into `lost`.
+    async fn send_settlements(&mut self, group: &[Settlement], lost: &mut Vec<u64>) {
+        let (t, o) = (&group[0].0, group[0].2);
+        let Some(txn) = self.txns.get(t) else {
+            return;
+        };
+        let sid = txn.session;
+        let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) else {
+            return;
+        };
+        let Some(d) = slot.d.as_mut() else {
+            // Lent to the running Get: after it.
+            self.settle.extend_from_slice(group);
+            return;
+        };
+        let mut seqs: Vec<u64> = group.iter().map(|(_, s, _)| *s).collect();
+        seqs.dedup();
+        let r = match o {
+            Outcome::Ack => d.ack(t, &seqs).await,
+            Outcome::Nack => d.nack(t, &seqs).await,
+            Outcome::Close => d.close(t).await,
+        };
+        if let Err(e) = r {
+            tracing::warn!(transaction = %t, error = %e, "settlement failed; KubeMQ returns the messages when the session ends");
+            lost.push(sid);
+            return;
+        }
+        if o != Outcome::Ack {
+            d.returned(&self.channel, seqs.len());
+        }
+        let done = match self.txns.get_mut(t) {
+            Some(txn) if o == Outcome::Close => {
+                txn.left = 0;
+                true
+            }
+            Some(txn) => {
+                txn.left = txn.left.saturating_sub(seqs.len());
+                txn.left == 0
+            }
+            None => false,
+        };
+        if done {
+            self.txns.remove(t);
+            slot.open = slot.open.saturating_sub(1);
         }
     }
 
@@ -368,7 +546,7 @@ impl<B: Backend> Fetcher<B> {
     }
 
     /// Buffers a Get's messages and adapts the next batch size.
-    fn take_batch(&mut self, b: crate::backend::Batch, want: u32) {
+    fn take_batch(&mut self, b: crate::backend::Batch, want: u32, session: u64) {
         let n = b.messages.len() as u32;
         self.batch = if n >= want {
             (want * 2).min(self.limits.max_batch)
@@ -381,10 +559,18 @@ impl<B: Backend> Fetcher<B> {
         // (the usual reply) cannot repeat one, so only others are checked one by one.
         let ascending = b.messages.windows(2).all(|w| seq(&w[0]) < seq(&w[1]));
         let mut seen = HashSet::new();
+        let before = self.buffer.len();
         for m in b.messages {
             let s = seq(&m);
             if ascending || seen.insert(s) {
                 self.buffer.push_back((txn.clone(), s, m));
+            }
+        }
+        let left = self.buffer.len() - before;
+        if left > 0 {
+            self.txns.insert(txn, Txn { session, left });
+            if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == session) {
+                slot.open += 1;
             }
         }
     }
@@ -528,28 +714,6 @@ impl<B: Backend> Fetcher<B> {
         let at = self.buffer.partition_point(|(_, s, _)| *s < m.1);
         self.buffer.insert(at, m);
     }
-}
-
-/// Sends pending settlements: per transaction and outcome one request, sequences de-duplicated
-/// and ascending (Q-27; a duplicate would make KubeMQ fail the rest of the range).
-async fn flush<D: Downstream>(d: &mut D, settle: &mut Vec<Settlement>) {
-    // One Arc per transaction (take_batch), so its address names it: sorted by it, a
-    // transaction's settlements lie together without hashing its id for each.
-    settle.sort_unstable_by_key(|(t, s, o)| (Arc::as_ptr(t) as *const u8 as usize, *o as u8, *s));
-    for group in settle.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0) && a.2 == b.2) {
-        let (t, o) = (&group[0].0, group[0].2);
-        let mut seqs: Vec<u64> = group.iter().map(|(_, s, _)| *s).collect();
-        seqs.dedup();
-        let r = match o {
-            Outcome::Ack => d.ack(t, &seqs).await,
-            Outcome::Nack => d.nack(t, &seqs).await,
-            Outcome::Close => d.close(t).await,
-        };
-        if let Err(e) = r {
-            tracing::warn!(transaction = %t, error = %e, "settlement failed; KubeMQ returns the messages when the session ends");
-        }
-    }
-    settle.clear();
 }
 
 #[cfg(test)]
