@@ -474,12 +474,14 @@ fn streams_open_when_headers_come_with_the_first_response() {
             let seq = b.messages[0].attributes.as_ref().unwrap().sequence;
             ds.ack(&b.transaction_id, &[seq]).await.unwrap();
         }
+        // Both acks are applied once the stream processes them; the stream stays open meanwhile
+        // (ending it would return an unprocessed one's message).
+        let t = Instant::now();
+        while f.store.locked_count("headers") > 0 && t.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(f.store.locked_count("headers"), 0);
+        assert_eq!(f.store.ready_count("headers"), 0);
+        drop(ds);
     });
-    // Both acks were applied (the second once the stream processed it).
-    let t = Instant::now();
-    while f.store.locked_count("headers") > 0 && t.elapsed() < Duration::from_secs(5) {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(f.store.locked_count("headers"), 0);
-    assert_eq!(f.store.ready_count("headers"), 0);
 }

@@ -500,8 +500,8 @@ impl<B: Backend> Fetcher<B> {
     }
 
     /// Ends this loop if nothing arrived meanwhile: under the registry's lock (the lock joins
-    /// take), so no consumer can join a loop that is ending. Dropping the session returns
-    /// whatever it still had locked.
+    /// take), so no consumer can join a loop that is ending. Dropping the sessions returns
+    /// whatever they still had locked.
     fn retire(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
         let mut map = self.registry.lock().unwrap_or_else(|e| e.into_inner());
         match rx.try_recv() {
