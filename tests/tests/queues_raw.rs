@@ -219,7 +219,8 @@ fn q_9_sequence_body_rejected_and_detached() {
     });
 }
 
-/// ERR-9: a message whose sections do not decode is rejected with decode-error; the link stays.
+/// ERR-9: a message whose sections do not decode, or whose strings are not UTF-8, is rejected
+/// with decode-error; the link stays.
 #[test]
 fn err_9_undecodable_message_rejected() {
     TestConnector::each_backend(Settings::default(), |c| {
@@ -236,6 +237,20 @@ fn err_9_undecodable_message_rejected() {
             produce(&mut p, 0, 1, &data(b"fine")),
             Some(DeliveryOutcome::Accepted),
             "the link stays attached"
+        );
+        // A poison body: an amqp-value string that is not UTF-8 would be stored and crash every
+        // consumer's decoder (python-qpid-proton's does); it is refused on the way in.
+        let poison = [0x00, 0x53, 0x77, 0xa1, 0x02, 0xc3, 0x28];
+        match produce(&mut p, 0, 2, &poison) {
+            Some(DeliveryOutcome::Rejected(Some(e))) => {
+                assert_eq!(peer::error_symbol(&e), "amqp:decode-error")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            c.store.ready_count("bad"),
+            1,
+            "only the good message is stored"
         );
     });
 }

@@ -27,6 +27,15 @@ pub enum ValidateError {
     /// An encoding legal in AMQP that we do not accept (arrays of arrays).
     #[error("unsupported encoding 0x{0:02x} in an array")]
     Unsupported(u8),
+    /// A string that is not UTF-8, or a symbol that is not ASCII (AMQP 1.0 part 1, 1.6.20 and
+    /// 1.6.21): stored, it would be handed to every consumer, whose decoders refuse it.
+    #[error("invalid {kind} at offset {at}")]
+    BadText {
+        /// `string` or `symbol`.
+        kind: &'static str,
+        /// Where its bytes start.
+        at: usize,
+    },
 }
 
 /// How the bytes after a constructor are laid out.
@@ -112,7 +121,17 @@ impl Cursor<'_> {
             Layout::Fixed(n) => self.take(n).map(|_| ()),
             Layout::Var(w) => {
                 let n = self.width(w)?;
-                self.take(n).map(|_| ())
+                let at = self.pos;
+                let bytes = self.take(n)?;
+                match code {
+                    0xa1 | 0xb1 if std::str::from_utf8(bytes).is_err() => {
+                        Err(ValidateError::BadText { kind: "string", at })
+                    }
+                    0xa3 | 0xb3 if !bytes.is_ascii() => {
+                        Err(ValidateError::BadText { kind: "symbol", at })
+                    }
+                    _ => Ok(()),
+                }
             }
             Layout::Compound(w, is_map) => {
                 let size = self.width(w)?;
@@ -199,6 +218,45 @@ pub fn validate_all(buf: &[u8]) -> Result<(), ValidateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Strings must be UTF-8 and symbols ASCII, alone, in compounds and in arrays; binary is
+    /// anything.
+    #[test]
+    fn strings_are_utf8_and_symbols_ascii() {
+        assert_eq!(value_len(&[0xa1, 2, b'o', b'k']), Ok(4));
+        assert_eq!(value_len(&[0xa1, 2, 0xc3, 0xa9]), Ok(4), "é is UTF-8");
+        assert_eq!(
+            value_len(&[0xa1, 2, 0xc3, 0x28]),
+            Err(ValidateError::BadText {
+                kind: "string",
+                at: 2
+            })
+        );
+        assert_eq!(
+            value_len(&[0xb1, 0, 0, 0, 1, 0xff]),
+            Err(ValidateError::BadText {
+                kind: "string",
+                at: 5
+            })
+        );
+        assert_eq!(
+            value_len(&[0xa3, 1, 0xe9]),
+            Err(ValidateError::BadText {
+                kind: "symbol",
+                at: 2
+            })
+        );
+        assert_eq!(value_len(&[0xa0, 2, 0xff, 0xfe]), Ok(4), "binary is opaque");
+        // list8 of one bad string; array8 of str8 with a bad second element.
+        assert!(matches!(
+            value_len(&[0xc0, 4, 1, 0xa1, 1, 0xff]),
+            Err(ValidateError::BadText { .. })
+        ));
+        assert!(matches!(
+            value_len(&[0xe0, 6, 2, 0xa1, 1, b'a', 1, 0xff]),
+            Err(ValidateError::BadText { .. })
+        ));
+    }
 
     #[test]
     fn accepts_real_encodings() {

@@ -340,7 +340,6 @@ impl<B: Backend> Fetcher<B> {
             match got {
                 Ok(b) => {
                     self.merge = Merge::after(b.messages.len(), demand as usize);
-                    // Its transaction first: a session given back with nothing open may close.
                     self.take_batch(b, want, sid);
                     self.give_session_back(sid, d);
                 }
@@ -376,19 +375,13 @@ impl<B: Backend> Fetcher<B> {
         Some((slot.id, slot.d.take()?))
     }
 
-    /// Puts a session back after its Get, and closes sessions with nothing open beyond one.
+    /// Puts a session back after its Get. Sessions stay open until the loop retires: settlements
+    /// get no reply, so one closed just after its last settlement was sent could cancel the
+    /// stream before KubeMQ read it, and KubeMQ would hand those messages out again.
     fn give_session_back(&mut self, sid: u64, d: B::Downstream) {
         if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) {
             slot.d = Some(d);
         }
-        let mut idle = 0;
-        self.sessions.retain(|s| {
-            if s.open > 0 || s.d.is_none() {
-                return true;
-            }
-            idle += 1;
-            idle == 1
-        });
     }
 
     /// Forgets a session that failed, with its transactions: KubeMQ returns their unsettled
