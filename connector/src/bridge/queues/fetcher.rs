@@ -38,6 +38,8 @@ pub enum ToConsumer {
     Messages(Vec<Handout>),
     /// The consumer's drain is complete: everything immediately available was handed out.
     DrainDone(ConsumerKey),
+    /// The loop has processed the consumer's Leave: nothing more comes for it.
+    Left(ConsumerKey),
 }
 
 /// How a delivery ends (Q-20 … Q-25).
@@ -629,7 +631,10 @@ impl<B: Backend> Fetcher<B> {
                 }
             }
             Command::Leave(k) => {
-                self.consumers.remove(&k);
+                if let Some(c) = self.consumers.remove(&k) {
+                    // Behind every hand-out sent to it on the same channel.
+                    let _ = c.to.send(ToConsumer::Left(k));
+                }
                 self.order.retain(|x| *x != k);
             }
             Command::Settle(mut settled) => self.settle.append(&mut settled),
@@ -791,6 +796,11 @@ mod tests {
         let (to, mut from) = mpsc::unbounded_channel();
         let tx = join(&registry, &backend, "idle", limits, (1, 1), to.clone());
         let _ = tx.send(Command::Leave((1, 1)));
+        let left = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
+        assert!(
+            matches!(left, Ok(Some(ToConsumer::Left((1, 1))))),
+            "the loop confirms the Leave"
+        );
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         while registry
             .lock()

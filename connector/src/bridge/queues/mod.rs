@@ -173,7 +173,8 @@ pub struct QueuesHandler<B: Backend> {
     /// Unsettled consume deliveries: token → (transaction, sequence).
     deliveries: FastMap<u64, (Arc<str>, u64)>,
     next_token: u64,
-    /// Fetchers of consume links that ended, for handouts still on their way to them.
+    /// Fetchers of consume links that ended, for handouts still on their way to them; an entry
+    /// goes when its fetcher confirms the link's Leave.
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
     ready_done: Vec<Done>,
     ready_handouts: Vec<ToConsumer>,
@@ -263,19 +264,23 @@ impl<B: Backend> QueuesHandler<B> {
                     self.connection,
                     crate::store::new_id()
                 );
+                if conn
+                    .accept_dynamic(link, LinkAccept { credit_window: 0 }, address.clone())
+                    .is_err()
+                {
+                    return Ok(()); // detached while attaching: see `accept_or_gone`
+                }
                 self.mailboxes.insert(address.clone(), Default::default());
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
                 self.bridge.metrics.link(metrics::Role::sender).inc();
                 self.links.insert(
                     link,
                     LinkKind::Dynamic {
-                        address: address.clone(),
+                        address,
                         presettled,
                     },
                 );
-                return conn
-                    .accept_dynamic(link, LinkAccept { credit_window: 0 }, address)
-                    .map_err(|_| AmqpError::bare(Condition::InternalError));
+                return Ok(());
             }
             if dynamic {
                 // OP-ADDR-7: a dynamic target has no described behaviour.
@@ -319,6 +324,9 @@ impl<B: Backend> QueuesHandler<B> {
                 "selector filter not supported on this address",
             ));
         }
+        if !accept_or_gone(conn, link, 0) {
+            return Ok(());
+        }
         let key: ConsumerKey = (self.connection, link);
         let fetcher = self.bridge.join(&channel, key, self.handout_tx.clone());
         self.bridge.metrics.link(metrics::Role::sender).inc();
@@ -330,8 +338,6 @@ impl<B: Backend> QueuesHandler<B> {
                 taken: 0,
             },
         );
-        conn.accept_link(link, LinkAccept { credit_window: 0 })
-            .map_err(|_| AmqpError::bare(Condition::InternalError))?;
         Ok(())
     }
 
@@ -411,17 +417,14 @@ impl<B: Backend> QueuesHandler<B> {
         // Lanes in turn: links opened one after another use different streams of the backend
         // (a hash of the link's ids put two producers on one stream in about one run in four,
         // where each then waited for the other's batch).
+        if !accept_or_gone(conn, link, self.bridge.credit_window) {
+            return Ok(());
+        }
         let lane = self.bridge.next_lane.fetch_add(1, Ordering::Relaxed);
         self.lanes.insert(link, Lane::new(lane, link));
         self.links.insert(link, LinkKind::Produce { channel });
         self.bridge.metrics.link(metrics::Role::receiver).inc();
-        conn.accept_link(
-            link,
-            LinkAccept {
-                credit_window: self.bridge.credit_window,
-            },
-        )
-        .map_err(|_| AmqpError::bare(Condition::InternalError))
+        Ok(())
     }
 
     /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14): what does not
@@ -622,6 +625,13 @@ impl<B: Backend> Handler for QueuesHandler<B> {
     }
 }
 
+/// Accepts `link`; `false` when it is gone — the client detached it in the same write as its
+/// ATTACH, and the engine dropped it — so the caller registers nothing for it (no consumer, lane
+/// or gauge is left behind for a link that no longer exists).
+fn accept_or_gone(conn: &mut Connection, link: LinkId, credit_window: u32) -> bool {
+    conn.accept_link(link, LinkAccept { credit_window }).is_ok()
+}
+
 impl<B: Backend> QueuesHandler<B> {
     fn handle_event(&mut self, conn: &mut Connection, event: Event) {
         match event {
@@ -786,6 +796,10 @@ impl<B: Backend> QueuesHandler<B> {
                 }
                 ToConsumer::DrainDone((_, link)) => {
                     let _ = conn.drain_done(link);
+                }
+                // Every hand-out for it has arrived: nothing more to give back.
+                ToConsumer::Left((_, link)) => {
+                    self.closed.remove(&link);
                 }
             }
         }
@@ -1019,5 +1033,85 @@ mod tests {
         both.extend(peer::frame(0, &peer::link_flow(0, 2, 5, false), &[]));
         r.turn(&both);
         assert_eq!(r.kinds().0, "RD", "the FLOW after the drain is new credit");
+    }
+
+    /// A consume link that ended keeps its Get loop's sender only until the loop confirms the
+    /// Leave: a hand-out still on its way before that goes back to the loop, and afterwards the
+    /// connection holds nothing for the link (a connection whose consumers come and go does not
+    /// grow).
+    #[tokio::test]
+    async fn an_ended_consumer_is_forgotten_once_its_loop_confirms() {
+        use fe2o3_amqp_types::performatives::Detach;
+        let mut r = Rig::new();
+        let mut bytes = HEADER_AMQP.to_vec();
+        bytes.extend(peer::frame(0, &peer::open("c"), &[]));
+        bytes.extend(peer::frame(0, &peer::begin(), &[]));
+        for round in 0..3u32 {
+            bytes.extend(peer::frame(
+                0,
+                &peer::attach_receiver(&format!("r{round}"), 0, "queues/q"),
+                &[],
+            ));
+            r.turn(&bytes);
+            bytes.clear();
+            let detach = Detach {
+                handle: 0.into(),
+                closed: true,
+                error: None,
+            };
+            r.turn(&peer::frame(0, &detach, &[]));
+            let (kinds, to) = r.kinds();
+            assert!(kinds.starts_with('J') && kinds.ends_with('L'), "{kinds}");
+            let (consumer, to) = to.expect("the Join carries the hand-out channel");
+            assert_eq!(r.handler.closed.len(), 1, "held until the loop confirms");
+            // A hand-out that crossed the Leave goes back; then the loop confirms.
+            let late = Handout {
+                consumer,
+                transaction: Arc::from("t"),
+                sequence: 1,
+                message: QueueMessage::default(),
+            };
+            to.send(ToConsumer::Messages(vec![late])).unwrap();
+            to.send(ToConsumer::Left(consumer)).unwrap();
+            r.ready_turn().await;
+            assert_eq!(r.kinds().0, "T", "the late hand-out was given back");
+            assert!(r.handler.closed.is_empty(), "round {round}: nothing kept");
+        }
+    }
+
+    /// A link the client detaches in the same write as its ATTACH is dropped by the engine before
+    /// the bridge sees the attach: consumers, producers and dynamic receivers alike leave no
+    /// Get-loop membership, lane or link entry behind.
+    #[tokio::test]
+    async fn a_link_detached_while_attaching_leaves_nothing() {
+        use fe2o3_amqp_types::performatives::Detach;
+        let mut r = Rig::new();
+        let mut bytes = HEADER_AMQP.to_vec();
+        bytes.extend(peer::frame(0, &peer::open("c"), &[]));
+        bytes.extend(peer::frame(0, &peer::begin(), &[]));
+        let mut dynamic = peer::attach_receiver("d", 0, "");
+        if let Some(s) = dynamic.source.as_mut() {
+            s.address = None;
+            s.dynamic = true;
+        }
+        let attaches = [
+            peer::attach_receiver("c", 0, "queues/q"),
+            peer::attach_sender("p", 0, "queues/q"),
+            dynamic,
+        ];
+        for attach in attaches {
+            bytes.extend(peer::frame(0, &attach, &[]));
+            let detach = Detach {
+                handle: 0.into(),
+                closed: true,
+                error: None,
+            };
+            bytes.extend(peer::frame(0, &detach, &[]));
+        }
+        r.turn(&bytes);
+        assert_eq!(r.kinds().0, "", "no consumer joined the Get loop");
+        assert!(r.handler.links.is_empty(), "no link kept");
+        assert!(r.handler.lanes.is_empty(), "no produce lane kept");
+        assert!(r.handler.mailboxes.is_empty(), "no dynamic mailbox kept");
     }
 }
