@@ -22,11 +22,14 @@ pub struct Health {
     pub ready: tokio::sync::watch::Receiver<bool>,
 }
 
+/// The Prometheus text format's Content-Type; Prometheus 3 refuses a scrape without one.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
 fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match path {
         "/metrics" => (
             StatusCode::OK,
-            "text/plain; version=0.0.4",
+            METRICS_CONTENT_TYPE,
             health.metrics.encode(),
         ),
         "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
@@ -110,6 +113,11 @@ mod tests {
             assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
             let m = get(addr, "/metrics").await;
             assert!(m.contains("# TYPE kubemq_amqp10_connections gauge"), "{m}");
+            assert!(
+                m.to_ascii_lowercase()
+                    .contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
+                "{m}"
+            );
             assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
         });
     }

@@ -28,8 +28,18 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: A
                     "/metrics" => (StatusCode::OK, metrics.encode()),
                     _ => (StatusCode::NOT_FOUND, "not found\n".into()),
                 };
+                // Prometheus 3 refuses a scrape without a Content-Type.
+                let content_type = if req.uri().path() == "/metrics" {
+                    "text/plain; version=0.0.4; charset=utf-8"
+                } else {
+                    "text/plain; charset=utf-8"
+                };
                 let mut r = Response::new(Full::new(Bytes::from(body)));
                 *r.status_mut() = status;
+                r.headers_mut().insert(
+                    hyper::header::CONTENT_TYPE,
+                    hyper::header::HeaderValue::from_static(content_type),
+                );
                 async move { Ok::<_, Infallible>(r) }
             });
             let io = hyper_util::rt::TokioIo::new(stream);
@@ -37,5 +47,38 @@ pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: A
                 .serve_connection(io, service)
                 .await;
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Every answer says what it is; `/metrics` in the Prometheus text format's type, which
+    /// Prometheus 3 requires of a scrape.
+    #[tokio::test]
+    async fn answers_carry_their_content_type() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, Metrics::default(), Arc::default()));
+        for (path, want) in [
+            ("/metrics", "text/plain; version=0.0.4; charset=utf-8"),
+            ("/livez", "text/plain; charset=utf-8"),
+        ] {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            s.write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await
+            .unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            assert!(
+                out.to_ascii_lowercase()
+                    .contains(&format!("content-type: {want}\r\n")),
+                "{path}: {out}"
+            );
+        }
     }
 }

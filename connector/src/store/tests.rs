@@ -881,13 +881,9 @@ fn segments_closing_under_concurrent_sends_and_acks_lose_nothing() {
 /// large as the largest so far takes them all at once.
 #[test]
 fn capture_holds_messages_in_an_open_transaction() {
-    use super::capture::Capture;
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
-        let (store, _) = Store::open(dir.path()).unwrap();
-        let capture = Capture::new();
-        let mut a = Downstream::capturing(store.clone(), capture.clone());
-        let mut b = Downstream::capturing(store.clone(), capture.clone());
+        let (store, capture, mut a, mut b) = capturing_streams(dir.path());
         let five: Vec<QueueMessage> = (0..5).map(|i| msg("cap", &format!("m{i}"))).collect();
         store.send(five).await;
         let r = a.handle(get_req("cap", 5, 1000)).await.unwrap();
@@ -930,13 +926,9 @@ fn capture_holds_messages_in_an_open_transaction() {
 /// the queue; a stream's end lets everything go.
 #[test]
 fn capture_moves_held_messages_between_open_transactions() {
-    use super::capture::Capture;
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
-        let (store, _) = Store::open(dir.path()).unwrap();
-        let capture = Capture::new();
-        let mut a = Downstream::capturing(store.clone(), capture.clone());
-        let mut b = Downstream::capturing(store.clone(), capture.clone());
+        let (store, capture, mut a, mut b) = capturing_streams(dir.path());
         store
             .send((0..4).map(|i| msg("mv", &format!("m{i}"))).collect())
             .await;
@@ -961,6 +953,22 @@ fn capture_moves_held_messages_between_open_transactions() {
         drop(b);
         assert_eq!((capture.held("mv"), store.ready_count("mv")), (0, 3));
     });
+}
+
+/// A store in `dir` and two downstream streams on it whose transactions capture messages.
+fn capturing_streams(
+    dir: &std::path::Path,
+) -> (
+    Arc<Store>,
+    Arc<super::capture::Capture>,
+    Downstream,
+    Downstream,
+) {
+    let (store, _) = Store::open(dir).unwrap();
+    let capture = super::capture::Capture::new();
+    let a = Downstream::capturing(store.clone(), capture.clone());
+    let b = Downstream::capturing(store.clone(), capture.clone());
+    (store, capture, a, b)
 }
 
 fn bodies_of(m: &[QueueMessage]) -> Vec<String> {
