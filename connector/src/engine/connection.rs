@@ -117,6 +117,8 @@ pub struct Connection {
     channel_max: u16,
     identity: Option<Identity>,
     pub(super) sessions: super::FastMap<u16, Session>,
+    /// Channels whose BEGIN we refused, until the client's END (SESS-2).
+    pub(super) refused: super::session::RefusedChannels,
     pub(super) links: super::FastMap<LinkId, Link>,
     pub(super) next_link_id: LinkId,
     last_recv: Instant,
@@ -156,6 +158,7 @@ impl Connection {
             channel_max: 0,
             identity: None,
             sessions: Default::default(),
+            refused: Default::default(),
             links: Default::default(),
             next_link_id: 1,
             last_recv: now,

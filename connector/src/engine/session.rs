@@ -40,6 +40,40 @@ pub(super) struct Session {
     pub blocked: VecDeque<Bytes>,
 }
 
+/// The channels whose BEGIN was refused and whose END has not come yet: one bit per channel,
+/// allocated at the first refusal (8 KiB at most, whatever the client sends), instead of a
+/// session kept for each.
+#[derive(Debug, Default)]
+pub(super) struct RefusedChannels(Option<Box<[u64; 1024]>>);
+
+impl RefusedChannels {
+    fn at(ch: u16) -> (usize, u64) {
+        (usize::from(ch / 64), 1 << (ch % 64))
+    }
+
+    pub(super) fn insert(&mut self, ch: u16) {
+        let (i, bit) = Self::at(ch);
+        self.0.get_or_insert_with(|| Box::new([0; 1024]))[i] |= bit;
+    }
+
+    pub(super) fn contains(&self, ch: u16) -> bool {
+        let (i, bit) = Self::at(ch);
+        self.0.as_ref().is_some_and(|b| b[i] & bit != 0)
+    }
+
+    /// Removes `ch`; whether it was there.
+    pub(super) fn remove(&mut self, ch: u16) -> bool {
+        let (i, bit) = Self::at(ch);
+        match self.0.as_mut() {
+            Some(b) if b[i] & bit != 0 => {
+                b[i] &= !bit;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
 /// A pending outgoing DISPOSITION range, extended while contiguous settlements share a state.
 #[derive(Debug)]
 pub(super) struct PendingDisposition {
@@ -59,6 +93,9 @@ impl Connection {
                 "begin with remote-channel from a client",
             ));
         }
+        if self.refused.contains(ch) {
+            return;
+        }
         if let Some(s) = self.sessions.get(&ch) {
             if s.ending {
                 return;
@@ -69,10 +106,34 @@ impl Connection {
                 AmqpError::new(Condition::ErrantLink, "channel already has a live session"),
             );
         }
-        let live = self.sessions.values().filter(|s| !s.ending).count();
-        let refuse = ch > self.channel_max() || live >= self.cfg.session_max as usize;
+        let reply = Begin {
+            remote_channel: Some(ch),
+            next_outgoing_id: 0,
+            incoming_window: SESSION_WINDOW,
+            outgoing_window: SESSION_WINDOW,
+            handle_max: self.cfg.max_links_per_session.saturating_sub(1).into(),
+            offered_capabilities: None,
+            desired_capabilities: None,
+            properties: None,
+        };
+        // Channels above the channel-max we advertised (SessionMax − 1, CONN-9) are the only way
+        // past SessionMax live sessions: refused with BEGIN + END (SESS-2), remembered by one bit
+        // until the client's END.
+        if ch > self.channel_max() {
+            self.write_perf(ch, &reply);
+            self.errors_sent[1] += 1;
+            let end = End {
+                error: Some(
+                    AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
+                        .to_wire(),
+                ),
+            };
+            self.write_perf(ch, &end);
+            self.refused.insert(ch);
+            return;
+        }
         let session = Session {
-            ending: refuse,
+            ending: false,
             next_incoming_id: begin.next_outgoing_id,
             incoming_window: SESSION_WINDOW,
             next_outgoing_id: 0,
@@ -84,31 +145,14 @@ impl Connection {
             blocked: VecDeque::new(),
         };
         self.sessions.insert(ch, session);
-        let reply = Begin {
-            remote_channel: Some(ch),
-            next_outgoing_id: 0,
-            incoming_window: SESSION_WINDOW,
-            outgoing_window: SESSION_WINDOW,
-            handle_max: self.cfg.max_links_per_session.saturating_sub(1).into(),
-            offered_capabilities: None,
-            desired_capabilities: None,
-            properties: None,
-        };
         self.write_perf(ch, &reply);
-        if refuse {
-            // SESS-2.
-            self.errors_sent[1] += 1;
-            let end = End {
-                error: Some(
-                    AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
-                        .to_wire(),
-                ),
-            };
-            self.write_perf(ch, &end);
-        }
     }
 
     pub(super) fn on_end(&mut self, ch: u16, end: End) {
+        if self.refused.remove(ch) {
+            // The END of a refused BEGIN: nothing to answer.
+            return;
+        }
         let Some(s) = self.sessions.get(&ch) else {
             return self.protocol_failure(AmqpError::new(
                 Condition::NotAllowed,
@@ -162,6 +206,8 @@ impl Connection {
     /// The session for a frame on `ch`, or `None` after handling the error or an ending session.
     pub(super) fn live_session(&mut self, ch: u16) -> Option<&mut Session> {
         match self.sessions.get(&ch) {
+            // A refused session's frames before its END are ignored, like an ending one's.
+            None if self.refused.contains(ch) => None,
             None => {
                 self.protocol_failure(AmqpError::new(
                     Condition::NotAllowed,

@@ -525,6 +525,41 @@ fn sess_2_session_cap() {
     assert!(c.conn.is_open());
 }
 
+/// SESS-2 under abuse: thousands of BEGINs on channels above channel-max are each refused with
+/// BEGIN + END and leave no session behind (the engine keeps one bit per refused channel until
+/// its END); frames on a refused channel before its END are ignored, and the connection stays
+/// usable.
+#[test]
+fn sess_2_refused_sessions_leave_no_state() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let live = c.conn.sessions.len();
+    for ch in 256..5256u16 {
+        let out = c.frame(ch, &begin());
+        assert_eq!(
+            conditions(&out),
+            ["amqp:resource-limit-exceeded"],
+            "channel {ch}"
+        );
+    }
+    assert_eq!(
+        c.conn.sessions.len(),
+        live,
+        "refused BEGINs keep no session"
+    );
+    assert!(
+        c.frame(300, &begin()).is_empty(),
+        "a repeat BEGIN before END is ignored"
+    );
+    assert!(c.frame(300, &end()).is_empty(), "its END is absorbed");
+    let out = c.frame(300, &end());
+    assert_eq!(
+        conditions(&out),
+        ["amqp:not-allowed"],
+        "a second END on that channel has no session to end"
+    );
+}
+
 /// SESS-3: BEGIN on a channel with a live session → END `amqp:session:errant-link`.
 #[test]
 fn sess_3_duplicate_channel() {
