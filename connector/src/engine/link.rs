@@ -75,6 +75,9 @@ pub(super) struct Link {
     channel: u16,
     handle: u32,
     name: String,
+    /// Its name is in the session's live names (not for a link the engine refused at once,
+    /// which may carry the name of a live one).
+    named: bool,
     client_role: Role,
     phase: Phase,
     /// The application accepted it, so it gets exactly one `LinkClosed`.
@@ -84,6 +87,14 @@ pub(super) struct Link {
     side: Side,
     /// The client's ATTACH, kept until the reply echoes its terminus.
     request: Option<Box<Attach>>,
+}
+
+impl Link {
+    /// The bytes the link keeps for its name, for tests of what refused links hold.
+    #[cfg(test)]
+    pub(super) fn name_len(&self) -> usize {
+        self.name.capacity()
+    }
 }
 
 /// What the application decides when it accepts a link.
@@ -111,9 +122,12 @@ impl Connection {
             // SESS-5.
             return self.end_session(ch, AmqpError::new(Condition::ErrantLink, "handle in use"));
         }
-        if handle > handle_max && live_links < max_links {
-            // Past handle-max without being at the cap: the client ignored our BEGIN. At the cap,
-            // LINK-2 step 3 below answers it at link level instead.
+        // Past handle-max without being at the cap, the client ignored our BEGIN. At the cap,
+        // LINK-2 step 3 below answers it at link level instead, and the refused link's handle
+        // stays taken until the client's DETACH: as many of those as live links at most, so
+        // refused ATTACHes cannot pile up.
+        let pending = s.by_handle.len().saturating_sub(live_links);
+        if handle > handle_max && (live_links < max_links || pending >= max_links) {
             return self.end_session(
                 ch,
                 AmqpError::new(Condition::ErrantLink, "handle exceeds handle-max"),
@@ -131,6 +145,7 @@ impl Connection {
             channel: ch,
             handle,
             name: name.clone(),
+            named: false,
             client_role: role.clone(),
             phase: Phase::Attaching,
             accepted: false,
@@ -180,6 +195,7 @@ impl Connection {
             s.by_handle.insert(handle, id);
             if refusal.is_none() {
                 s.names.insert((is_sender(&role), name));
+                link.named = true;
             }
         }
         let attach = link.request.clone();
@@ -338,7 +354,8 @@ impl Connection {
         let accepted = link.accepted;
         link.accepted = false;
         let ch = link.channel;
-        let key = (is_sender(&link.client_role), link.name.clone());
+        let key = (is_sender(&link.client_role), std::mem::take(&mut link.name));
+        let named = std::mem::replace(&mut link.named, false);
         let unsettled: Vec<(u32, u64)> = match &mut link.side {
             Side::Sender(s) => std::mem::take(&mut s.unsettled).into_iter().collect(),
             Side::Receiver(r) => {
@@ -348,8 +365,12 @@ impl Connection {
             }
         };
         link.phase = Phase::DetachSent;
+        // Only the handle matters until the client's DETACH: the name (up to a whole frame) is
+        // not kept for it.
         if let Some(s) = self.sessions.get_mut(&ch) {
-            s.names.remove(&key);
+            if named {
+                s.names.remove(&key);
+            }
             for (delivery_id, _) in &unsettled {
                 s.out_unsettled.remove(delivery_id);
             }

@@ -830,6 +830,52 @@ fn link_2_link_cap() {
     assert_eq!(conditions(&out), ["amqp:session:errant-link"]);
 }
 
+/// LINK-2 step 3 under abuse: at the link cap, ATTACHes with long names and fresh handles are
+/// refused at link level while as many are awaiting their DETACH as there are live links; past
+/// that the session ends (errant-link). A refused link keeps neither its name nor a place in the
+/// session's names, so a duplicate-name refusal does not free the live link's name either.
+#[test]
+fn link_2_refused_links_are_bounded() {
+    let mut cfg = config();
+    cfg.max_links_per_session = 2;
+    let mut c = Client::new(cfg);
+    c.open_session();
+    producer(&mut c, "a", 0, 10);
+    producer(&mut c, "b", 1, 10);
+    let long = "n".repeat(10_000);
+    for handle in 2..4 {
+        let out = c.frame(
+            0,
+            &attach_sender(&format!("{long}{handle}"), handle, "queues/a"),
+        );
+        assert_eq!(
+            conditions(&out),
+            ["amqp:resource-limit-exceeded"],
+            "handle {handle}"
+        );
+    }
+    assert!(
+        c.conn.links.values().all(|l| l.name_len() < 100),
+        "refused links keep no name"
+    );
+    let out = c.frame(0, &attach_sender("x", 4, "queues/a"));
+    assert_eq!(
+        conditions(&out),
+        ["amqp:session:errant-link"],
+        "a third refused link awaiting DETACH ends the session"
+    );
+    assert!(c.conn.is_open());
+
+    // A duplicate name is refused, and the live link keeps its name.
+    let mut c = Client::new(config());
+    c.open_session();
+    producer(&mut c, "a", 0, 10);
+    for handle in 1..3 {
+        let out = c.frame(0, &attach_sender("a", handle, "queues/a"));
+        assert_eq!(conditions(&out), ["amqp:not-allowed"], "duplicate {handle}");
+    }
+}
+
 /// LINK-5 / OP-LINK-1: an application refusal is ATTACH (null terminus on our side) then
 /// DETACH(closed) with the error.
 #[test]
