@@ -67,11 +67,6 @@ impl Facade {
         store_and_capture(&self.store, self.capture.as_deref(), messages).await
     }
 
-    /// Messages open transactions hold on `queue` (0 without capture), for tests.
-    pub fn held(&self, queue: &str) -> usize {
-        self.capture.as_ref().map_or(0, |c| c.held(queue))
-    }
-
     /// The tonic service with KubeMQ's 100 MiB message limits.
     pub fn into_service(self) -> KubemqServer<Facade> {
         KubemqServer::new(self)
