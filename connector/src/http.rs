@@ -4,6 +4,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http_body_util::Full;
 use hyper::body::Bytes;
@@ -55,21 +56,62 @@ fn respond(health: &Health, path: &str) -> Response<Full<Bytes>> {
     r
 }
 
+/// What one client of the endpoint may hold: it serves probes and scrapers, so a few
+/// connections at a time, each short-lived, and none that never sends its request.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once; further ones wait in the listen backlog, holding no file
+    /// descriptor of the process.
+    pub connections: usize,
+    /// Time to send a request's headers.
+    pub header_read: Duration,
+    /// Longest life of one connection.
+    pub life: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 64,
+            header_read: Duration::from_secs(5),
+            life: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Serves the endpoint on `listener` until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
+    serve_with(listener, health, Limits::default()).await
+}
+
+/// Serves the endpoint on `listener` within `limits` until the task is dropped.
+pub async fn serve_with(listener: tokio::net::TcpListener, health: Health, limits: Limits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning on the error.
+                tracing::warn!(error = %e, "HTTP accept failed; pausing");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
         };
         let health = health.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                 let r = respond(&health, req.uri().path());
                 async move { Ok::<_, Infallible>(r) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(limits.life, connection).await;
         });
     }
 }
