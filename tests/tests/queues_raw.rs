@@ -949,6 +949,69 @@ fn addr_11_12_dynamic_nodes() {
     });
 }
 
+/// A dynamic node whose receiver grants no credit holds at most MaxUnsettledPerLink messages
+/// (and 16 MiB beyond a first message): past that a message to it is rejected with
+/// resource-limit-exceeded instead of being held in memory; once the receiver takes what waits,
+/// the node accepts again.
+#[test]
+fn dynamic_nodes_are_bounded() {
+    let mut settings = Settings::default();
+    settings.max_unsettled_per_link = 10;
+    let c = TestConnector::start(settings);
+    let mut p = session(&c);
+    let mut a = peer::attach_receiver("dyn", 1, "unused");
+    if let Some(s) = a.source.as_mut() {
+        s.address = None;
+        s.dynamic = true;
+    }
+    p.frame(0, &a, &[]);
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Attach(_)))
+    });
+    let minted = got
+        .iter()
+        .find_map(|r| match r {
+            Received::Frame(
+                _,
+                Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
+            ) => a.source.as_ref().and_then(|s| s.address.clone()),
+            _ => None,
+        })
+        .expect("minted address");
+    let mut anon = peer::attach_sender("anon", 0, "unused");
+    anon.target = None;
+    p.frame(0, &anon, &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(0)));
+    for id in 0..10 {
+        assert_eq!(
+            produce(&mut p, 0, id, &with_to(Some(&minted), b"waiting")),
+            Some(DeliveryOutcome::Accepted),
+            "message {id}"
+        );
+    }
+    match produce(&mut p, 0, 10, &with_to(Some(&minted), b"one too many")) {
+        Some(DeliveryOutcome::Rejected(Some(e))) => {
+            assert_eq!(peer::error_symbol(&e), "amqp:resource-limit-exceeded")
+        }
+        other => panic!("{other:?}"),
+    }
+    // The receiver takes the ten; the node has room again.
+    p.frame(0, &link_flow(1, 0, 20, false), &[]);
+    let mut delivered = 0;
+    let deadline = std::time::Instant::now() + WAIT;
+    while delivered < 10 && std::time::Instant::now() < deadline {
+        let got = p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Transfer(..)))
+        });
+        delivered += transfers(&got).len();
+    }
+    assert_eq!(delivered, 10);
+    assert_eq!(
+        produce(&mut p, 0, 11, &with_to(Some(&minted), b"room again")),
+        Some(DeliveryOutcome::Accepted)
+    );
+}
+
 fn metric(c: &TestConnector, line_prefix: &str) -> f64 {
     let text = c.metrics.encode();
     text.lines()

@@ -189,7 +189,7 @@ pub struct QueuesHandler<B: Backend> {
     /// Encodes deliveries, reusing the last Metadata's reading.
     egress: Egress,
     /// Dynamic nodes of this connection: address → waiting messages (bit-exact AMQP bytes).
-    mailboxes: HashMap<String, std::collections::VecDeque<bytes::Bytes>>,
+    mailboxes: HashMap<String, Mailbox>,
     /// Unsettled deliveries from dynamic nodes: token → (address, message).
     dynamic_unsettled: HashMap<u64, (String, bytes::Bytes)>,
     /// Whether this connection is counted as open (MET-1), and its sessions as counted (MET-2).
@@ -502,7 +502,12 @@ impl<B: Backend> QueuesHandler<B> {
                 .filter(|t| t.starts_with(DYNAMIC_PREFIX))
             {
                 // ADDR-12: only this connection's own dynamic nodes are reachable.
+                let room = self.bridge.max_unsettled as usize;
                 let state = match self.mailboxes.get_mut(to) {
+                    Some(mailbox) if !mailbox.has_room(room, d.payload.len()) => rejected(
+                        Condition::ResourceLimitExceeded,
+                        "dynamic node is full: its receiver is not taking messages",
+                    ),
                     Some(mailbox) => {
                         mailbox.push_back(d.payload.clone());
                         DeliveryState::Accepted(Accepted {})
@@ -622,6 +627,42 @@ impl<B: Backend> Handler for QueuesHandler<B> {
     fn after_turn(&mut self, conn: &mut Connection) {
         self.flush_turn(conn);
         self.sync_metrics(conn);
+    }
+}
+
+/// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
+const MAILBOX_BYTES: usize = 16 * 1024 * 1024;
+
+/// A dynamic node's messages waiting for its receiver's credit, bounded in count and bytes:
+/// a receiver that grants no credit cannot make the connection hold what is sent to it.
+#[derive(Debug, Default)]
+struct Mailbox {
+    waiting: std::collections::VecDeque<bytes::Bytes>,
+    bytes: usize,
+}
+
+impl Mailbox {
+    /// Whether a new message of `len` bytes may wait here, with at most `count` waiting: an
+    /// empty mailbox takes any message (up to MaxMessageSize), a busy one up to MAILBOX_BYTES.
+    fn has_room(&self, count: usize, len: usize) -> bool {
+        self.waiting.is_empty() || (self.waiting.len() < count && self.bytes + len <= MAILBOX_BYTES)
+    }
+
+    fn push_back(&mut self, m: bytes::Bytes) {
+        self.bytes += m.len();
+        self.waiting.push_back(m);
+    }
+
+    /// Puts back a message that was accepted already (not sent, or released by the receiver).
+    fn push_front(&mut self, m: bytes::Bytes) {
+        self.bytes += m.len();
+        self.waiting.push_front(m);
+    }
+
+    fn pop_front(&mut self) -> Option<bytes::Bytes> {
+        let m = self.waiting.pop_front()?;
+        self.bytes -= m.len();
+        Some(m)
     }
 }
 
