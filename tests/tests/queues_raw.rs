@@ -955,9 +955,10 @@ fn addr_11_12_dynamic_nodes() {
 /// the node accepts again.
 #[test]
 fn dynamic_nodes_are_bounded() {
-    let mut settings = Settings::default();
-    settings.max_unsettled_per_link = 10;
-    let c = TestConnector::start(settings);
+    let c = TestConnector::start(Settings {
+        max_unsettled_per_link: 10,
+        ..Settings::default()
+    });
     let mut p = session(&c);
     let mut a = peer::attach_receiver("dyn", 1, "unused");
     if let Some(s) = a.source.as_mut() {
