@@ -861,6 +861,37 @@ fn q_26_release_limit_dead_letters() {
     });
 }
 
+/// Attaches a receiver with a dynamic source on handle 1 and returns the address the connector
+/// minted for it.
+fn attach_dynamic_receiver(p: &mut RawPeer) -> String {
+    let mut a = peer::attach_receiver("dyn", 1, "unused");
+    if let Some(s) = a.source.as_mut() {
+        s.address = None;
+        s.dynamic = true;
+    }
+    p.frame(0, &a, &[]);
+    let got = p.read_until(WAIT, |r| {
+        matches!(r, Received::Frame(_, Performative::Attach(_)))
+    });
+    got.iter()
+        .find_map(|r| match r {
+            Received::Frame(
+                _,
+                Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
+            ) => a.source.as_ref().and_then(|s| s.address.clone()),
+            _ => None,
+        })
+        .expect("minted address")
+}
+
+/// Attaches an anonymous sender (null target) on handle 0 and waits for its credit.
+fn attach_anonymous_sender(p: &mut RawPeer) {
+    let mut anon = peer::attach_sender("anon", 0, "unused");
+    anon.target = None;
+    p.frame(0, &anon, &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(0)));
+}
+
 /// ADDR-11 / ADDR-12: a dynamic source gets a minted `_amqp10.tmp.` address; the owning
 /// connection reaches it through `to` on an anonymous link and the message arrives bit-exact;
 /// another connection is refused with precondition-failed; a fixed link to it is not-found; the
@@ -869,31 +900,10 @@ fn q_26_release_limit_dead_letters() {
 fn addr_11_12_dynamic_nodes() {
     TestConnector::each_backend(Settings::default(), |c| {
         let mut p = session(c);
-        let mut a = peer::attach_receiver("dyn", 1, "unused");
-        if let Some(s) = a.source.as_mut() {
-            s.address = None;
-            s.dynamic = true;
-        }
-        p.frame(0, &a, &[]);
-        let got = p.read_until(WAIT, |r| {
-            matches!(r, Received::Frame(_, Performative::Attach(_)))
-        });
-        let minted = got
-            .iter()
-            .find_map(|r| match r {
-                Received::Frame(
-                    _,
-                    Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
-                ) => a.source.as_ref().and_then(|s| s.address.clone()),
-                _ => None,
-            })
-            .expect("minted address");
+        let minted = attach_dynamic_receiver(&mut p);
         assert!(minted.starts_with("_amqp10.tmp."), "{minted}");
         p.frame(0, &link_flow(1, 0, 5, false), &[]);
-        let mut anon = peer::attach_sender("anon", 0, "unused");
-        anon.target = None;
-        p.frame(0, &anon, &[]);
-        p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(0)));
+        attach_anonymous_sender(&mut p);
         let message = with_to(Some(&minted), b"private");
         p.frame(
             0,
@@ -960,29 +970,8 @@ fn dynamic_nodes_are_bounded() {
         ..Settings::default()
     });
     let mut p = session(&c);
-    let mut a = peer::attach_receiver("dyn", 1, "unused");
-    if let Some(s) = a.source.as_mut() {
-        s.address = None;
-        s.dynamic = true;
-    }
-    p.frame(0, &a, &[]);
-    let got = p.read_until(WAIT, |r| {
-        matches!(r, Received::Frame(_, Performative::Attach(_)))
-    });
-    let minted = got
-        .iter()
-        .find_map(|r| match r {
-            Received::Frame(
-                _,
-                Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
-            ) => a.source.as_ref().and_then(|s| s.address.clone()),
-            _ => None,
-        })
-        .expect("minted address");
-    let mut anon = peer::attach_sender("anon", 0, "unused");
-    anon.target = None;
-    p.frame(0, &anon, &[]);
-    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(0)));
+    let minted = attach_dynamic_receiver(&mut p);
+    attach_anonymous_sender(&mut p);
     for id in 0..10 {
         assert_eq!(
             produce(&mut p, 0, id, &with_to(Some(&minted), b"waiting")),
