@@ -437,6 +437,7 @@ impl<B: Backend> Fetcher<B> {
                 self.send_settlements(group, &mut lost).await;
             }
         }
+        lost.sort_unstable();
         lost.dedup();
         for sid in lost {
             let at = self.sessions.iter().position(|s| s.id == sid);
@@ -454,6 +455,10 @@ impl<B: Backend> Fetcher<B> {
             return;
         };
         let sid = txn.session;
+        if lost.contains(&sid) {
+            // Failed earlier in this flush: it is forgotten with its transactions below.
+            return;
+        }
         let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) else {
             return;
         };
