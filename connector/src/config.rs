@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::engine::{Authenticator, EngineConfig, NoAuth};
+use crate::engine::{Authenticator, EngineConfig, NoAuth, ProcessBudget};
 
 /// One setting: its YAML key (the reference field name) and environment variable.
 struct Field {
@@ -18,7 +18,7 @@ struct Field {
     env: &'static str,
 }
 
-const FIELDS: [Field; 20] = [
+const FIELDS: [Field; 25] = [
     Field {
         key: "Enable",
         env: "CONNECTORS_AMQP10_ENABLE",
@@ -99,7 +99,37 @@ const FIELDS: [Field; 20] = [
         key: "HttpAddress",
         env: "CONNECTORS_AMQP10_HTTP_ADDRESS",
     },
+    Field {
+        key: "MaxConnectionMemory",
+        env: "CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY",
+    },
+    Field {
+        key: "MaxProcessMemory",
+        env: "CONNECTORS_AMQP10_MAX_PROCESS_MEMORY",
+    },
+    Field {
+        key: "HandshakeTimeoutSeconds",
+        env: "CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS",
+    },
+    Field {
+        key: "CountConnectionsAfterHeader",
+        env: "CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER",
+    },
+    Field {
+        key: "LogFormat",
+        env: "CONNECTORS_AMQP10_LOG_FORMAT",
+    },
 ];
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event (colour only on a terminal).
+    Text,
+    /// One JSON object per line, for log collectors.
+    Json,
+}
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
 const LEGACY_MAX_MESSAGE_SIZE_ENV: &str = "CONNECTORS_AMQP10_MAXMESSAGESIZE";
@@ -152,6 +182,18 @@ pub struct Settings {
     pub kubemq_token: Option<String>,
     /// Where `/metrics`, `/livez` and `/readyz` are served; `None` serves nothing.
     pub http_address: Option<std::net::SocketAddr>,
+    /// Bytes one connection may make the connector hold (partial and unconfirmed deliveries,
+    /// transfers waiting for the client's window, dynamic-node mailboxes).
+    pub max_connection_memory: u64,
+    /// Bytes all connections together may hold beyond each one's guaranteed 256 KiB.
+    pub max_process_memory: u64,
+    /// From accept until the client's OPEN (SASL included); a slower client is dropped.
+    pub handshake_timeout_seconds: u32,
+    /// Count a connection against MaxConnections only once its protocol header arrived, so
+    /// silent sockets cannot hold the slots (they are still dropped at the handshake timeout).
+    pub count_connections_after_header: bool,
+    /// Log line format.
+    pub log_format: LogFormat,
 }
 
 impl Default for Settings {
@@ -177,6 +219,11 @@ impl Default for Settings {
             kubemq_address: None,
             kubemq_token: None,
             http_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
+            max_connection_memory: 256 * 1024 * 1024,
+            max_process_memory: 1024 * 1024 * 1024,
+            handshake_timeout_seconds: 5,
+            count_connections_after_header: false,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -380,6 +427,37 @@ impl Settings {
                 }
             }
         }
+        if let Some(n) = int("MaxConnectionMemory", 1, i128::from(i64::MAX), &mut errors) {
+            s.max_connection_memory = n as u64;
+        }
+        if let Some(n) = int("MaxProcessMemory", 0, i128::from(i64::MAX), &mut errors) {
+            s.max_process_memory = n as u64;
+        }
+        if let Some(n) = int("HandshakeTimeoutSeconds", 1, 3600, &mut errors) {
+            s.handshake_timeout_seconds = n as u32;
+        }
+        if let Some(v) = get("CountConnectionsAfterHeader") {
+            match v.to_ascii_lowercase().as_str() {
+                "true" | "1" | "yes" => s.count_connections_after_header = true,
+                "false" | "0" | "no" => s.count_connections_after_header = false,
+                _ => errors.push(format!(
+                    "CountConnectionsAfterHeader must be true or false, got {v:?}"
+                )),
+            }
+        }
+        if let Some(v) = get("LogFormat") {
+            match v.to_ascii_lowercase().as_str() {
+                "text" => s.log_format = LogFormat::Text,
+                "json" => s.log_format = LogFormat::Json,
+                _ => errors.push(format!("LogFormat must be text or json, got {v:?}")),
+            }
+        }
+        if s.max_connection_memory < s.max_message_size {
+            errors.push(format!(
+                "MaxConnectionMemory ({}) must be at least MaxMessageSize ({}): a message of the largest size would not fit",
+                s.max_connection_memory, s.max_message_size
+            ));
+        }
         if s.kubemq_address.is_some() && s.serve_kubemq_grpc.is_some() {
             errors.push("ServeKubemqGrpc serves the embedded store, which is not used when KubemqAddress is set".into());
         }
@@ -407,9 +485,11 @@ impl Settings {
             max_links_per_session: self.max_links_per_session,
             idle_timeout: (self.idle_timeout_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(self.idle_timeout_seconds))),
-            handshake_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(u64::from(self.handshake_timeout_seconds)),
             close_timeout: Duration::from_secs(2),
             authenticator,
+            connection_memory: self.max_connection_memory,
+            process_memory: ProcessBudget::new(self.max_process_memory),
         }
     }
 
@@ -498,12 +578,31 @@ pub struct Cli {
     /// served, default 0.0.0.0:8080; `off` disables it.
     #[arg(long)]
     pub http_address: Option<String>,
+    /// MaxConnectionMemory (CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY): bytes one connection may
+    /// make the connector hold, default 256 MiB.
+    #[arg(long)]
+    pub max_connection_memory: Option<String>,
+    /// MaxProcessMemory (CONNECTORS_AMQP10_MAX_PROCESS_MEMORY): bytes all connections may hold
+    /// beyond 256 KiB each, default 1 GiB.
+    #[arg(long)]
+    pub max_process_memory: Option<String>,
+    /// HandshakeTimeoutSeconds (CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS): accept to OPEN,
+    /// default 5.
+    #[arg(long)]
+    pub handshake_timeout_seconds: Option<String>,
+    /// CountConnectionsAfterHeader (CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER): count a
+    /// connection against MaxConnections from its protocol header instead of its accept.
+    #[arg(long)]
+    pub count_connections_after_header: Option<String>,
+    /// LogFormat (CONNECTORS_AMQP10_LOG_FORMAT): text (default) or json.
+    #[arg(long)]
+    pub log_format: Option<String>,
 }
 
 impl Cli {
     /// The flag layer as raw values keyed like the file.
     pub fn flag_values(&self) -> RawValues {
-        let pairs: [(&str, &Option<String>); 20] = [
+        let pairs: [(&str, &Option<String>); 25] = [
             ("Enable", &self.enable),
             ("Port", &self.port),
             ("TlsPort", &self.tls_port),
@@ -527,6 +626,14 @@ impl Cli {
             ("KubemqAddress", &self.kubemq_address),
             ("KubemqToken", &self.kubemq_token),
             ("HttpAddress", &self.http_address),
+            ("MaxConnectionMemory", &self.max_connection_memory),
+            ("MaxProcessMemory", &self.max_process_memory),
+            ("HandshakeTimeoutSeconds", &self.handshake_timeout_seconds),
+            (
+                "CountConnectionsAfterHeader",
+                &self.count_connections_after_header,
+            ),
+            ("LogFormat", &self.log_format),
         ];
         pairs
             .into_iter()

@@ -4,19 +4,21 @@
 //! SIGTERM while a consumer holds unsettled deliveries: the client gets CLOSE
 //! `amqp:connection:forced`, the process exits within its grace, and the deliveries are back.
 
+mod common;
+
 use std::collections::HashSet;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use connector::engine::codec::{decode_performative, DeliveryOutcome, Performative};
-use connector::engine::frame::split_frame;
+use common::{free_port, Client};
+use connector::engine::codec::{DeliveryOutcome, Performative};
 use connector::engine::peer;
-use connector::engine::HEADER_AMQP;
 use fe2o3_amqp_types::messaging::Data;
 use serde_bytes::ByteBuf;
+
+fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
+    common::start_connector(dir, port, &[])
+}
 
 /// Issue 5 / CONN-16 / Q-34: SIGTERM drains — CLOSE `amqp:connection:forced` to every client,
 /// exit well within a pod's grace period — and unsettled deliveries are not lost.
@@ -114,97 +116,6 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
         3,
         "the unsettled deliveries are back on the queue"
     );
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
-
-fn start(dir: &std::path::Path, port: u16) -> Child {
-    let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind-address",
-            "127.0.0.1",
-            "--http-address",
-            "off",
-        ])
-        .args(["--data-dir", dir.to_str().expect("utf-8 path")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("connector starts");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "connector did not listen");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child
-}
-
-/// A minimal raw client: frames out, performatives in.
-struct Client {
-    s: TcpStream,
-    buf: BytesMut,
-}
-
-impl Client {
-    fn connect(port: u16) -> Client {
-        let s = TcpStream::connect(SocketAddr::from(([127, 0, 0, 1], port))).expect("connect");
-        s.set_read_timeout(Some(Duration::from_millis(50)))
-            .expect("timeout");
-        let mut c = Client {
-            s,
-            buf: BytesMut::new(),
-        };
-        c.write(&HEADER_AMQP);
-        c.write(&peer::frame(0, &peer::open("crash-test"), &[]));
-        c.write(&peer::frame(0, &peer::begin(), &[]));
-        c
-    }
-
-    fn write(&mut self, b: &[u8]) -> bool {
-        self.s.write_all(b).is_ok()
-    }
-
-    /// Performatives read within `wait`; `None` once the socket is closed.
-    fn read(&mut self, wait: Duration) -> Option<Vec<(Performative, bytes::Bytes)>> {
-        let deadline = Instant::now() + wait;
-        let mut out = Vec::new();
-        let mut chunk = [0u8; 65536];
-        loop {
-            match self.s.read(&mut chunk) {
-                Ok(0) => return None,
-                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) => {}
-                Err(_) => return None,
-            }
-            if self.buf.len() >= 8 && &self.buf[..4] == b"AMQP" {
-                let _ = self.buf.split_to(8);
-            }
-            while let Ok(Some(f)) = split_frame(&mut self.buf, u32::MAX) {
-                if let Ok(p) = decode_performative(&f.body) {
-                    let payload = match &p {
-                        Performative::Transfer(_, pl) => pl.clone(),
-                        _ => bytes::Bytes::new(),
-                    };
-                    out.push((p, payload));
-                }
-            }
-            if Instant::now() >= deadline {
-                return Some(out);
-            }
-        }
-    }
 }
 
 /// The Data section (as encoded) of a delivered message.

@@ -186,7 +186,8 @@ impl Handler for NodeHandler {
                 }
                 self.links.remove(&link);
             }
-            Event::Opened { .. } | Event::Closed { .. } => {}
+            // The node pumps on credit alone; frames past a shut window wait in the engine.
+            Event::Opened { .. } | Event::Closed { .. } | Event::WindowOpened => {}
         }
     }
 

@@ -15,6 +15,7 @@ use fe2o3_amqp_types::primitives::{Array, Symbol};
 use fe2o3_amqp_types::sasl::{SaslCode, SaslMechanisms, SaslOutcome};
 
 use super::auth::{sanitize_client_id, Authenticator, Identity, MAX_INITIAL_RESPONSE};
+use super::budget::{ConnectionBudget, ProcessBudget};
 use super::codec::{self, decode_performative, decode_sasl, Performative, SaslFrame};
 use super::error::{AmqpError, Condition};
 use super::event::Event;
@@ -57,6 +58,10 @@ pub struct EngineConfig {
     pub close_timeout: Duration,
     /// SASL policy.
     pub authenticator: Arc<dyn Authenticator>,
+    /// Bytes one connection may make the connector hold (see [`super::budget`]).
+    pub connection_memory: u64,
+    /// The budget all connections share beyond their guaranteed share.
+    pub process_memory: Arc<ProcessBudget>,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -67,6 +72,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("session_max", &self.session_max)
             .field("max_links_per_session", &self.max_links_per_session)
             .field("idle_timeout", &self.idle_timeout)
+            .field("connection_memory", &self.connection_memory)
             .finish_non_exhaustive()
     }
 }
@@ -132,6 +138,11 @@ pub struct Connection {
     pub(super) errors_sent: [u64; 3],
     /// Inbound messages dropped by the engine (oversize) since last taken (MET-8).
     pub(super) dropped_in: u64,
+    /// What this connection makes the connector hold.
+    pub(super) budget: ConnectionBudget,
+    /// A receiver link's credit was not topped up because the budget was half used; credit is
+    /// granted again once it falls below half.
+    pub(super) credit_withheld: bool,
 }
 
 impl Connection {
@@ -145,6 +156,7 @@ impl Connection {
         now: Instant,
     ) -> Self {
         let handshake_deadline = now + cfg.handshake_timeout;
+        let budget = ConnectionBudget::new(cfg.connection_memory, cfg.process_memory.clone());
         Connection {
             cfg,
             transport,
@@ -170,6 +182,8 @@ impl Connection {
             pending_disposition: None,
             errors_sent: [0; 3],
             dropped_in: 0,
+            budget,
+            credit_withheld: false,
         }
     }
 
@@ -207,8 +221,14 @@ impl Connection {
         }
         if self.state == State::Open {
             self.replenish_windows();
+            self.grant_withheld_credit();
         }
         self.flush_disposition();
+    }
+
+    /// This connection's memory budget, for buffers the application holds on its behalf.
+    pub fn budget(&self) -> &ConnectionBudget {
+        &self.budget
     }
 
     /// Appends everything the engine wants to send to `buf`.

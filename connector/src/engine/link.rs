@@ -8,6 +8,7 @@ use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
 
+use super::budget::{BudgetExceeded, Charge};
 use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame, TransferHead};
 use super::connection::{wire_to_error, Connection};
 use super::error::{AmqpError, Condition};
@@ -48,9 +49,17 @@ struct ReceiverState {
     /// Credit window refilled to (FLOW-1).
     window: u32,
     partial: Option<Partial>,
-    /// Deliveries handed to the application and not yet settled by it: id → client wants a
-    /// disposition (it sent the delivery unsettled).
-    in_flight: super::FastMap<u32, bool>,
+    /// Deliveries handed to the application and not yet settled by it.
+    in_flight: super::FastMap<u32, InFlight>,
+}
+
+/// A delivery the application has and has not settled yet.
+#[derive(Debug)]
+struct InFlight {
+    /// The client sent it unsettled, so it wants a disposition.
+    wants_disposition: bool,
+    /// Its bytes, held against the budget until it is settled or its link ends.
+    _charge: Charge,
 }
 
 #[derive(Debug)]
@@ -60,6 +69,51 @@ struct Partial {
     settled: bool,
     buf: BytesMut,
     first: Option<Bytes>,
+    /// The bytes held for `first` and `buf`'s capacity.
+    charge: Charge,
+}
+
+impl Partial {
+    /// Appends one frame's payload, charging what the reassembly will hold before it grows:
+    /// a single-frame payload is kept as it is, and the buffer grows by doubling (capped at
+    /// `max` once it would pass it) so that its capacity, which is what it costs, is known.
+    fn append(&mut self, payload: Bytes, max: u64) -> Result<(), BudgetExceeded> {
+        let held = self.first.as_ref().map_or(0, Bytes::len) + self.buf.len();
+        if self.first.is_none() && self.buf.is_empty() {
+            self.charge.grow(payload.len() as u64)?;
+            self.first = Some(payload);
+            return Ok(());
+        }
+        let needed = held + payload.len();
+        if needed > self.buf.capacity() {
+            let target = needed.max((held * 2).min(max as usize));
+            self.charge
+                .grow((target as u64).saturating_sub(self.charge.bytes()))?;
+            // A fresh buffer of exactly `target` bytes (growing in place could round up to
+            // twice the old capacity, past what was charged).
+            let mut grown = BytesMut::with_capacity(target);
+            match self.first.take() {
+                Some(f) => grown.extend_from_slice(&f),
+                None => grown.extend_from_slice(&self.buf),
+            }
+            self.buf = grown;
+            let real = self.buf.capacity() as u64;
+            if real > target as u64 {
+                self.charge.grow_anyway(real - target as u64);
+            }
+        }
+        self.buf.extend_from_slice(&payload);
+        Ok(())
+    }
+
+    /// The reassembled message and the charge that keeps counting it.
+    fn finish(self) -> (Bytes, Charge) {
+        let body = match self.first {
+            Some(f) => f,
+            None => self.buf.freeze(),
+        };
+        (body, self.charge)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -95,6 +149,16 @@ impl Link {
     pub(super) fn name_len(&self) -> usize {
         self.name.capacity()
     }
+}
+
+/// How much a session's client takes now: its incoming window, and the frames already waiting
+/// for it to open (non-zero only while the window is 0).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SessionRoom {
+    /// Transfer frames the client's incoming window admits now.
+    pub window: u32,
+    /// Transfer frames written and waiting for the window.
+    pub waiting: u32,
 }
 
 /// What the application decides when it accepts a link.
@@ -525,6 +589,18 @@ impl Connection {
             .map_or(0, |l| l.credit)
     }
 
+    /// The client's incoming window on the link's session and the TRANSFER frames waiting for
+    /// it (both 0 for an unknown link): what a sender can put on the wire without waiting.
+    pub fn session_room(&self, id: LinkId) -> SessionRoom {
+        self.links
+            .get(&id)
+            .and_then(|l| self.sessions.get(&l.channel))
+            .map_or(SessionRoom::default(), |s| SessionRoom {
+                window: s.remote_incoming_window,
+                waiting: s.blocked.len().min(u32::MAX as usize) as u32,
+            })
+    }
+
     /// Deliveries sent on a server-sender link that the client has not settled (FLOW-7).
     pub fn unsettled_count(&self, id: LinkId) -> usize {
         match self.links.get(&id).map(|l| &l.side) {
@@ -632,7 +708,7 @@ impl Connection {
         } else {
             let mut frame = BytesMut::new();
             write_frame(&mut frame, TYPE_AMQP, ch, write);
-            s.blocked.push_back(frame.freeze());
+            s.blocked.push(frame.freeze());
         }
     }
 
@@ -696,6 +772,7 @@ impl Connection {
                                 settled: t.settled.unwrap_or(false),
                                 buf: BytesMut::new(),
                                 first: None,
+                                charge: self.budget.empty(),
                             });
                             None
                         }
@@ -738,14 +815,22 @@ impl Connection {
             return;
         }
         let held = p.first.as_ref().map_or(0, |f| f.len()) + p.buf.len();
-        if (held as u64).saturating_add(payload.len() as u64) > max_message_size {
-            // XFER-2: the client learns of the failed send, then the link is detached.
-            let (did, settled) = (p.id, p.settled);
-            r.partial = None;
-            let err = AmqpError::new(
+        let refusal = if (held as u64).saturating_add(payload.len() as u64) > max_message_size {
+            // XFER-2.
+            Some(AmqpError::new(
                 Condition::MessageSizeExceeded,
                 format!("message exceeds max-message-size {max_message_size}"),
-            );
+            ))
+        } else {
+            p.append(payload, max_message_size)
+                .err()
+                .map(BudgetExceeded::to_error)
+        };
+        if let Some(err) = refusal {
+            // The client learns of the failed send, then the link is detached: the rest of the
+            // delivery would have nowhere to go.
+            let (did, settled) = (p.id, p.settled);
+            r.partial = None;
             self.dropped_in += 1;
             if !settled {
                 self.errors_sent[2] += 1;
@@ -756,41 +841,37 @@ impl Connection {
             }
             return self.send_detach(id, Some(err));
         }
-        // Keep a single-frame payload as is; copy only when a second frame arrives.
-        match (&p.first, p.buf.is_empty()) {
-            (None, true) => p.first = Some(payload),
-            (Some(f), true) => {
-                p.buf.reserve(f.len() + payload.len());
-                p.buf.extend_from_slice(f);
-                p.buf.extend_from_slice(&payload);
-                p.first = None;
-            }
-            _ => p.buf.extend_from_slice(&payload),
-        }
         if t.more {
             return;
         }
         let Some(p) = r.partial.take() else { return };
-        let body = match p.first {
-            Some(f) => f,
-            None => p.buf.freeze(),
-        };
+        let (did, tag, settled) = (p.id, p.tag.clone(), p.settled);
+        let (body, charge) = p.finish();
         link.credit -= 1;
         link.delivery_count = link.delivery_count.wrapping_add(1);
-        r.in_flight.insert(p.id, !p.settled);
+        r.in_flight.insert(
+            did,
+            InFlight {
+                wants_disposition: !settled,
+                _charge: charge,
+            },
+        );
         self.events.push_back(Event::Delivery(Delivery {
             link: id,
-            delivery_id: p.id,
-            tag: p.tag,
-            settled: p.settled,
+            delivery_id: did,
+            tag,
+            settled,
             payload: body,
         }));
         self.refill_credit(id);
     }
 
     /// FLOW-1: top the credit back up to the window once it fell below half, but only while fewer
-    /// than a window of deliveries wait for the application (the backend's confirmation).
+    /// than a window of deliveries wait for the application (the backend's confirmation), and
+    /// while the connection's memory budget is less than half used (a slow backend or large
+    /// messages stop new credit before they reach the budget).
     fn refill_credit(&mut self, id: LinkId) {
+        let over_half = self.budget.used() > self.budget.limit() / 2;
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
@@ -803,8 +884,29 @@ impl Connection {
         if link.credit > (r.window - 1) / 2 || r.in_flight.len() >= r.window as usize {
             return;
         }
+        if over_half {
+            self.credit_withheld = true;
+            return;
+        }
         link.credit = r.window;
         self.write_link_flow(id);
+    }
+
+    /// Tops up the links whose credit was withheld for the budget, once it is below half used.
+    pub(super) fn grant_withheld_credit(&mut self) {
+        if !self.credit_withheld || self.budget.used() > self.budget.limit() / 2 {
+            return;
+        }
+        self.credit_withheld = false;
+        let receivers: Vec<LinkId> = self
+            .links
+            .iter()
+            .filter(|(_, l)| matches!(l.side, Side::Receiver(_)))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in receivers {
+            self.refill_credit(id);
+        }
     }
 
     /// Settles a delivery received on a server-receiver link: sends the DISPOSITION with `state`
@@ -822,15 +924,17 @@ impl Connection {
         let Side::Receiver(r) = &mut link.side else {
             return Err(CommandError::WrongRole);
         };
-        let wants = r
+        let done = r
             .in_flight
             .remove(&delivery_id)
             .ok_or(CommandError::NoDelivery)?;
         let ch = link.channel;
-        if wants {
+        if done.wants_disposition {
             self.queue_disposition(ch, Role::Receiver, delivery_id, Some(state));
         }
+        drop(done);
         self.refill_credit(id);
+        self.grant_withheld_credit();
         Ok(())
     }
 

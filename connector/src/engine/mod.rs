@@ -6,6 +6,7 @@
 //! machines, [`event`] is what the application sees.
 
 pub mod auth;
+pub mod budget;
 pub mod codec;
 mod connection;
 pub mod error;
@@ -20,6 +21,7 @@ mod session;
 pub mod validate;
 
 pub use auth::{Authenticator, Identity, NoAuth};
+pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
 pub use codec::DeliveryOutcome;
 pub use connection::{
     Connection, EngineConfig, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS, MIN_MAX_FRAME_SIZE,
@@ -27,7 +29,7 @@ pub use connection::{
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId};
-pub use link::LinkAccept;
+pub use link::{LinkAccept, SessionRoom};
 pub use session::SESSION_WINDOW;
 
 /// The hash map of the message path: foldhash (seeded per process) instead of SipHash, which

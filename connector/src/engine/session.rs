@@ -11,10 +11,12 @@ use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::messaging::DeliveryState;
 use fe2o3_amqp_types::performatives::{Begin, Disposition, End, Flow};
 
+use super::budget::{Charge, ConnectionBudget};
 use super::codec;
 use super::connection::Connection;
 use super::connection::{wire_to_error, State};
 use super::error::{AmqpError, Condition};
+use super::event::Event;
 use super::LinkId;
 
 /// The session windows the server advertises (SESS-1), in transfer frames.
@@ -37,7 +39,49 @@ pub(super) struct Session {
     /// Deliveries we sent and the client has not settled: delivery-id → link.
     pub out_unsettled: BTreeMap<u32, LinkId>,
     /// Encoded TRANSFER frames waiting for the client's incoming window to open.
-    pub blocked: VecDeque<Bytes>,
+    pub blocked: Blocked,
+}
+
+/// TRANSFER frames waiting for the client's incoming window, counted against the connection's
+/// memory budget. The connector never refuses its own frames here: what waits is bounded by the
+/// demand it asks of the backend (at most a few messages beyond the window, see `session_room`).
+#[derive(Debug)]
+pub(super) struct Blocked {
+    frames: VecDeque<Bytes>,
+    charge: Charge,
+}
+
+impl Blocked {
+    fn new(budget: &ConnectionBudget) -> Self {
+        Blocked {
+            frames: VecDeque::new(),
+            charge: budget.empty(),
+        }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.frames.is_empty()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.frames.len()
+    }
+
+    pub(super) fn push(&mut self, frame: Bytes) {
+        self.charge.grow_anyway(frame.len() as u64);
+        self.frames.push_back(frame);
+    }
+
+    fn pop(&mut self) -> Option<Bytes> {
+        let frame = self.frames.pop_front()?;
+        self.charge.shrink(frame.len() as u64);
+        Some(frame)
+    }
+
+    fn clear(&mut self) {
+        self.frames.clear();
+        self.charge.shrink(u64::MAX);
+    }
 }
 
 /// The channels whose BEGIN was refused and whose END has not come yet: one bit per channel,
@@ -142,7 +186,7 @@ impl Connection {
             by_handle: Default::default(),
             names: HashSet::new(),
             out_unsettled: BTreeMap::new(),
-            blocked: VecDeque::new(),
+            blocked: Blocked::new(&self.budget),
         };
         self.sessions.insert(ch, session);
         self.write_perf(ch, &reply);
@@ -264,6 +308,7 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&ch) else {
             return;
         };
+        let window_before = s.remote_incoming_window;
         let next_in = flow.next_incoming_id.unwrap_or(0);
         s.remote_incoming_window = next_in
             .wrapping_add(flow.incoming_window)
@@ -271,6 +316,9 @@ impl Connection {
         if s.remote_incoming_window > flow.incoming_window {
             // The client's next-incoming-id is ahead of what we sent: trust only its window.
             s.remote_incoming_window = flow.incoming_window;
+        }
+        if s.remote_incoming_window > window_before {
+            self.events.push_back(Event::WindowOpened);
         }
         self.flush_blocked(ch);
         if flow.handle.is_none() && flow.echo {
@@ -285,7 +333,7 @@ impl Connection {
             return;
         };
         while s.remote_incoming_window > 0 {
-            let Some(frame) = s.blocked.pop_front() else {
+            let Some(frame) = s.blocked.pop() else {
                 break;
             };
             s.remote_incoming_window -= 1;

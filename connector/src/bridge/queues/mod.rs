@@ -32,7 +32,8 @@ use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{
-    AmqpError, Condition, Connection, DeliveryOutcome, Event, FastMap, LinkAccept, LinkId,
+    AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, DeliveryOutcome,
+    Event, FastMap, LinkAccept, LinkId,
 };
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Direction, Metrics};
@@ -270,7 +271,8 @@ impl<B: Backend> QueuesHandler<B> {
                 {
                     return Ok(()); // detached while attaching: see `accept_or_gone`
                 }
-                self.mailboxes.insert(address.clone(), Default::default());
+                self.mailboxes
+                    .insert(address.clone(), Mailbox::new(conn.budget()));
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
                 self.bridge.metrics.link(metrics::Role::sender).inc();
                 self.links.insert(
@@ -449,10 +451,17 @@ impl<B: Backend> QueuesHandler<B> {
         }
     }
 
-    /// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7).
+    /// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7) and within what
+    /// its session's window takes plus [`WINDOW_SLACK`]: a client that grants credit but no
+    /// session window gets no more messages taken off the queue than the wire can carry.
     fn demand(&self, conn: &Connection, link: LinkId) -> u32 {
         let room = (self.bridge.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
-        (conn.credit(link) as usize).min(room) as u32
+        let session = conn.session_room(link);
+        let wire = session
+            .window
+            .saturating_add(WINDOW_SLACK)
+            .saturating_sub(session.waiting) as usize;
+        (conn.credit(link) as usize).min(room).min(wire) as u32
     }
     fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
         let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
@@ -504,14 +513,12 @@ impl<B: Backend> QueuesHandler<B> {
                 // ADDR-12: only this connection's own dynamic nodes are reachable.
                 let room = self.bridge.max_unsettled as usize;
                 let state = match self.mailboxes.get_mut(to) {
-                    Some(mailbox) if !mailbox.has_room(room, d.payload.len()) => rejected(
-                        Condition::ResourceLimitExceeded,
-                        "dynamic node is full: its receiver is not taking messages",
-                    ),
-                    Some(mailbox) => {
-                        mailbox.push_back(d.payload.clone());
-                        DeliveryState::Accepted(Accepted {})
-                    }
+                    Some(mailbox) => match mailbox.push_back(d.payload.clone(), room) {
+                        Ok(()) => DeliveryState::Accepted(Accepted {}),
+                        Err(e) => DeliveryState::Rejected(Rejected {
+                            error: Some(e.to_wire()),
+                        }),
+                    },
                     None => rejected(
                         Condition::PreconditionFailed,
                         "dynamic node the connection cannot reach",
@@ -630,37 +637,64 @@ impl<B: Backend> Handler for QueuesHandler<B> {
     }
 }
 
+/// Transfer frames a consume link may have waiting for its session's window (so at most this many
+/// messages are taken for it beyond what the window takes): enough to have
+/// the next ones ready when the client's FLOW opens the window, few enough that a pre-settled
+/// consumer whose window stays shut takes next to nothing off the queue.
+const WINDOW_SLACK: u32 = 4;
+
 /// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
 const MAILBOX_BYTES: usize = 16 * 1024 * 1024;
 
 /// A dynamic node's messages waiting for its receiver's credit, bounded in count and bytes:
-/// a receiver that grants no credit cannot make the connection hold what is sent to it.
-#[derive(Debug, Default)]
+/// a receiver that grants no credit cannot make the connection hold what is sent to it. What
+/// waits is charged to the connection's memory budget too.
+#[derive(Debug)]
 struct Mailbox {
     waiting: std::collections::VecDeque<bytes::Bytes>,
     bytes: usize,
+    charge: Charge,
 }
 
 impl Mailbox {
-    /// Whether a new message of `len` bytes may wait here, with at most `count` waiting: an
-    /// empty mailbox takes any message (up to MaxMessageSize), a busy one up to MAILBOX_BYTES.
-    fn has_room(&self, count: usize, len: usize) -> bool {
-        self.waiting.is_empty() || (self.waiting.len() < count && self.bytes + len <= MAILBOX_BYTES)
+    fn new(budget: &ConnectionBudget) -> Self {
+        Mailbox {
+            waiting: Default::default(),
+            bytes: 0,
+            charge: budget.empty(),
+        }
     }
 
-    fn push_back(&mut self, m: bytes::Bytes) {
+    /// Takes a new message, with at most `count` waiting: an empty mailbox takes any message (up
+    /// to MaxMessageSize), a busy one up to MAILBOX_BYTES; or the refusal.
+    fn push_back(&mut self, m: bytes::Bytes, count: usize) -> Result<(), AmqpError> {
+        if !self.waiting.is_empty()
+            && (self.waiting.len() >= count || self.bytes + m.len() > MAILBOX_BYTES)
+        {
+            return Err(AmqpError::new(
+                Condition::ResourceLimitExceeded,
+                "dynamic node is full: its receiver is not taking messages",
+            ));
+        }
+        self.charge
+            .grow(m.len() as u64)
+            .map_err(BudgetExceeded::to_error)?;
         self.bytes += m.len();
         self.waiting.push_back(m);
+        Ok(())
     }
 
-    /// Puts back a message that was accepted already (not sent, or released by the receiver).
+    /// Puts back a message that was accepted already (not sent, or released by the receiver):
+    /// never refused, it was counted once already.
     fn push_front(&mut self, m: bytes::Bytes) {
+        self.charge.grow_anyway(m.len() as u64);
         self.bytes += m.len();
         self.waiting.push_front(m);
     }
 
     fn pop_front(&mut self) -> Option<bytes::Bytes> {
         let m = self.waiting.pop_front()?;
+        self.charge.shrink(m.len() as u64);
         self.bytes -= m.len();
         Some(m)
     }
@@ -716,6 +750,14 @@ impl<B: Backend> QueuesHandler<B> {
                     // A FLOW after a drain in the same turn is new credit: it is reported.
                     self.drained.retain(|l| *l != link);
                     self.demand_changed.push(link);
+                }
+            }
+            Event::WindowOpened => {
+                // Every consume link's demand may have been cut by its session's window.
+                for (link, kind) in &self.links {
+                    if matches!(kind, LinkKind::Consume { .. }) {
+                        self.demand_changed.push(*link);
+                    }
                 }
             }
             Event::Settled { link, token, state } => {

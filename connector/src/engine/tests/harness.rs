@@ -58,6 +58,8 @@ pub fn config() -> EngineConfig {
         handshake_timeout: Duration::from_secs(30),
         close_timeout: Duration::from_secs(2),
         authenticator: Arc::new(NoAuth),
+        connection_memory: 268_435_456,
+        process_memory: crate::engine::ProcessBudget::new(1 << 30),
     }
 }
 

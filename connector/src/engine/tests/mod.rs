@@ -1365,6 +1365,193 @@ fn xfer_2_message_size_cap() {
     );
 }
 
+/// A message that never ends is cut at the connection's memory budget, well below
+/// MaxMessageSize: rejected and detached with `amqp:resource-limit-exceeded`, and every byte it
+/// held is given back.
+#[test]
+fn a_message_that_never_ends_is_cut_at_the_connection_budget() {
+    let mut cfg = config();
+    cfg.connection_memory = 1 << 20;
+    let mut c = Client::new(cfg);
+    c.open_session();
+    producer(&mut c, "p", 0, 10);
+    let chunk = [7u8; 16 * 1024];
+    let mut out = c.transfer(0, &transfer(0, Some(0), Some(b"a"), false, true), &chunk);
+    let mut frames = 1;
+    while conditions(&out).is_empty() {
+        assert!(frames < 200, "never cut");
+        out = c.transfer(0, &transfer(0, None, None, false, true), &chunk);
+        frames += 1;
+    }
+    assert!(
+        ((frames - 1) * chunk.len()) as u64 <= 1 << 20,
+        "cut only after {frames} frames"
+    );
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Out::Frame(0, Performative::Disposition(d))
+            if d.settled && matches!(&d.state, Some(DeliveryOutcome::Rejected(Some(_)))))),
+        "{out:?}"
+    );
+    assert_eq!(conditions(&out), ["amqp:resource-limit-exceeded"]);
+    assert!(
+        matches!(&c.take_events()[..], [Event::LinkClosed { error: Some(e), .. }]
+            if e.description.as_deref() == Some("connection memory budget of 1048576 bytes exceeded")),
+    );
+    assert_eq!(
+        c.conn.budget().used(),
+        0,
+        "the partial message is given back"
+    );
+}
+
+/// The process budget is shared: past it a connection's delivery is refused, while another
+/// connection's small message still fits its guaranteed share.
+#[test]
+fn connections_share_the_process_budget_beyond_a_guaranteed_share() {
+    let mut cfg = config();
+    cfg.process_memory = super::ProcessBudget::new(256 * 1024);
+    let process = cfg.process_memory.clone();
+    let mut abuser = Client::new(cfg.clone());
+    let mut polite = Client::new(cfg);
+    abuser.open_session();
+    polite.open_session();
+    producer(&mut abuser, "p", 0, 10);
+    let tx = producer(&mut polite, "p", 0, 10);
+    let chunk = [7u8; 64 * 1024];
+    let mut out = abuser.transfer(0, &transfer(0, Some(0), Some(b"a"), false, true), &chunk);
+    while conditions(&out).is_empty() {
+        out = abuser.transfer(0, &transfer(0, None, None, false, true), &chunk);
+    }
+    assert_eq!(conditions(&out), ["amqp:resource-limit-exceeded"]);
+    assert!(
+        matches!(&abuser.take_events()[..], [Event::LinkClosed { error: Some(e), .. }]
+            if e.description.as_deref() == Some("connector memory budget of 262144 bytes exceeded")),
+    );
+    // A second abuser link holds the process budget full (5 frames: a 512 KiB buffer, half of
+    // it in the guaranteed share); then the polite client sends.
+    producer(&mut abuser, "q", 1, 10);
+    abuser.transfer(0, &transfer(1, Some(1), Some(b"b"), false, true), &chunk);
+    for _ in 0..4 {
+        let out = abuser.transfer(0, &transfer(1, None, None, false, true), &chunk);
+        assert!(conditions(&out).is_empty(), "{out:?}");
+    }
+    assert_eq!(process.used(), 256 * 1024, "the process budget is full");
+    polite.transfer(
+        0,
+        &transfer(0, Some(0), Some(b"x"), false, false),
+        &[1; 1000],
+    );
+    let evs = polite.take_events();
+    let [Event::Delivery(d)] = &evs[..] else {
+        panic!("{evs:?}")
+    };
+    polite
+        .conn
+        .settle(tx, d.delivery_id, DeliveryState::Accepted(Accepted {}))
+        .unwrap();
+    drop(abuser);
+    assert_eq!(
+        process.used(),
+        0,
+        "a connection gives everything back when dropped"
+    );
+}
+
+/// Deliveries waiting for the application count against the budget: past half of it no credit
+/// is granted, and settling brings the credit back.
+#[test]
+fn credit_waits_while_the_budget_is_half_used() {
+    let mut cfg = config();
+    cfg.connection_memory = 4096;
+    let mut c = Client::new(cfg);
+    c.open_session();
+    let tx = producer(&mut c, "p", 0, 4);
+    let mut out = Vec::new();
+    for i in 0..3u32 {
+        out.extend(c.transfer(
+            0,
+            &transfer(0, Some(i), Some(&[i as u8]), false, false),
+            &[0; 1000],
+        ));
+    }
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Out::Frame(_, Performative::Flow(_)))),
+        "3000 of 4096 bytes wait: no credit ({out:?})"
+    );
+    assert_eq!(c.conn.budget().used(), 3000);
+    let ids: Vec<u32> = c
+        .take_events()
+        .iter()
+        .filter_map(|e| match e {
+            Event::Delivery(d) => Some(d.delivery_id),
+            _ => None,
+        })
+        .collect();
+    for id in ids {
+        c.conn
+            .settle(tx, id, DeliveryState::Accepted(Accepted {}))
+            .unwrap();
+    }
+    let out = c.collect();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Out::Frame(_, Performative::Flow(f)) if f.link_credit == Some(4))),
+        "{out:?}"
+    );
+    assert_eq!(c.conn.budget().used(), 0);
+}
+
+/// Frames waiting for the client's session window are counted, the link's room says how many
+/// more the window takes, and a FLOW that opens the window says so.
+#[test]
+fn a_shut_session_window_is_reported_and_counted() {
+    let mut c = Client::new(config());
+    c.open();
+    let mut b = begin();
+    b.incoming_window = 0;
+    c.frame(0, &b);
+    let rx = consumer(&mut c, "r", 0);
+    let mut lf = link_flow(0, 0, 10, false);
+    lf.incoming_window = 0;
+    c.frame(0, &lf);
+    assert_eq!(c.conn.session_room(rx), super::SessionRoom::default());
+    c.conn.send(rx, b"a", &[5; 100], true, 0).unwrap();
+    assert_eq!(
+        c.conn.session_room(rx),
+        super::SessionRoom {
+            window: 0,
+            waiting: 1
+        }
+    );
+    assert!(
+        c.conn.budget().used() >= 100,
+        "the blocked frame is counted"
+    );
+    c.take_events();
+    let mut f = link_flow(0, 0, 10, false);
+    f.handle = None;
+    f.delivery_count = None;
+    f.link_credit = None;
+    f.next_incoming_id = Some(0);
+    f.incoming_window = 8;
+    let out = c.frame(0, &f);
+    assert_eq!(out.iter().filter(|o| payload(o).is_some()).count(), 1);
+    assert!(c
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::WindowOpened)));
+    assert_eq!(
+        c.conn.session_room(rx),
+        super::SessionRoom {
+            window: 7,
+            waiting: 0
+        }
+    );
+    assert_eq!(c.conn.budget().used(), 0);
+}
+
 /// XFER-3: outbound messages are fragmented to the negotiated frame size and reassemble exactly.
 #[test]
 fn xfer_3_outbound_fragmentation() {

@@ -1,0 +1,422 @@
+//! The connector process against clients that try to make it hold memory: its resident memory
+//! is sampled from `/proc` while the abuse runs and must stay within the documented budgets, the
+//! abuser gets the documented condition, and a well-behaved client on the same connector loses
+//! nothing. Its own test binary: it watches a child process of its own.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{free_port, memory_of, start_connector, Client};
+use connector::engine::codec::{DeliveryOutcome, Performative};
+use connector::engine::peer;
+use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
+use fe2o3_amqp_types::messaging::{Accepted, Data, DeliveryState};
+use fe2o3_amqp_types::performatives::{Disposition, Flow};
+use serde_bytes::ByteBuf;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Samples the child's resident memory every few milliseconds until dropped; `peak` is the
+/// highest seen.
+struct RssWatch {
+    peak: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RssWatch {
+    fn start(pid: u32) -> RssWatch {
+        let peak = Arc::new(AtomicU64::new(memory_of(pid, "VmRSS")));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (p, s) = (peak.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                p.fetch_max(memory_of(pid, "VmRSS"), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        RssWatch {
+            peak,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RssWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The child's resident memory once it stopped changing (the store finished writing what it was
+/// sent): no two samples 200 ms apart differ by more than 1 MiB.
+fn settled_rss(pid: u32) -> u64 {
+    let mut last = memory_of(pid, "VmRSS");
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = memory_of(pid, "VmRSS");
+        if now.abs_diff(last) <= MIB {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+fn data(body: &[u8]) -> Vec<u8> {
+    serde_amqp::to_vec(&Data(ByteBuf::from(body.to_vec()))).expect("encode")
+}
+
+/// Reads until `done` says so or `wait` passes; returns everything read.
+fn read_until(
+    c: &mut Client,
+    wait: Duration,
+    mut done: impl FnMut(&[(Performative, bytes::Bytes)]) -> bool,
+) -> Vec<(Performative, bytes::Bytes)> {
+    let deadline = Instant::now() + wait;
+    let mut got = Vec::new();
+    while Instant::now() < deadline && !done(&got) {
+        match c.read(Duration::from_millis(20)) {
+            Some(more) => got.extend(more),
+            None => break,
+        }
+    }
+    got
+}
+
+fn detach_condition(got: &[(Performative, bytes::Bytes)]) -> Option<String> {
+    got.iter().find_map(|(p, _)| match p {
+        Performative::Detach(d) => d.error.as_ref().map(peer::error_symbol),
+        _ => None,
+    })
+}
+
+/// Attaches a sender on `handle` to `address` and waits for its credit.
+fn attach_sender(c: &mut Client, name: &str, handle: u32, address: &str) {
+    c.write(&peer::frame(
+        0,
+        &peer::attach_sender(name, handle, address),
+        &[],
+    ));
+    let got = read_until(c, Duration::from_secs(5), |g| {
+        g.iter().any(|(p, _)| matches!(p, Performative::Flow(f) if f.handle.as_ref().map(|h| h.0) == Some(handle)))
+    });
+    assert!(
+        got.iter().any(|(p, _)| matches!(p, Performative::Flow(_))),
+        "no credit for {name}: {got:?}"
+    );
+}
+
+/// Sends `n` small messages unsettled, one at a time; returns how many were accepted.
+fn produce_small(c: &mut Client, handle: u32, first_id: u32, n: u32, tag: &str) -> u32 {
+    let mut accepted = 0;
+    for id in first_id..first_id + n {
+        let body = data(format!("{tag}-{id}").as_bytes());
+        c.write(&peer::frame(
+            0,
+            &peer::transfer(handle, Some(id), Some(&id.to_be_bytes()), false, false),
+            &body,
+        ));
+        let got = read_until(c, Duration::from_secs(5), |g| {
+            g.iter().any(
+                |(p, _)| matches!(p, Performative::Disposition(d) if d.first <= id && id <= d.last),
+            )
+        });
+        if got.iter().any(|(p, _)| {
+            matches!(p, Performative::Disposition(d) if d.state == Some(DeliveryOutcome::Accepted))
+        }) {
+            accepted += 1;
+        }
+    }
+    accepted
+}
+
+/// Consumes `queues/<queue>` with acknowledgement until it is quiet; returns the payloads.
+fn consume_all(port: u16, queue: &str) -> Vec<bytes::Bytes> {
+    let mut c = Client::connect(port);
+    c.write(&peer::frame(
+        0,
+        &peer::attach_receiver("drain", 0, &format!("queues/{queue}")),
+        &[],
+    ));
+    c.write(&peer::frame(0, &peer::link_flow(0, 0, 100_000, false), &[]));
+    let mut got = Vec::new();
+    let mut quiet = 0;
+    while quiet < 15 {
+        let mut any = false;
+        for (p, payload) in c.read(Duration::from_millis(100)).expect("connected") {
+            if let Performative::Transfer(t, _) = p {
+                any = true;
+                if t.more {
+                    continue; // the tests here read whole messages of one frame
+                }
+                got.push(payload);
+                let d = Disposition {
+                    role: Role::Receiver,
+                    first: t.delivery_id.unwrap_or(0),
+                    last: None,
+                    settled: true,
+                    state: Some(DeliveryState::Accepted(Accepted {})),
+                    batchable: false,
+                };
+                c.write(&peer::frame(0, &d, &[]));
+            }
+        }
+        quiet = if any { 0 } else { quiet + 1 };
+    }
+    got
+}
+
+/// Messages that never end, four links at a time on each of six connections, sent again on new
+/// links after every refusal: they are cut at the connection or the process budget with
+/// `amqp:resource-limit-exceeded` (long before MaxMessageSize or a whole 100 MiB), the
+/// process's memory stays within the process budget (plus its baseline and the allocator's
+/// transient copies), and a well-behaved producer on the same connector has every message
+/// accepted and stored throughout.
+#[test]
+fn endless_messages_stay_within_the_memory_budgets() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(
+        dir.path(),
+        port,
+        &[
+            "--max-message-size",
+            &(8 * MIB).to_string(),
+            "--max-connection-memory",
+            &(16 * MIB).to_string(),
+            "--max-process-memory",
+            &(32 * MIB).to_string(),
+        ],
+    );
+    let pid = server.id();
+    // Warm up: one ordinary exchange, so the baseline includes the store and the runtime.
+    let mut polite = Client::connect(port);
+    attach_sender(&mut polite, "polite", 0, "queues/polite");
+    assert_eq!(produce_small(&mut polite, 0, 0, 1, "warm"), 1);
+    let baseline = settled_rss(pid);
+    let watch = RssWatch::start(pid);
+
+    let abusers: Vec<_> = (0..6)
+        .map(|n| {
+            std::thread::spawn(move || {
+                let mut c = Client::connect(port);
+                let chunk = vec![n as u8; 64 * 1024];
+                let mut conditions = Vec::new();
+                for round in 0..3u32 {
+                    // Four links, each with a delivery that never ends, fed in turn: together
+                    // they pass the connection budget before any passes MaxMessageSize.
+                    let handles: Vec<u32> = (4 * round..4 * round + 4).collect();
+                    for &h in &handles {
+                        attach_sender(&mut c, &format!("abuse-{h}"), h, "queues/abuse");
+                        c.write(&peer::frame(
+                            0,
+                            &peer::transfer(h, Some(h), Some(b"t"), false, true),
+                            &chunk,
+                        ));
+                    }
+                    let mut sent = 4 * 64 * 1024;
+                    let mut condition = None;
+                    'abuse: while condition.is_none() && sent < 100 * MIB {
+                        for &h in &handles {
+                            if !c.write(&peer::frame(
+                                0,
+                                &peer::transfer(h, None, None, false, true),
+                                &chunk,
+                            )) {
+                                break 'abuse;
+                            }
+                            sent += 64 * 1024;
+                        }
+                        if sent % MIB == 0 {
+                            condition = c
+                                .read(Duration::from_millis(1))
+                                .and_then(|g| detach_condition(&g));
+                        }
+                    }
+                    if condition.is_none() {
+                        let got = read_until(&mut c, Duration::from_secs(10), |g| {
+                            detach_condition(g).is_some()
+                        });
+                        condition = detach_condition(&got);
+                    }
+                    conditions.push((condition, sent));
+                    // Free the handles for the next round (and answer the server's DETACH).
+                    for &h in &handles {
+                        c.write(&peer::frame(0, &peer::detach(h), &[]));
+                    }
+                    read_until(&mut c, Duration::from_millis(300), |_| false);
+                }
+                conditions
+            })
+        })
+        .collect();
+    let accepted = produce_small(&mut polite, 0, 1, 200, "polite");
+    for a in abusers {
+        for (condition, sent) in a.join().expect("abuser") {
+            assert_eq!(
+                condition.as_deref(),
+                Some("amqp:resource-limit-exceeded"),
+                "an abuser that sent {sent} bytes"
+            );
+        }
+    }
+    let growth = watch.peak().saturating_sub(baseline);
+    drop(watch);
+    eprintln!("resident memory grew by {} MiB under abuse", growth / MIB);
+    assert_eq!(accepted, 200, "the polite producer was refused");
+    // 32 MiB of budget, 6 × 256 KiB of guaranteed shares, and room for the reassembly buffers
+    // being copied into their doubled successors.
+    assert!(
+        growth < 64 * MIB,
+        "resident memory grew by {} MiB",
+        growth / MIB
+    );
+    let stored = consume_all(port, "polite");
+    assert_eq!(stored.len(), 201, "every accepted message is on the queue");
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// A consumer asking for pre-settled deliveries with plenty of credit and a session window of 0
+/// gets next to nothing taken off the queue for it (a few messages past the window, never the
+/// queue): the process's memory does not grow with the queue, a connection that ends with the
+/// window shut loses at most those few, and a consumer whose window opens later receives every
+/// other message, once.
+#[test]
+fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(dir.path(), port, &["--max-frame-size", "1048576"]);
+    let pid = server.id();
+    let mut tx = Client::connect(port);
+    attach_sender(&mut tx, "tx", 0, "queues/atmost");
+    let big = vec![9u8; 512 * 1024];
+    let mut accepted = 0;
+    for id in 0..QUEUED {
+        let mut body = big.clone();
+        body[..4].copy_from_slice(&id.to_be_bytes());
+        c_send(&mut tx, id, &data(&body));
+        accepted += 1;
+    }
+    let got = read_until(&mut tx, Duration::from_secs(30), |g| {
+        g.iter()
+            .filter_map(|(p, _)| match p {
+                Performative::Disposition(d) => Some(d.last + 1),
+                _ => None,
+            })
+            .max()
+            == Some(accepted)
+    });
+    assert!(
+        got.iter()
+            .any(|(p, _)| matches!(p, Performative::Disposition(d) if d.last + 1 == accepted)),
+        "not all stored: {got:?}"
+    );
+    drop(tx);
+    let baseline = settled_rss(pid);
+    let watch = RssWatch::start(pid);
+
+    let mut rx = shut_window_consumer(port);
+    let early = read_until(&mut rx, Duration::from_secs(3), |_| false);
+    assert!(
+        !early
+            .iter()
+            .any(|(p, _)| matches!(p, Performative::Transfer(..))),
+        "a transfer beyond the session window"
+    );
+    let growth = watch.peak().saturating_sub(baseline);
+    drop(watch);
+    eprintln!(
+        "resident memory grew by {} MiB with the window shut",
+        growth / MIB
+    );
+    // The connection ends with the window still shut: what it took off the queue is lost
+    // (at-most-once), and that must be no more than the few messages past the window.
+    drop(rx);
+    let mut rx = shut_window_consumer(port);
+    read_until(&mut rx, Duration::from_millis(500), |_| false);
+    let open = Flow {
+        next_incoming_id: Some(0),
+        incoming_window: 1_000_000,
+        ..peer::link_flow(0, 0, 1000, false)
+    };
+    rx.write(&peer::frame(0, &open, &[]));
+    let mut ids = std::collections::BTreeSet::new();
+    let mut dup = 0;
+    let mut quiet = 0;
+    while quiet < 20 {
+        let got = rx.read(Duration::from_millis(100)).expect("connected");
+        quiet = if got.is_empty() { quiet + 1 } else { 0 };
+        for (p, payload) in got {
+            if let Performative::Transfer(..) = p {
+                if !ids.insert(message_id(&payload)) {
+                    dup += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(dup, 0, "a message delivered twice");
+    assert!(
+        ids.len() + 4 >= QUEUED as usize,
+        "{} of {QUEUED} messages left after a consumer that could carry none",
+        ids.len()
+    );
+    assert!(
+        growth < 30 * MIB,
+        "resident memory grew by {} MiB for a consumer that can take nothing",
+        growth / MIB
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// A consumer of pre-settled deliveries on `queues/atmost` with credit 1000 and a session
+/// incoming window of 0.
+fn shut_window_consumer(port: u16) -> Client {
+    let mut rx = Client::connect_bare(port);
+    rx.write(&connector::engine::HEADER_AMQP);
+    rx.write(&peer::frame(0, &peer::open("atmost"), &[]));
+    let mut b = peer::begin();
+    b.incoming_window = 0;
+    rx.write(&peer::frame(0, &b, &[]));
+    let mut a = peer::attach_receiver("rx", 0, "queues/atmost");
+    a.snd_settle_mode = SenderSettleMode::Settled;
+    rx.write(&peer::frame(0, &a, &[]));
+    let mut f = peer::link_flow(0, 0, 1000, false);
+    f.incoming_window = 0;
+    rx.write(&peer::frame(0, &f, &[]));
+    rx
+}
+
+/// Messages of 512 KiB queued for the pre-settled consumer: 60 MiB, twice what its memory may
+/// grow by.
+const QUEUED: u32 = 120;
+
+/// Sends one unsettled message on handle 0 without waiting for its outcome.
+fn c_send(c: &mut Client, id: u32, payload: &[u8]) {
+    c.write(&peer::frame(
+        0,
+        &peer::transfer(0, Some(id), Some(&id.to_be_bytes()), false, false),
+        payload,
+    ));
+}
+
+/// The first four bytes of a delivered message's Data section.
+fn message_id(msg: &[u8]) -> u32 {
+    let layout = connector::engine::message::walk(msg).expect("a valid message");
+    let body = &msg[layout.body];
+    let data: Data = serde_amqp::from_slice(body).expect("a Data section");
+    u32::from_be_bytes(data.0[..4].try_into().expect("4 bytes"))
+}
