@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::engine::{Authenticator, EngineConfig, NoAuth, ProcessBudget};
+pub use ops::logs::LogFormat;
 
 /// One setting: its YAML key (the reference field name) and environment variable.
 struct Field {
@@ -120,16 +121,6 @@ const FIELDS: [Field; 25] = [
         env: "CONNECTORS_AMQP10_LOG_FORMAT",
     },
 ];
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// One human-readable line per event (colour only on a terminal).
-    Text,
-    /// One JSON object per line, for log collectors.
-    Json,
-}
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
 const LEGACY_MAX_MESSAGE_SIZE_ENV: &str = "CONNECTORS_AMQP10_MAXMESSAGESIZE";
@@ -312,8 +303,16 @@ impl Settings {
                 _ => errors.push(format!("Enable must be true or false, got {v:?}")),
             }
         }
+        // Read before CFG-18's early return: a disabled connector still logs that it is.
+        if let Some(v) = get("LogFormat") {
+            match v.parse() {
+                Ok(f) => s.log_format = f,
+                Err(e) => errors.push(format!("LogFormat {e}")),
+            }
+        }
         if !s.enable {
-            // CFG-18: a disabled connector is valid whatever the rest says.
+            // CFG-18: a disabled connector is valid whatever the rest says (a bad
+            // LogFormat falls back to text).
             return Ok(s);
         }
         let int = |k: &str, min: i128, max: i128, errors: &mut Vec<String>| -> Option<i128> {
@@ -443,13 +442,6 @@ impl Settings {
                 _ => errors.push(format!(
                     "CountConnectionsAfterHeader must be true or false, got {v:?}"
                 )),
-            }
-        }
-        if let Some(v) = get("LogFormat") {
-            match v.to_ascii_lowercase().as_str() {
-                "text" => s.log_format = LogFormat::Text,
-                "json" => s.log_format = LogFormat::Json,
-                _ => errors.push(format!("LogFormat must be text or json, got {v:?}")),
             }
         }
         if s.max_connection_memory < s.max_message_size {
@@ -832,6 +824,61 @@ mod tests {
         assert!(text.contains("RpcMaxPending must be an integer"));
         let both_zero = Settings::resolve(&[raw(&[("Port", "0"), ("TlsPort", "0")])]).unwrap_err();
         assert!(both_zero.to_string().contains("no listener"));
+    }
+
+    /// The hostile-client limits: memory budgets, the pre-OPEN deadline, when a connection
+    /// counts, and the log format; a connection budget below MaxMessageSize is refused.
+    #[test]
+    fn limits_settings() {
+        let d = Settings::default();
+        assert_eq!(
+            (
+                d.max_connection_memory,
+                d.max_process_memory,
+                d.handshake_timeout_seconds,
+                d.count_connections_after_header,
+                d.log_format
+            ),
+            (256 << 20, 1 << 30, 5, false, LogFormat::Text)
+        );
+        let env: BTreeMap<&str, &str> = [
+            ("CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY", "2000"),
+            ("CONNECTORS_AMQP10_MAX_PROCESS_MEMORY", "0"),
+            ("CONNECTORS_AMQP10_MAX_MESSAGE_SIZE", "2000"),
+            ("CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS", "2"),
+            ("CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER", "true"),
+            ("CONNECTORS_AMQP10_LOG_FORMAT", "json"),
+        ]
+        .into_iter()
+        .collect();
+        let s = Settings::resolve(&[read_env(|k| env.get(k).map(|v| v.to_string()))]).unwrap();
+        assert_eq!(
+            (
+                s.max_connection_memory,
+                s.max_process_memory,
+                s.handshake_timeout_seconds,
+                s.count_connections_after_header,
+                s.log_format
+            ),
+            (2000, 0, 2, true, LogFormat::Json)
+        );
+        let e = Settings::resolve(&[raw(&[
+            ("MaxConnectionMemory", "1000"),
+            ("MaxMessageSize", "1001"),
+            ("HandshakeTimeoutSeconds", "0"),
+            ("LogFormat", "xml"),
+        ])])
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("MaxConnectionMemory (1000) must be at least MaxMessageSize (1001)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("HandshakeTimeoutSeconds must be between 1 and 3600"),
+            "{text}"
+        );
+        assert!(text.contains("LogFormat must be text or json"), "{text}");
     }
 
     /// CFG-18: disabled means valid whatever else is set.

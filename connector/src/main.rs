@@ -24,13 +24,6 @@ use connector::store::Store;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Colour codes only for a terminal: a log file or a pod's log stays plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let cli = Cli::parse();
     let settings = match cli.settings(|k| std::env::var(k).ok()) {
         Ok(s) => s,
@@ -39,6 +32,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    ops::logs::init(settings.log_format);
     if cli.print_config {
         match serde_yaml::to_string(&settings) {
             Ok(y) => print!("{y}"),
@@ -186,6 +180,7 @@ async fn serve_amqp<B: Backend + Clone>(
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
         broker_ready: Some(ready.clone()),
+        count_after_header: settings.count_connections_after_header,
     };
     serve(
         listener,

@@ -420,3 +420,120 @@ fn message_id(msg: &[u8]) -> u32 {
     let data: Data = serde_amqp::from_slice(body).expect("a Data section");
     u32::from_be_bytes(data.0[..4].try_into().expect("4 bytes"))
 }
+
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("fd folder")
+        .count()
+}
+
+/// What a new client gets for its OPEN: the server's OPEN, or the CLOSE that follows it when the
+/// connection is refused (CONN-15).
+fn open_answer(port: u16) -> Option<Performative> {
+    let mut c = Client::connect_bare(port);
+    c.write(&connector::engine::HEADER_AMQP);
+    c.write(&peer::frame(0, &peer::open("late"), &[]));
+    let mut got = read_until(&mut c, Duration::from_secs(5), |g| {
+        g.iter().any(|(p, _)| matches!(p, Performative::Open(_)))
+    });
+    // A refusal's CLOSE is written right behind the OPEN.
+    got.extend(read_until(&mut c, Duration::from_millis(300), |_| false));
+    let mut answers = got
+        .into_iter()
+        .map(|(p, _)| p)
+        .filter(|p| matches!(p, Performative::Open(_) | Performative::Close(_)));
+    let open = answers.next();
+    answers.next().or(open)
+}
+
+/// Sockets that connect and say nothing: with CountConnectionsAfterHeader they hold no
+/// connection slot (a client that sends its header is served while they wait), at most 4 ×
+/// MaxConnections (64 here) are kept waiting and the rest are dropped at once, so the process's
+/// descriptors stay bounded; each is closed at the handshake timeout.
+#[test]
+fn silent_sockets_hold_no_slot_and_are_dropped_at_the_handshake_timeout() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(
+        dir.path(),
+        port,
+        &[
+            "--max-connections",
+            "4",
+            "--handshake-timeout-seconds",
+            "2",
+            "--count-connections-after-header",
+            "true",
+        ],
+    );
+    let pid = server.id();
+    let before = open_descriptors(pid);
+    let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    let mut silent: Vec<std::net::TcpStream> = (0..40).map(|_| connect()).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let answer = open_answer(port);
+    assert!(
+        matches!(answer, Some(Performative::Open(_))),
+        "a client with a header is refused while silent sockets wait: {answer:?}"
+    );
+    silent.extend((0..60).map(|_| connect()));
+    std::thread::sleep(Duration::from_millis(300));
+    let held = open_descriptors(pid).saturating_sub(before);
+    assert!(
+        held <= 64 + 2,
+        "{held} descriptors held for 100 silent sockets"
+    );
+    // All are closed by the server: the extras at once, the waiting ones at the timeout.
+    let started = Instant::now();
+    let mut closed = 0;
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut b = [0u8; 1];
+        if matches!(std::io::Read::read(s, &mut b), Ok(0) | Err(_)) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 100, "every silent socket is closed by the server");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "closed only after {:?}",
+        started.elapsed()
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// Counted from accept (the default), silent sockets do take the slots, but only until the
+/// handshake timeout: a client refused while they wait is admitted once they are dropped.
+#[test]
+fn silent_sockets_counted_from_accept_free_their_slots_at_the_timeout() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(
+        dir.path(),
+        port,
+        &["--max-connections", "4", "--handshake-timeout-seconds", "1"],
+    );
+    // The slot of start_connector's own probe connection must be free again first.
+    std::thread::sleep(Duration::from_millis(200));
+    let silent: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    match open_answer(port) {
+        Some(Performative::Close(c)) => assert_eq!(
+            c.error.as_ref().map(peer::error_symbol).as_deref(),
+            Some("amqp:resource-limit-exceeded")
+        ),
+        other => panic!("admitted past MaxConnections: {other:?}"),
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        matches!(open_answer(port), Some(Performative::Open(_))),
+        "still locked out after the handshake timeout"
+    );
+    drop(silent);
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -19,3 +19,22 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     );
     assert!(!logs.contains('\u{1b}'), "colour codes in {logs:?}");
 }
+
+/// With `LogFormat: json` every line is one JSON object, for log collectors.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
+        .args(["--enable", "false", "--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("the connector binary runs");
+    assert!(out.status.success(), "{out:?}");
+    let logs = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = logs.lines().collect();
+    assert!(!lines.is_empty(), "nothing logged");
+    for line in lines {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        assert_eq!(v["level"], "INFO", "{line}");
+        assert!(v["fields"]["message"].is_string(), "{line}");
+    }
+}

@@ -1,53 +1,29 @@
 //! `/livez` (the process runs), `/readyz` (the controller's caches are synced) and `/metrics`.
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
-use hyper::{Request, Response, StatusCode};
+use ops::http::{Answer, Limits};
 
 use crate::metrics::Metrics;
 
-/// Serves the three endpoints on `listener` until the task is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: Arc<AtomicBool>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let (metrics, ready) = (metrics.clone(), ready.clone());
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-                let (status, body) = match req.uri().path() {
-                    "/livez" => (StatusCode::OK, "ok\n".to_string()),
-                    "/readyz" if ready.load(Ordering::Acquire) => {
-                        (StatusCode::OK, "ready\n".into())
-                    }
-                    "/readyz" => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into()),
-                    "/metrics" => (StatusCode::OK, metrics.encode()),
-                    _ => (StatusCode::NOT_FOUND, "not found\n".into()),
-                };
-                // Prometheus 3 refuses a scrape without a Content-Type.
-                let content_type = if req.uri().path() == "/metrics" {
-                    "text/plain; version=0.0.4; charset=utf-8"
-                } else {
-                    "text/plain; charset=utf-8"
-                };
-                let mut r = Response::new(Full::new(Bytes::from(body)));
-                *r.status_mut() = status;
-                r.headers_mut().insert(
-                    hyper::header::CONTENT_TYPE,
-                    hyper::header::HeaderValue::from_static(content_type),
-                );
-                async move { Ok::<_, Infallible>(r) }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(io, service)
-                .await;
-        });
+fn answer(metrics: &Metrics, ready: &AtomicBool, path: &str) -> Answer {
+    match path {
+        "/livez" => Answer::text(200, "ok\n"),
+        "/readyz" if ready.load(Ordering::Acquire) => Answer::text(200, "ready\n"),
+        "/readyz" => Answer::text(503, "not ready\n"),
+        "/metrics" => Answer::metrics(metrics.encode()),
+        _ => Answer::not_found(),
     }
+}
+
+/// Serves the three endpoints on `listener`, within the default [`Limits`] (a few connections at
+/// a time, deadlines for a request and a connection), until the task is dropped.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: Arc<AtomicBool>) {
+    ops::http::serve(listener, Limits::default(), move |path| {
+        answer(&metrics, &ready, path)
+    })
+    .await
 }
 
 #[cfg(test)]

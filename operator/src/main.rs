@@ -45,6 +45,9 @@ struct Args {
     /// This replica's name in the Lease.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+    /// Log lines as `text` or `json` (one object per line); verbosity follows `RUST_LOG`.
+    #[arg(long, env = "OPERATOR_LOG_FORMAT", default_value = "text")]
+    log_format: ops::logs::LogFormat,
 }
 
 /// Seconds a leader's Lease stays valid without renewal.
@@ -52,14 +55,8 @@ const LEASE_SECONDS: u64 = 15;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        // Colour codes only for a terminal: a log file or a pod's log stays plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
-        .init();
     let args = Args::parse();
+    ops::logs::init(args.log_format);
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {

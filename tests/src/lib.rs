@@ -518,6 +518,7 @@ impl TestConnector {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
             broker_ready: None,
+            count_after_header: settings.count_connections_after_header,
         };
         let bridge = connector::bridge::queues::Queues::new(backend, &settings, metrics);
         serve(listener, cfg, opts, Arc::new(bridge), async {
@@ -609,6 +610,7 @@ impl TestServer {
                 max_connections,
                 shutdown_grace: Duration::from_secs(5),
                 broker_ready: None,
+                count_after_header: false,
             };
             serve(listener, Arc::new(cfg), opts, factory, async {
                 let _ = stop.await;

@@ -177,6 +177,7 @@ fn conn_15_16_broker_readiness() {
                 max_connections: settings.max_connections,
                 shutdown_grace: Duration::from_secs(5),
                 broker_ready: Some(ready),
+                count_after_header: settings.count_connections_after_header,
             };
             let bridge = Queues::new(backend, &settings, Arc::new(Metrics::new()));
             let cfg = Arc::new(settings.engine_config_no_auth());

@@ -22,20 +22,36 @@ const READ_CHUNK: usize = 256 * 1024;
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
+/// An accepted socket: the stream, what was already read from it (the protocol header, when the
+/// listener waited for it), and when it was accepted (the handshake deadline counts from then).
+#[derive(Debug)]
+pub struct Accepted {
+    /// The socket.
+    pub stream: TcpStream,
+    /// Bytes read from it before the connection task took it.
+    pub read: BytesMut,
+    /// When it was accepted.
+    pub at: std::time::Instant,
+}
+
 /// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
 /// `shutdown`, or `broker_ready` turning false, closes it with `amqp:connection:forced` (CONN-16).
 pub async fn run_connection<H: Handler>(
-    stream: TcpStream,
+    socket: Accepted,
     cfg: Arc<EngineConfig>,
     admission: Option<AmqpError>,
     mut handler: H,
     mut shutdown: watch::Receiver<bool>,
     mut broker_ready: Option<watch::Receiver<bool>>,
 ) {
+    let Accepted {
+        stream,
+        read: mut rbuf,
+        at,
+    } = socket;
     let _ = stream.set_nodelay(true);
     let (mut rd, mut wr) = stream.into_split();
-    let mut engine = Connection::new(cfg, Transport::Plain, admission, Instant::now().into_std());
-    let mut rbuf = BytesMut::new();
+    let mut engine = Connection::new(cfg, Transport::Plain, admission, at);
     let mut wbuf = BytesMut::new();
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
@@ -44,6 +60,9 @@ pub async fn run_connection<H: Handler>(
     // Only a change from now on closes this connection (admission already saw the state).
     if let Some(r) = broker_ready.as_mut() {
         r.borrow_and_update();
+    }
+    if !rbuf.is_empty() {
+        engine.handle_input(Instant::now().into_std(), &mut rbuf);
     }
     loop {
         while let Some(ev) = engine.poll_event() {

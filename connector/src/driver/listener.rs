@@ -3,15 +3,19 @@
 //! waits a bounded time.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
-use tokio::sync::{watch, Semaphore};
+use bytes::BytesMut;
+use ops::logs::RateLimited;
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
-use super::{run_connection, HandlerFactory};
+use super::{run_connection, Accepted, HandlerFactory};
 use crate::engine::{AmqpError, Condition, EngineConfig};
 
 /// How the listener runs.
@@ -25,7 +29,26 @@ pub struct ServeOptions {
     /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15), and when it turns false the
     /// open ones are closed with `amqp:connection:forced` (CONN-16). None: always ready.
     pub broker_ready: Option<watch::Receiver<bool>>,
+    /// Count a connection against `max_connections` only once its 8-byte protocol header came:
+    /// sockets that say nothing then wait in a pool of their own ([`waiting_pool`] places; past
+    /// it they are dropped at once) until the handshake timeout, holding no connection slot.
+    pub count_after_header: bool,
 }
+
+/// Places for sockets that have not sent their protocol header yet, with
+/// `count_after_header`: 4 × `max_connections` and at least 64 (unlimited when it is), so that
+/// clients arriving among silent sockets still find a place.
+pub fn waiting_pool(max_connections: u32) -> usize {
+    if max_connections == 0 {
+        Semaphore::MAX_PERMITS
+    } else {
+        (max_connections as usize).saturating_mul(4).max(64)
+    }
+}
+
+/// Longest pause after a failed accept (out of file descriptors, say); the pause doubles from
+/// 10 ms with each failure in a row.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
 
 /// Serves AMQP on `listener` until `shutdown` resolves, then closes every connection.
 pub async fn serve<F: HandlerFactory>(
@@ -35,55 +58,69 @@ pub async fn serve<F: HandlerFactory>(
     factory: Arc<F>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let unlimited = opts.max_connections == 0;
-    let permits = Arc::new(Semaphore::new(if unlimited {
-        Semaphore::MAX_PERMITS
-    } else {
-        opts.max_connections as usize
-    }));
-    // Refused connections get OPEN + CLOSE, which takes a task too; past this many, drop at once.
-    let refusals = Arc::new(Semaphore::new(opts.max_connections.max(16) as usize));
+    let gate = Arc::new(Gate::new(&opts));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
+    let mut backoff = Duration::ZERO;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
-                    Ok(a) => a,
+                    Ok(a) => {
+                        backoff = Duration::ZERO;
+                        a
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
+                        gate.accept_failures.note(|n| {
+                            tracing::warn!(error = %e, failures = n, pause_ms = backoff.as_millis() as u64, "accept failed; pausing");
+                        });
+                        tokio::time::sleep(backoff).await;
                         continue;
                     }
                 };
                 next_id += 1;
-                let ready = opts.broker_ready.as_ref().is_none_or(|r| *r.borrow());
-                let admitted = if ready {
-                    permits.clone().try_acquire_owned().map_err(|_| {
-                        AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached")
-                    })
-                } else {
-                    Err(AmqpError::new(Condition::NotAllowed, "broker not ready"))
-                };
-                let (permit, admission) = match admitted {
-                    Ok(p) => (p, None),
-                    Err(refusal) => match refusals.clone().try_acquire_owned() {
-                        Ok(p) => (p, Some(refusal)),
-                        Err(_) => {
-                            tracing::warn!(%peer, reason = %refusal.description.as_deref().unwrap_or(""), "refusing too many connections at once; dropping");
-                            continue;
-                        }
-                    },
-                };
-                let handler = factory.new_handler(peer);
+                let accepted_at = Instant::now();
                 let span = tracing::info_span!("conn", id = next_id, %peer);
-                let fut = run_connection(stream, cfg.clone(), admission, handler, stop_rx.clone(), opts.broker_ready.clone());
+                let (gate, cfg, factory) = (gate.clone(), cfg.clone(), factory.clone());
+                let (stop, ready) = (stop_rx.clone(), opts.broker_ready.clone());
+                if !opts.count_after_header {
+                    let Some((permit, admission)) = gate.admit(peer) else {
+                        continue;
+                    };
+                    let handler = factory.new_handler(peer);
+                    let socket = Accepted { stream, read: BytesMut::new(), at: accepted_at };
+                    let fut = run_connection(socket, cfg, admission, handler, stop, ready);
+                    tasks.spawn(async move {
+                        tracing::debug!("accepted");
+                        fut.await;
+                        tracing::debug!("finished");
+                        drop(permit);
+                    }.instrument(span));
+                    continue;
+                }
+                let Ok(waiting) = gate.waiting.clone().try_acquire_owned() else {
+                    gate.drops.note(|n| {
+                        tracing::warn!(%peer, dropped = n, "too many connections waiting for their protocol header; dropping");
+                    });
+                    continue;
+                };
                 tasks.spawn(async move {
+                    let Some((stream, header)) = read_header(stream, cfg.handshake_timeout).await else {
+                        tracing::debug!("no protocol header in time; dropped");
+                        return;
+                    };
+                    drop(waiting);
+                    let Some((permit, admission)) = gate.admit(peer) else {
+                        return;
+                    };
                     tracing::debug!("accepted");
-                    fut.await;
+                    let handler = factory.new_handler(peer);
+                    let socket = Accepted { stream, read: header, at: accepted_at };
+                    run_connection(socket, cfg, admission, handler, stop, ready).await;
                     tracing::debug!("finished");
                     drop(permit);
                 }.instrument(span));
@@ -108,5 +145,70 @@ pub async fn serve<F: HandlerFactory>(
         );
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// The first 8 bytes a client sends (its protocol header, checked by the engine), within
+/// `timeout`; `None` when they do not come.
+async fn read_header(mut stream: TcpStream, timeout: Duration) -> Option<(TcpStream, BytesMut)> {
+    let mut header = [0u8; 8];
+    match tokio::time::timeout(timeout, stream.read_exact(&mut header)).await {
+        Ok(Ok(_)) => Some((stream, BytesMut::from(&header[..]))),
+        _ => None,
+    }
+}
+
+/// Who gets in: MaxConnections slots, the broker's readiness, and a pool for refusals.
+struct Gate {
+    permits: Arc<Semaphore>,
+    /// Refused connections get OPEN + CLOSE, which takes a task too; past this many, drop at once.
+    refusals: Arc<Semaphore>,
+    /// Connections that have not sent their protocol header (with `count_after_header`).
+    waiting: Arc<Semaphore>,
+    broker_ready: Option<watch::Receiver<bool>>,
+    drops: RateLimited,
+    accept_failures: RateLimited,
+}
+
+impl Gate {
+    fn new(opts: &ServeOptions) -> Gate {
+        let slots = if opts.max_connections == 0 {
+            Semaphore::MAX_PERMITS
+        } else {
+            opts.max_connections as usize
+        };
+        Gate {
+            permits: Arc::new(Semaphore::new(slots)),
+            refusals: Arc::new(Semaphore::new(opts.max_connections.max(16) as usize)),
+            waiting: Arc::new(Semaphore::new(waiting_pool(opts.max_connections))),
+            broker_ready: opts.broker_ready.clone(),
+            drops: RateLimited::default(),
+            accept_failures: RateLimited::default(),
+        }
+    }
+
+    /// A slot for a new connection, with the refusal it is to get at OPEN if any (CONN-15); `None`
+    /// when even the refusal pool is full and the socket is to be dropped.
+    fn admit(&self, peer: SocketAddr) -> Option<(OwnedSemaphorePermit, Option<AmqpError>)> {
+        let ready = self.broker_ready.as_ref().is_none_or(|r| *r.borrow());
+        let admitted = if ready {
+            self.permits.clone().try_acquire_owned().map_err(|_| {
+                AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached")
+            })
+        } else {
+            Err(AmqpError::new(Condition::NotAllowed, "broker not ready"))
+        };
+        match admitted {
+            Ok(p) => Some((p, None)),
+            Err(refusal) => match self.refusals.clone().try_acquire_owned() {
+                Ok(p) => Some((p, Some(refusal))),
+                Err(_) => {
+                    self.drops.note(|n| {
+                        tracing::warn!(%peer, dropped = n, reason = %refusal.description.as_deref().unwrap_or(""), "refusing too many connections at once; dropping");
+                    });
+                    None
+                }
+            },
+        }
     }
 }

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 
 use crate::engine::{Connection, Event};
 
-pub use connection::run_connection;
+pub use connection::{run_connection, Accepted};
 pub use listener::{serve, ServeOptions};
 
 /// The application side of one connection: it reacts to engine events by issuing commands on the

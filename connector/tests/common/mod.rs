@@ -67,6 +67,8 @@ pub fn memory_of(pid: u32, field: &str) -> u64 {
 pub struct Client {
     s: TcpStream,
     buf: BytesMut,
+    /// The server closed the socket; what came before was returned already.
+    closed: bool,
 }
 
 impl Client {
@@ -87,6 +89,7 @@ impl Client {
         Client {
             s,
             buf: BytesMut::new(),
+            closed: false,
         }
     }
 
@@ -95,14 +98,23 @@ impl Client {
         self.s.write_all(b).is_ok()
     }
 
-    /// Performatives read within `wait`; `None` once the socket is closed.
+    /// Performatives read within `wait`; `None` once the socket is closed and everything before
+    /// the close was returned.
     pub fn read(&mut self, wait: Duration) -> Option<Vec<(Performative, bytes::Bytes)>> {
+        if self.closed {
+            return None;
+        }
         let deadline = Instant::now() + wait;
         let mut out = Vec::new();
         let mut chunk = [0u8; 65536];
         loop {
-            match self.s.read(&mut chunk) {
-                Ok(0) => return None,
+            let read = self.s.read(&mut chunk);
+            if matches!(read, Ok(0)) {
+                self.closed = true;
+            }
+            match read {
+                Ok(0) if out.is_empty() && self.buf.is_empty() => return None,
+                Ok(0) => {}
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(e)
                     if matches!(
@@ -123,7 +135,7 @@ impl Client {
                     out.push((p, payload));
                 }
             }
-            if Instant::now() >= deadline {
+            if self.closed || Instant::now() >= deadline {
                 return Some(out);
             }
         }

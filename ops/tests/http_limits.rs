@@ -3,11 +3,9 @@
 //! each is closed when it has not sent its headers in time, and a probe behind them is answered
 //! once they are gone. Its own test binary: it counts the process's file descriptors.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use connector::http::{serve_with, Health, Limits};
-use connector::metrics::Metrics;
+use ops::http::{serve, Answer, Limits};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn open_descriptors() -> usize {
@@ -23,17 +21,12 @@ fn silent_sockets_are_bounded_and_dropped() {
     rt.block_on(async {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (_ready, readiness) = tokio::sync::watch::channel(true);
-        let health = Health {
-            metrics: Arc::new(Metrics::new()),
-            ready: readiness,
-        };
         let limits = Limits {
             connections: 4,
             header_read: Duration::from_millis(300),
             life: Duration::from_secs(5),
         };
-        tokio::spawn(serve_with(listener, health, limits));
+        tokio::spawn(serve(listener, limits, |_| Answer::text(200, "ok\n")));
         let before = open_descriptors();
         let mut silent = Vec::new();
         for _ in 0..20 {

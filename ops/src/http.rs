@@ -1,0 +1,135 @@
+//! The HTTP endpoint for Kubernetes probes and Prometheus: a handful of paths answered from
+//! memory, for clients that are few and quick. Bounded so that clients that connect and say
+//! nothing cannot take the process's file descriptors: a few connections at a time (the rest wait
+//! in the listen backlog, holding no descriptor of the process), a deadline for the request's
+//! headers and for the whole connection, and a growing pause after a failed accept.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+
+use crate::logs::RateLimited;
+
+/// The Prometheus text format's Content-Type; Prometheus 3 refuses a scrape without one.
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The Content-Type of every other answer.
+pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
+
+/// What a path is answered with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status code.
+    pub status: u16,
+    /// Its Content-Type.
+    pub content_type: &'static str,
+    /// Its body.
+    pub body: String,
+}
+
+impl Answer {
+    /// A `text/plain` answer.
+    pub fn text(status: u16, body: impl Into<String>) -> Answer {
+        Answer {
+            status,
+            content_type: TEXT_CONTENT_TYPE,
+            body: body.into(),
+        }
+    }
+
+    /// A Prometheus scrape.
+    pub fn metrics(body: String) -> Answer {
+        Answer {
+            status: 200,
+            content_type: METRICS_CONTENT_TYPE,
+            body,
+        }
+    }
+
+    /// 404 for a path the endpoint does not serve.
+    pub fn not_found() -> Answer {
+        Answer::text(404, "not found\n")
+    }
+}
+
+/// What one client of the endpoint may hold.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections served at once.
+    pub connections: usize,
+    /// Time to send a request's headers.
+    pub header_read: Duration,
+    /// Longest life of one connection.
+    pub life: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 64,
+            header_read: Duration::from_secs(5),
+            life: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Longest pause after a failed accept; it doubles from 10 ms with each failure in a row.
+const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
+
+/// Serves `answer(path)` for every GET on `listener` within `limits`, until the task is dropped.
+pub async fn serve<A>(listener: tokio::net::TcpListener, limits: Limits, answer: A)
+where
+    A: Fn(&str) -> Answer + Clone + Send + Sync + 'static,
+{
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let failures = RateLimited::default();
+    let mut backoff = Duration::ZERO;
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => {
+                backoff = Duration::ZERO;
+                stream
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: wait instead of spinning on the error.
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
+                failures.note(|n| {
+                    tracing::warn!(error = %e, failures = n, pause_ms = backoff.as_millis() as u64, "HTTP accept failed; pausing");
+                });
+                tokio::time::sleep(backoff).await;
+                continue;
+            }
+        };
+        let answer = answer.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                let r = response(answer(req.uri().path()));
+                async move { Ok::<_, Infallible>(r) }
+            });
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(limits.header_read)
+                .serve_connection(TokioIo::new(stream), service);
+            let _ = tokio::time::timeout(limits.life, connection).await;
+        });
+    }
+}
+
+fn response(a: Answer) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(a.body)));
+    *r.status_mut() = StatusCode::from_u16(a.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(a.content_type),
+    );
+    r
+}

@@ -1,0 +1,6 @@
+//! What the connector and the operator both need to run as Kubernetes services: [`http`], the
+//! endpoint probes and scrapers reach, bounded against clients that hold sockets; and [`logs`],
+//! the log output (plain or JSON lines, colour only on a terminal).
+
+pub mod http;
+pub mod logs;
