@@ -559,7 +559,7 @@ pub struct Logging {
     /// Level (default info), passed to the connector as `RUST_LOG`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<LogLevel>,
-    /// Format (default text; json is not available in this connector version).
+    /// Format (default text), passed to the connector as `LogFormat`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<LogFormat>,
 }
@@ -584,7 +584,7 @@ pub enum LogLevel {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
-    /// One JSON object per line (not available yet: the operator reports it as unsupported).
+    /// One JSON object per line.
     Json,
     /// Human-readable text.
     Text,

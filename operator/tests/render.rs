@@ -296,4 +296,23 @@ fn the_connector_reads_the_rendered_configuration() {
         "unset keeps the default"
     );
     assert_eq!(s.http_address, Some("0.0.0.0:9090".parse().expect("addr")));
+    assert_eq!(
+        s.log_format, defaults.log_format,
+        "no logging.format: the default"
+    );
+}
+
+/// `spec.logging.format: json` reaches the connector as `LogFormat: json`.
+#[test]
+fn json_logging_is_rendered_for_the_connector() {
+    use connector::config::{read_yaml, LogFormat, Settings};
+    let mut cr = fixture("amqpconnector.yaml");
+    cr.spec.logging = Some(kubemq_amqp_operator::crd::Logging {
+        format: Some(kubemq_amqp_operator::crd::LogFormat::Json),
+        ..Default::default()
+    });
+    let d = desired(&cr).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    assert_eq!(s.log_format, LogFormat::Json);
 }

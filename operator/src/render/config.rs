@@ -72,6 +72,15 @@ pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, Ren
             }
         }
     }
+    // Text is the connector's default: written only for json, so a spec saying `text` renders
+    // (and hashes) like one saying nothing.
+    if spec
+        .logging
+        .as_ref()
+        .is_some_and(|l| l.format == Some(LogFormat::Json))
+    {
+        m.insert("LogFormat", "json".into());
+    }
     let mut text =
         String::from("# Rendered by the AmqpConnector operator; edit the AmqpConnector instead.\n");
     for (k, v) in &m {
@@ -111,13 +120,6 @@ fn unsupported(spec: &AmqpConnectorSpec) -> Result<(), RenderError> {
     }
     if spec.broker.client_id_prefix.is_some() {
         fields.push("spec.broker.clientIdPrefix");
-    }
-    if spec
-        .logging
-        .as_ref()
-        .is_some_and(|l| l.format == Some(LogFormat::Json))
-    {
-        fields.push("spec.logging.format: json");
     }
     if spec
         .metrics
