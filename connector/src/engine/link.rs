@@ -2,6 +2,7 @@
 //! reassembly and outbound fragmentation of transfers (XFER-*), and settlement both ways.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
@@ -128,7 +129,8 @@ struct SenderState {
 pub(super) struct Link {
     channel: u16,
     handle: u32,
-    name: String,
+    /// Shared with the session's live names: one copy of a name of up to a whole frame.
+    name: Arc<str>,
     /// Its name is in the session's live names (not for a link the engine refused at once,
     /// which may carry the name of a live one).
     named: bool,
@@ -147,7 +149,19 @@ impl Link {
     /// The bytes the link keeps for its name, for tests of what refused links hold.
     #[cfg(test)]
     pub(super) fn name_len(&self) -> usize {
-        self.name.capacity()
+        self.name.len()
+    }
+
+    /// Whether the client's ATTACH is still kept.
+    #[cfg(test)]
+    pub(super) fn holds_request(&self) -> bool {
+        self.request.is_some()
+    }
+
+    /// How many places hold the link's name (the link, and the session while it is live).
+    #[cfg(test)]
+    pub(super) fn name_holders(&self) -> usize {
+        Arc::strong_count(&self.name)
     }
 }
 
@@ -172,11 +186,11 @@ impl Connection {
     pub(super) fn on_attach(&mut self, ch: u16, frame: AttachFrame) {
         let handle_max = self.cfg.max_links_per_session.saturating_sub(1);
         let max_links = self.cfg.max_links_per_session as usize;
-        let (name, handle, role) = match &frame {
-            AttachFrame::Full(a) => (a.name.clone(), a.handle.0, a.role.clone()),
+        let (name, handle, role): (Arc<str>, _, _) = match &frame {
+            AttachFrame::Full(a) => (Arc::from(a.name.as_str()), a.handle.0, a.role.clone()),
             AttachFrame::Head {
                 name, handle, role, ..
-            } => (name.clone(), *handle, role.clone()),
+            } => (Arc::from(name.as_str()), *handle, role.clone()),
         };
         let Some(s) = self.live_session(ch) else {
             return;
@@ -418,7 +432,10 @@ impl Connection {
         let accepted = link.accepted;
         link.accepted = false;
         let ch = link.channel;
-        let key = (is_sender(&link.client_role), std::mem::take(&mut link.name));
+        let key = (
+            is_sender(&link.client_role),
+            std::mem::replace(&mut link.name, Arc::from("")),
+        );
         let named = std::mem::replace(&mut link.named, false);
         let unsettled: Vec<(u32, u64)> = match &mut link.side {
             Side::Sender(s) => std::mem::take(&mut s.unsettled).into_iter().collect(),
@@ -1035,7 +1052,7 @@ fn reply_attach(
         }
     }
     Attach {
-        name: link.name.clone(),
+        name: link.name.to_string().into(),
         handle: link.handle.into(),
         role: if server_sends {
             Role::Sender

@@ -35,7 +35,7 @@ pub(super) struct Session {
     pub next_delivery_id: u32,
     pub by_handle: super::FastMap<u32, LinkId>,
     /// Names of live links, per client role (LINK-8).
-    pub names: HashSet<(bool, String)>,
+    pub names: HashSet<(bool, std::sync::Arc<str>)>,
     /// Deliveries we sent and the client has not settled: delivery-id → link.
     pub out_unsettled: BTreeMap<u32, LinkId>,
     /// Encoded TRANSFER frames waiting for the client's incoming window to open.

@@ -734,6 +734,21 @@ fn link_1_4_reply_attach() {
     );
 }
 
+/// A live link's name is held once (shared by the link and the session's live names), and the
+/// client's ATTACH is not kept once the reply echoed it.
+#[test]
+fn a_live_link_keeps_one_copy_of_its_name() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let long = "n".repeat(10_000);
+    let id = c.request_link(0, &attach_sender(&long, 0, "queues/a"));
+    accept(&mut c, id, 10);
+    let link = &c.conn.links[&id];
+    assert_eq!(link.name_len(), 10_000);
+    assert_eq!(link.name_holders(), 2, "the link and the session share one copy");
+    assert!(!link.holds_request(), "the ATTACH is dropped after the reply");
+}
+
 /// ADDR-11: a dynamic source is answered with the address the application minted.
 #[test]
 fn addr_11_dynamic_address_in_reply() {
