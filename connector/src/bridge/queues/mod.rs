@@ -976,6 +976,7 @@ mod tests {
         handler: QueuesHandler<Embedded>,
         commands: mpsc::UnboundedReceiver<Command>,
         input: BytesMut,
+        metrics: Arc<Metrics>,
         _dir: tempfile::TempDir,
     }
 
@@ -984,7 +985,8 @@ mod tests {
             let dir = tempfile::tempdir().expect("temp dir");
             let (store, _) = Store::open(dir.path()).expect("store opens");
             let settings = Settings::default();
-            let bridge = Queues::new(Embedded::new(store), &settings, Arc::new(Metrics::new()));
+            let metrics = Arc::new(Metrics::new());
+            let bridge = Queues::new(Embedded::new(store), &settings, metrics.clone());
             let (tx, commands) = mpsc::unbounded_channel();
             bridge
                 .fetchers
@@ -998,6 +1000,7 @@ mod tests {
                 handler,
                 commands,
                 input: BytesMut::new(),
+                metrics,
                 _dir: dir,
             }
         }
@@ -1196,5 +1199,158 @@ mod tests {
         assert!(r.handler.links.is_empty(), "no link kept");
         assert!(r.handler.lanes.is_empty(), "no produce lane kept");
         assert!(r.handler.mailboxes.is_empty(), "no dynamic mailbox kept");
+    }
+
+    /// What a client can do to a connection, one frame each.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Begin(u16),
+        End(u16),
+        /// Consumer, producer or dynamic receiver (`kind` 0, 1, 2) with one of three names.
+        Attach {
+            ch: u16,
+            handle: u32,
+            kind: u8,
+            name: u8,
+        },
+        Detach {
+            ch: u16,
+            handle: u32,
+        },
+        Flow {
+            ch: u16,
+            handle: u32,
+            credit: u32,
+            drain: bool,
+        },
+        Transfer {
+            ch: u16,
+            handle: u32,
+            id: u32,
+            more: bool,
+        },
+        Close,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        // Mostly the session opened first, so that most steps reach the bridge.
+        let ch = prop_oneof![4 => Just(0u16), 1 => Just(1u16)];
+        let handle = 0u32..3;
+        prop_oneof![
+            1 => ch.clone().prop_map(Step::Begin),
+            1 => ch.clone().prop_map(Step::End),
+            5 => (ch.clone(), handle.clone(), 0u8..3, 0u8..3).prop_map(|(ch, handle, kind, name)| {
+                Step::Attach { ch, handle, kind, name }
+            }),
+            3 => (ch.clone(), handle.clone()).prop_map(|(ch, handle)| Step::Detach { ch, handle }),
+            3 => (ch.clone(), handle.clone(), 0u32..5, any::<bool>()).prop_map(
+                |(ch, handle, credit, drain)| Step::Flow { ch, handle, credit, drain }
+            ),
+            2 => (ch, handle, 0u32..8, any::<bool>())
+                .prop_map(|(ch, handle, id, more)| Step::Transfer { ch, handle, id, more }),
+            1 => Just(Step::Close),
+        ]
+    }
+
+    fn frame_of(step: &Step) -> Vec<u8> {
+        use fe2o3_amqp_types::performatives::{Close, End};
+        match *step {
+            Step::Begin(ch) => peer::frame(ch, &peer::begin(), &[]),
+            Step::End(ch) => peer::frame(ch, &End { error: None }, &[]),
+            Step::Attach {
+                ch,
+                handle,
+                kind,
+                name,
+            } => {
+                let name = format!("l{name}");
+                let a = match kind {
+                    0 => peer::attach_receiver(&name, handle, "queues/q"),
+                    1 => peer::attach_sender(&name, handle, "queues/q"),
+                    _ => {
+                        let mut a = peer::attach_receiver(&name, handle, "");
+                        if let Some(s) = a.source.as_mut() {
+                            s.address = None;
+                            s.dynamic = true;
+                        }
+                        a
+                    }
+                };
+                peer::frame(ch, &a, &[])
+            }
+            Step::Detach { ch, handle } => peer::frame(ch, &peer::detach(handle), &[]),
+            Step::Flow {
+                ch,
+                handle,
+                credit,
+                drain,
+            } => peer::frame(ch, &peer::link_flow(handle, 0, credit, drain), &[]),
+            Step::Transfer {
+                ch,
+                handle,
+                id,
+                more,
+            } => peer::frame(
+                ch,
+                &peer::transfer(handle, Some(id), Some(&id.to_be_bytes()), false, more),
+                &[0x00, 0x53, 0x75, 0xa0, 0x01, b'm'],
+            ),
+            Step::Close => peer::frame(0, &Close { error: None }, &[]),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config { cases: 256, ..Default::default() })]
+
+        /// Whatever a client does — attach, detach, flow, transfer, begin, end, close, in any
+        /// order, in one write or frame by frame, legal or not — once its connection ends the
+        /// bridge holds nothing for it: every consumer that joined the Get loop left it, no link
+        /// is counted in the links gauge, and the handler keeps no link.
+        #[test]
+        fn any_interleaving_leaves_no_bridge_state(
+            links in proptest::collection::vec((0u32..8, 0u8..3), 0..6),
+            steps in proptest::collection::vec(step(), 1..40),
+            one_write in proptest::bool::ANY,
+        ) {
+            // A few links attached first (most often legal), then anything.
+            let steps: Vec<Step> = links
+                .into_iter()
+                .enumerate()
+                .map(|(n, (handle, kind))| Step::Attach { ch: 0, handle, kind, name: n as u8 })
+                .chain(steps)
+                .collect();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let _entered = rt.enter();
+            let mut r = Rig::new();
+            let mut bytes = HEADER_AMQP.to_vec();
+            bytes.extend(peer::frame(0, &peer::open("c"), &[]));
+            bytes.extend(peer::frame(0, &peer::begin(), &[]));
+            r.turn(&bytes);
+            if one_write {
+                let all: Vec<u8> = steps.iter().flat_map(frame_of).collect();
+                r.turn(&all);
+            } else {
+                for s in &steps {
+                    r.turn(&frame_of(s));
+                }
+            }
+            r.conn.transport_lost();
+            r.finish_turn();
+            let mut joined = 0;
+            let mut left = 0;
+            while let Ok(c) = r.commands.try_recv() {
+                match c {
+                    Command::Join(..) => joined += 1,
+                    Command::Leave(..) => left += 1,
+                    _ => {}
+                }
+            }
+            proptest::prop_assert_eq!(joined, left, "every consumer that joined left");
+            proptest::prop_assert!(r.handler.links.is_empty(), "links kept: {:?}", r.handler.links.len());
+            let gauge = r.metrics.link(metrics::Role::sender).get()
+                + r.metrics.link(metrics::Role::receiver).get();
+            proptest::prop_assert_eq!(gauge, 0, "links still counted");
+        }
     }
 }

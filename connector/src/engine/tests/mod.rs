@@ -745,8 +745,15 @@ fn a_live_link_keeps_one_copy_of_its_name() {
     accept(&mut c, id, 10);
     let link = &c.conn.links[&id];
     assert_eq!(link.name_len(), 10_000);
-    assert_eq!(link.name_holders(), 2, "the link and the session share one copy");
-    assert!(!link.holds_request(), "the ATTACH is dropped after the reply");
+    assert_eq!(
+        link.name_holders(),
+        2,
+        "the link and the session share one copy"
+    );
+    assert!(
+        !link.holds_request(),
+        "the ATTACH is dropped after the reply"
+    );
 }
 
 /// ADDR-11: a dynamic source is answered with the address the application minted.
