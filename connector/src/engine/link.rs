@@ -1052,7 +1052,7 @@ fn reply_attach(
         }
     }
     Attach {
-        name: link.name.to_string().into(),
+        name: link.name.to_string(),
         handle: link.handle.into(),
         role: if server_sends {
             Role::Sender
