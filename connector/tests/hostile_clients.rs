@@ -537,3 +537,86 @@ fn silent_sockets_counted_from_accept_free_their_slots_at_the_timeout() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// DETACHes and ENDs with `amqp:resource-limit-exceeded` among `got`.
+fn count_refusals(got: &[(Performative, bytes::Bytes)]) -> usize {
+    got.iter()
+        .filter(|(p, _)| {
+            let error = match p {
+                Performative::Detach(d) => d.error.as_ref(),
+                Performative::End(e) => e.error.as_ref(),
+                _ => None,
+            };
+            error.map(peer::error_symbol).as_deref() == Some("amqp:resource-limit-exceeded")
+        })
+        .count()
+}
+
+/// Refused sessions and links hold nothing: BEGINs past SessionMax and ATTACHes with 100 KB
+/// names past MaxLinksPerSession, hundreds of each, leave the process's memory where it was, and
+/// each gets its refusal.
+#[test]
+fn refused_sessions_and_links_hold_no_memory() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(
+        dir.path(),
+        port,
+        &["--session-max", "2", "--max-links-per-session", "2"],
+    );
+    let pid = server.id();
+    let mut c = Client::connect(port);
+    attach_sender(&mut c, "live-0", 0, "queues/refused");
+    attach_sender(&mut c, "live-1", 1, "queues/refused");
+    let baseline = settled_rss(pid);
+    let watch = RssWatch::start(pid);
+    let name = "n".repeat(100_000);
+    // Each ATTACH is refused at once and its handle freed by the DETACH behind it, 50 pairs to
+    // a write.
+    let mut refusals = 0;
+    for batch in 0..10u32 {
+        let mut bytes = Vec::new();
+        for n in batch * 50..batch * 50 + 50 {
+            let handle = 2 + n % 2;
+            let attach = peer::attach_sender(&format!("{name}{n}"), handle, "queues/refused");
+            bytes.extend(peer::frame(0, &attach, &[]));
+            bytes.extend(peer::frame(0, &peer::detach(handle), &[]));
+        }
+        c.write(&bytes);
+        let want = (batch as usize + 1) * 50;
+        let got = read_until(&mut c, Duration::from_secs(10), |g| {
+            refusals + count_refusals(g) >= want
+        });
+        refusals += count_refusals(&got);
+    }
+    assert_eq!(refusals, 500, "every ATTACH past the cap is refused");
+    // BEGINs on channels above channel-max (1): each answered BEGIN + END, nothing kept.
+    let mut bytes = Vec::new();
+    for ch in 2..502u16 {
+        bytes.extend(peer::frame(ch, &peer::begin(), &[]));
+    }
+    c.write(&bytes);
+    let got = read_until(&mut c, Duration::from_secs(10), |g| {
+        count_refusals(g) >= 500
+    });
+    assert_eq!(
+        count_refusals(&got),
+        500,
+        "every BEGIN past SessionMax is refused"
+    );
+    let growth = watch.peak().saturating_sub(baseline);
+    drop(watch);
+    eprintln!(
+        "resident memory grew by {} MiB for refused links and sessions",
+        growth / MIB
+    );
+    assert!(
+        growth < 16 * MIB,
+        "resident memory grew by {} MiB for 50 MB of refused names",
+        growth / MIB
+    );
+    // The live links still work.
+    assert_eq!(produce_small(&mut c, 0, 0, 3, "after"), 3);
+    let _ = server.kill();
+    let _ = server.wait();
+}
