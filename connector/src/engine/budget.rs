@@ -88,8 +88,8 @@ pub struct ConnectionBudget {
 #[derive(Debug)]
 struct Pool {
     limit: u64,
-    /// Only the connection's own task charges and frees, so a plain load-then-store is exact;
-    /// it is atomic because the connection moves between threads with its task.
+    /// Atomic because the connection moves between threads with its task; only that task
+    /// charges and frees, so each change sees the one before it.
     used: AtomicU64,
     process: Arc<ProcessBudget>,
 }
@@ -140,33 +140,35 @@ impl Pool {
     }
 
     fn take(&self, n: u64, force: bool) -> Result<(), BudgetExceeded> {
-        let before = self.used.load(Ordering::Relaxed);
-        let after = before.saturating_add(n);
-        if after > self.limit && !force {
-            return Err(BudgetExceeded::Connection { limit: self.limit });
-        }
-        let extra = Self::beyond_share(after) - Self::beyond_share(before);
+        let limit = self.limit;
+        let before = self
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                let after = u.saturating_add(n);
+                (force || after <= limit).then_some(after)
+            })
+            .map_err(|_| BudgetExceeded::Connection { limit })?;
+        let extra = Self::beyond_share(before.saturating_add(n)) - Self::beyond_share(before);
         if extra > 0 {
             if force {
                 self.process.used.fetch_add(extra, Ordering::AcqRel);
             } else if !self.process.try_take(extra) {
+                self.used.fetch_sub(n, Ordering::AcqRel);
                 return Err(BudgetExceeded::Process {
                     limit: self.process.limit,
                 });
             }
         }
-        self.used.store(after, Ordering::Relaxed);
         Ok(())
     }
 
+    /// Gives back `n` bytes (never more than were taken: a [`Charge`] gives back what it holds).
     fn give(&self, n: u64) {
-        let before = self.used.load(Ordering::Relaxed);
-        let after = before.saturating_sub(n);
-        let freed = Self::beyond_share(before) - Self::beyond_share(after);
+        let before = self.used.fetch_sub(n, Ordering::AcqRel);
+        let freed = Self::beyond_share(before) - Self::beyond_share(before.saturating_sub(n));
         if freed > 0 {
             self.process.give_back(freed);
         }
-        self.used.store(after, Ordering::Relaxed);
     }
 }
 
