@@ -58,6 +58,10 @@ echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+echo "== layering: the engine crate depends on no runtime, gRPC or protobuf crate"
+if cargo tree -p kubemq-amqp-engine -e normal --prefix none | grep -E '^(tokio|tonic|prost|hyper)[ -]'; then
+  echo "the engine crate must stay sans-IO"; exit 1
+fi
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"

@@ -1,7 +1,8 @@
 //! The KubeMQ AMQP 1.0 connector.
 //!
-//! [`engine`] is the sans-IO AMQP 1.0 server protocol engine; [`driver`] runs it on tokio sockets;
-//! [`config`] reads the 14 connector settings.
+//! [`engine`] is the sans-IO AMQP 1.0 server protocol engine (its own crate,
+//! `kubemq-amqp-engine`, re-exported here); [`driver`] runs it on tokio sockets; [`config`] reads
+//! the connector's settings.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -9,7 +10,7 @@ pub mod backend;
 pub mod bridge;
 pub mod config;
 pub mod driver;
-pub mod engine;
+pub use engine;
 pub mod http;
 pub mod kubemq;
 pub mod metrics;

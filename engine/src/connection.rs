@@ -717,7 +717,7 @@ impl Connection {
 /// Our view of an error the client sent; conditions outside our 13 are kept as internal errors
 /// with the original symbol in the description, since they are only ever logged.
 pub(super) fn wire_to_error(e: &fe2o3_amqp_types::definitions::Error) -> AmqpError {
-    let sym = super::peer::error_symbol(e);
+    let sym = super::error::wire_symbol(e);
     match Condition::from_symbol(&sym) {
         Some(c) => AmqpError {
             condition: c,

@@ -6,10 +6,10 @@ use bytes::BytesMut;
 use proptest::prelude::*;
 
 use super::harness::*;
-use crate::engine::codec::decode_performative;
-use crate::engine::frame::split_frame;
-use crate::engine::validate::value_len;
-use crate::engine::HEADER_AMQP;
+use crate::codec::decode_performative;
+use crate::frame::split_frame;
+use crate::validate::value_len;
+use crate::HEADER_AMQP;
 
 /// A valid conversation: header, OPEN, BEGIN, a sender and a receiver attach, flows, transfers
 /// (one multi-frame), a disposition, detach, end and close.
@@ -59,12 +59,12 @@ fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
         start = p;
         while let Some(ev) = c.conn.poll_event() {
             match ev {
-                crate::engine::Event::AttachRequested { link, .. } => {
+                crate::Event::AttachRequested { link, .. } => {
                     let _ = c
                         .conn
-                        .accept_link(link, crate::engine::LinkAccept { credit_window: 4 });
+                        .accept_link(link, crate::LinkAccept { credit_window: 4 });
                 }
-                crate::engine::Event::Delivery(d) => {
+                crate::Event::Delivery(d) => {
                     let _ = c.conn.settle(
                         d.link,
                         d.delivery_id,
@@ -73,7 +73,7 @@ fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
                         ),
                     );
                 }
-                crate::engine::Event::Credit { link, .. } => {
+                crate::Event::Credit { link, .. } => {
                     let _ = c.conn.send(link, b"x", b"\x00\x53\x75\xa0\x01z", false, 0);
                     let _ = c.conn.drain_done(link);
                 }
@@ -140,7 +140,7 @@ proptest! {
 
     #[test]
     fn mutated_sasl_stream(edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..6)) {
-        let mut stream = crate::engine::HEADER_SASL.to_vec();
+        let mut stream = crate::HEADER_SASL.to_vec();
         let init = fe2o3_amqp_types::sasl::SaslInit { mechanism: "PLAIN".into(), initial_response: Some(serde_bytes::ByteBuf::from(b"\0u\0p".to_vec())), hostname: None };
         stream.extend(sasl_frame(&init));
         stream.extend(HEADER_AMQP);

@@ -1,6 +1,6 @@
 //! The client's side of the wire, for tests, benchmarks and tools: the performatives a client
-//! sends, framed, and the error read back out of what the server answers. The engine itself
-//! never uses this module.
+//! sends, framed, and the error read back out of what the server answers. Nothing on the
+//! server's path is here.
 
 use bytes::BytesMut;
 use fe2o3_amqp_types::definitions::{
@@ -148,10 +148,7 @@ pub fn sasl_frame<T: serde::Serialize>(perf: &T) -> Vec<u8> {
 
 /// The condition symbol of an error as it was on the wire.
 pub fn error_symbol(e: &WireError) -> String {
-    match serde_amqp::to_value(&e.condition) {
-        Ok(serde_amqp::Value::Symbol(s)) => s.0,
-        _ => format!("{:?}", e.condition),
-    }
+    super::error::wire_symbol(e)
 }
 
 /// The error a CLOSE, END or DETACH carries, if any.

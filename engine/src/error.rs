@@ -130,6 +130,14 @@ impl std::fmt::Display for AmqpError {
     }
 }
 
+/// The condition symbol of an error as it was on the wire.
+pub(crate) fn wire_symbol(e: &fe2o3_amqp_types::definitions::Error) -> String {
+    match serde_amqp::to_value(&e.condition) {
+        Ok(serde_amqp::Value::Symbol(s)) => s.0,
+        _ => format!("{:?}", e.condition),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,17 +9,17 @@ use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::performatives::{Attach, Begin, Detach, Disposition, End, Open, Transfer};
 use fe2o3_amqp_types::sasl::{SaslMechanisms, SaslOutcome};
 
-use crate::engine::codec::{decode_performative, Performative};
-use crate::engine::frame::{split_frame, TYPE_SASL};
-pub use crate::engine::peer::{
+use crate::codec::{decode_performative, Performative};
+use crate::frame::{split_frame, TYPE_SASL};
+pub use crate::peer::{
     attach_receiver, attach_sender, begin, link_flow, open, sasl_frame, transfer,
 };
-use crate::engine::peer::{error_of, error_symbol};
-use crate::engine::{AmqpError, Connection, EngineConfig, Event, NoAuth, Transport, HEADER_AMQP};
+use crate::peer::{error_of, error_symbol};
+use crate::{AmqpError, Connection, EngineConfig, Event, NoAuth, Transport, HEADER_AMQP};
 
 /// One AMQP frame's bytes.
 pub fn amqp_frame<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
-    crate::engine::peer::frame(ch, perf, payload)
+    crate::peer::frame(ch, perf, payload)
 }
 
 /// The condition symbol of an error-carrying frame, if the frame is one.
@@ -59,7 +59,7 @@ pub fn config() -> EngineConfig {
         close_timeout: Duration::from_secs(2),
         authenticator: Arc::new(NoAuth),
         connection_memory: 268_435_456,
-        process_memory: crate::engine::ProcessBudget::new(1 << 30),
+        process_memory: crate::ProcessBudget::new(1 << 30),
     }
 }
 
@@ -150,7 +150,7 @@ impl Client {
     }
 
     /// Attaches a link and returns the id from AttachRequested (not yet accepted).
-    pub fn request_link(&mut self, ch: u16, a: &Attach) -> crate::engine::LinkId {
+    pub fn request_link(&mut self, ch: u16, a: &Attach) -> crate::LinkId {
         let out = self.frame(ch, a);
         assert!(
             out.is_empty(),

@@ -1,16 +1,23 @@
 //! The AMQP 1.0 server protocol engine, sans-IO.
 //!
-//! Bytes in, bytes and [`Event`]s out, commands back: no sockets, no tokio, no clock. Read in the
-//! order a frame travels: [`frame`] cuts frames, [`validate`] checks their structure, [`codec`]
-//! decodes performatives, [`Connection`] (with `session.rs` and `link.rs`) runs the state
-//! machines, [`event`] is what the application sees.
+//! Bytes in, bytes and [`Event`]s out, commands back: no sockets, no tokio, no clock — this crate
+//! depends on none of them, so the compiler keeps it that way. Read in the order a frame travels:
+//! [`frame`] cuts frames, [`validate`] checks their structure, [`codec`] decodes performatives,
+//! [`Connection`] (with `session.rs` and `link.rs`) runs the state machines, [`Event`] is what the
+//! application sees, and `budget.rs` counts what a connection makes its application hold.
+//!
+//! Public on purpose: [`frame`], [`validate`], [`codec`] and [`message`] (what tools and the
+//! connector's envelope read messages with), [`peer`] (the client's side, for tests and load
+//! tools), and the types re-exported here.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
-pub mod auth;
-pub mod budget;
+mod auth;
+mod budget;
 pub mod codec;
 mod connection;
-pub mod error;
-pub mod event;
+mod error;
+mod event;
 pub mod frame;
 mod link;
 pub mod message;
