@@ -123,7 +123,7 @@ async fn run_embedded(listener: tokio::net::TcpListener, settings: Settings) -> 
             Ok(l) => {
                 tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
                 let mut rx = stop_rx.clone();
-                Some(tokio::spawn(connector::store::grpc::serve(
+                Some(tokio::spawn(connector::kubemq::server::serve(
                     store.clone(),
                     l,
                     async move {

@@ -340,7 +340,7 @@ impl TestFacade {
     }
 
     fn serve_at(dir: &std::path::Path, addr: Option<SocketAddr>, capture: bool) -> TestFacade {
-        use connector::store::grpc::{serve_facade, Facade};
+        use connector::kubemq::server::{serve_facade, Facade};
         let (store, _) = connector::store::Store::open(dir).expect("store opens");
         let served = store.clone();
         let server = ServerThread::spawn(

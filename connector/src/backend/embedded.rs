@@ -4,10 +4,11 @@
 use std::sync::Arc;
 
 use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
+use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
     PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
 };
-use crate::store::{downstream, grpc::REPORTED_VERSION, now_ns, Store};
+use crate::store::{downstream, now_ns, Store};
 
 /// The embedded store as a backend.
 #[derive(Clone)]
@@ -79,10 +80,10 @@ impl Backend for Embedded {
             .into_iter()
             .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
             .map(|(name, ready, locked, first, last)| {
-                crate::store::grpc::queue_info(name, ready, locked, first, last)
+                crate::kubemq::queue_info(name, ready, locked, first, last)
             })
             .collect();
-        Ok(crate::store::grpc::queues_summary(queues))
+        Ok(crate::kubemq::queues_summary(queues))
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {

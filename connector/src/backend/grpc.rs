@@ -28,12 +28,12 @@ use tonic::{Code, Status};
 use super::ready_estimate::ReadyEstimate;
 use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
 use crate::kubemq::kubemq_client::KubemqClient;
+use crate::kubemq::new_id;
+use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
 use crate::kubemq::{
     Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
     QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, SendQueueMessageResult,
 };
-use crate::store::grpc::MAX_GRPC_MESSAGE;
-use crate::store::new_id;
 
 /// Messages per QueuesUpstream request at most.
 const MAX_BATCH: usize = 1000;
@@ -89,14 +89,6 @@ struct Pending {
     messages: Vec<QueueMessage>,
     done: oneshot::Sender<Result<Vec<SendQueueMessageResult>, BackendError>>,
 }
-
-/// HTTP/2 receive window per stream: a Get reply of a few hundred 1 KiB messages, or one large
-/// message, arrives without waiting for WINDOW_UPDATEs (the default is 64 KiB).
-pub const STREAM_WINDOW: u32 = 4 * 1024 * 1024;
-/// Largest HTTP/2 frame we accept.
-pub const MAX_FRAME: u32 = 1024 * 1024;
-/// HTTP/2 receive window of the whole connection, shared by its streams.
-pub const CONNECTION_WINDOW: u32 = 8 * 1024 * 1024;
 
 /// QueuesUpstream streams per client (opened when first used). Requests on one stream are sent
 /// one at a time, so a lane's order holds; several streams let different producers' batches be

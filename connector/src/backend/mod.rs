@@ -168,7 +168,7 @@ pub(crate) fn settle_request(
     channel: &str,
 ) -> crate::kubemq::QueuesDownstreamRequest {
     crate::kubemq::QueuesDownstreamRequest {
-        request_id: crate::store::new_id(),
+        request_id: crate::kubemq::new_id(),
         request_type_data: op as i32,
         ref_transaction_id: transaction.to_string(),
         sequence_range: sequences.iter().map(|s| *s as i64).collect(),
@@ -198,7 +198,7 @@ pub(crate) fn get_request(
     wait_ms: i32,
 ) -> crate::kubemq::QueuesDownstreamRequest {
     crate::kubemq::QueuesDownstreamRequest {
-        request_id: crate::store::new_id(),
+        request_id: crate::kubemq::new_id(),
         client_id: client_id.to_string(),
         request_type_data: Op::Get as i32,
         channel: channel.to_string(),

@@ -1,6 +1,6 @@
 //! KubeMQ v2.4's "capture" of queue messages by open transactions (kubemq-grpc.md 4.3.11), for
 //! the gRPC façade when it stands in for a real KubeMQ. The embedded store never does this; the
-//! façade does it only when asked ([`super::grpc::Facade::imitating_kubemq`]), so that the
+//! façade does it only when asked ([`crate::kubemq::server::Facade::imitating_kubemq`]), so that the
 //! connector's Get loop is tested against the broker it will meet.
 //!
 //! The model, from what a real KubeMQ v2.4.0 was seen to do (docs/kubemq-behaviour.md):

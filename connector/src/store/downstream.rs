@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use super::capture::Capture;
 use super::errors::{self, txn};
-use super::{new_id, Store};
+use super::Store;
+use crate::kubemq::new_id;
 use crate::kubemq::{
     QueuesDownstreamRequest, QueuesDownstreamRequestType as Op, QueuesDownstreamResponse,
 };

@@ -11,7 +11,6 @@
 pub mod capture;
 pub mod downstream;
 pub mod errors;
-pub mod grpc;
 pub mod log;
 pub mod record;
 
@@ -37,11 +36,6 @@ pub fn now_ns() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as i64)
-}
-
-/// A new unique id for messages and transactions (a UUIDv4, as KubeMQ uses for transactions).
-pub fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
 }
 
 /// Where a stored copy is, and what must be known about it without reading it.
@@ -831,7 +825,7 @@ fn error_result(message_id: String, text: &str) -> SendQueueMessageResult {
 /// (server-owned), Policy defaults. Returns the message id and error text on failure.
 fn stamp(mut msg: QueueMessage, now: i64) -> Result<QueueMessage, (String, &'static str)> {
     if msg.message_id.is_empty() {
-        msg.message_id = new_id();
+        msg.message_id = crate::kubemq::new_id();
     }
     let id = msg.message_id.clone();
     if msg.client_id.is_empty() {

@@ -54,7 +54,7 @@ fn main() {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(connector::store::grpc::serve(
+        tokio::spawn(connector::kubemq::server::serve(
             store.clone(),
             listener,
             std::future::pending(),

@@ -263,7 +263,7 @@ impl<B: Backend> QueuesHandler<B> {
                 let address = format!(
                     "{DYNAMIC_PREFIX}{}.{}",
                     self.connection,
-                    crate::store::new_id()
+                    crate::kubemq::new_id()
                 );
                 if conn
                     .accept_dynamic(link, LinkAccept { credit_window: 0 }, address.clone())

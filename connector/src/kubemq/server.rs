@@ -13,23 +13,20 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::capture::Capture;
-use super::downstream::Downstream;
-use super::{now_ns, Store};
+use super::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
+use super::{queue_info, queues_summary, REPORTED_VERSION};
 use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
 use crate::kubemq::{
     AckAllQueueMessagesRequest, AckAllQueueMessagesResponse, Empty, Event, EventReceive,
     PingResult, QueueInfo, QueueMessage, QueueMessagesBatchRequest, QueueMessagesBatchResponse,
-    QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest,
-    QueuesInfoResponse, QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest,
+    QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfoRequest, QueuesInfoResponse,
+    QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest,
     ReceiveQueueMessagesResponse, SendQueueMessageResult, StreamQueueMessagesRequest,
     StreamQueueMessagesResponse, Subscribe,
 };
-
-/// Largest gRPC message either way (kubemq-grpc.md 4.1).
-pub const MAX_GRPC_MESSAGE: usize = 100 * 1024 * 1024;
-/// The version reported by Ping: inside the range KubeMQ's SDKs accept without warning.
-pub const REPORTED_VERSION: &str = "v2.4.0";
+use crate::store::capture::Capture;
+use crate::store::downstream::Downstream;
+use crate::store::{now_ns, Store};
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -54,7 +51,7 @@ impl Facade {
     }
 
     /// A façade over `store` whose open transactions capture messages the way a real KubeMQ
-    /// v2.4's do ([`super::capture`]): what the connector meets on the real broker, for tests.
+    /// v2.4's do ([`crate::store::capture`]): what the connector meets on the real broker, for tests.
     pub fn imitating_kubemq(store: Arc<Store>) -> Self {
         Facade {
             capture: Some(Capture::new()),
@@ -93,9 +90,9 @@ pub async fn serve_facade(
     tonic::transport::Server::builder()
         // A QueuesUpstream batch is often larger than HTTP/2's default 64 KiB window, which
         // would cost a WINDOW_UPDATE round trip per batch (KubeMQ's own server grows its window).
-        .initial_stream_window_size(Some(crate::backend::grpc::STREAM_WINDOW))
-        .initial_connection_window_size(Some(crate::backend::grpc::CONNECTION_WINDOW))
-        .max_frame_size(Some(crate::backend::grpc::MAX_FRAME))
+        .initial_stream_window_size(Some(STREAM_WINDOW))
+        .initial_connection_window_size(Some(CONNECTION_WINDOW))
+        .max_frame_size(Some(MAX_FRAME))
         .add_service(facade.into_service())
         .serve_with_incoming_shutdown(
             // Small replies must not wait for Nagle's algorithm.
@@ -251,10 +248,12 @@ impl Kubemq for Facade {
             ..Default::default()
         };
         if req.client_id.is_empty() {
-            return Ok(Response::new(fail(super::errors::CLIENT_ID_EMPTY)));
+            return Ok(Response::new(fail(crate::store::errors::CLIENT_ID_EMPTY)));
         }
-        if !super::errors::valid_queue_name(&req.channel) {
-            return Ok(Response::new(fail(super::errors::QUEUE_NAME_INVALID)));
+        if !crate::store::errors::valid_queue_name(&req.channel) {
+            return Ok(Response::new(fail(
+                crate::store::errors::QUEUE_NAME_INVALID,
+            )));
         }
         let n = self.store.purge(&req.channel);
         Ok(Response::new(AckAllQueueMessagesResponse {
@@ -367,32 +366,5 @@ impl Kubemq for Facade {
             ref_request_id: req.request_id,
             info: Some(info),
         }))
-    }
-}
-
-/// One queue's figures in KubeMQ's QueueInfo shape. Our meaning (KubeMQ's own are artefacts of
-/// its log, 4.4): Messages = held (ready + locked), Waiting = ready, Delivered = locked, Sent =
-/// LastSequence = sequences assigned so far, FirstSequence = oldest held; Bytes is not tracked.
-pub fn queue_info(name: String, ready: u64, locked: u64, first: u64, last: u64) -> QueueInfo {
-    QueueInfo {
-        name,
-        messages: (ready + locked) as i64,
-        first_sequence: first as i64,
-        last_sequence: last as i64,
-        sent: last as i64,
-        delivered: locked as i64,
-        waiting: ready as i64,
-        ..Default::default()
-    }
-}
-
-/// Totals over queues.
-pub fn queues_summary(queues: Vec<QueueInfo>) -> QueuesInfo {
-    QueuesInfo {
-        total_queue: queues.len() as i32,
-        sent: queues.iter().map(|q| q.sent).sum(),
-        delivered: queues.iter().map(|q| q.delivered).sum(),
-        waiting: queues.iter().map(|q| q.waiting).sum(),
-        queues,
     }
 }
