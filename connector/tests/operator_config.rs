@@ -1,5 +1,5 @@
 //! The configuration files the operator renders (its golden ConfigMaps in
-//! operator/tests/golden/) fed to the real connector binary (issue 5): it accepts each one,
+//! operator/tests/golden/) fed to the real connector binary: it accepts each one,
 //! reports exactly the settings in it, and starts with it — alive on `/livez`, and not ready on
 //! `/readyz` while the broker it names is unreachable.
 

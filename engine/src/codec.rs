@@ -601,7 +601,7 @@ mod tests {
         );
     }
 
-    /// engine-notes §1.6: a DISPOSITION with an unknown state decodes; the state is kept as Unknown.
+    /// A DISPOSITION with an unknown state decodes; the state is kept as Unknown.
     #[test]
     fn unknown_delivery_state_decodes() {
         // disposition(role=receiver, first=3, last=5, settled=true, state=0x1234:0x77 described list0)

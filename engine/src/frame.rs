@@ -113,7 +113,7 @@ mod tests {
         assert!(out.is_empty());
     }
 
-    /// A header claiming 4 GiB is refused from its first 8 bytes (engine-notes §1.5).
+    /// A header claiming 4 GiB is refused from its first 8 bytes.
     #[test]
     fn huge_declared_size_refused_early() {
         let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0][..]);

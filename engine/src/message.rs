@@ -1,6 +1,6 @@
 //! The message section walker: splits an encoded message into its sections without decoding the
 //! body, and enforces what fe2o3 does not: section order, no duplicates, and one body kind
-//! (engine-notes §1.6: a Data section followed by an AmqpValue is silently dropped by fe2o3).
+//! (fe2o3's decoder silently drops a Data section followed by an AmqpValue).
 //!
 //! Every section is structure-checked by the validator on the way, so the ranges it returns are
 //! safe to decode with fe2o3 types. It allocates nothing.
@@ -246,7 +246,7 @@ mod tests {
         assert!(walk(&msg).unwrap().footer.is_some());
     }
 
-    /// engine-notes §1.6: Data then AmqpValue is a mixed body, not a silently dropped Data.
+    /// Data then AmqpValue is a mixed body, not a silently dropped Data (as fe2o3 would have it).
     #[test]
     fn mixed_body_refused() {
         let msg = [data(b"x"), enc(&AmqpValue("v".to_string()))].concat();

@@ -1,9 +1,9 @@
 //! Structural pre-validation of AMQP-encoded values, run on every frame body before serde sees it.
 //!
 //! fe2o3's decoder trusts declared lengths (a 15-byte frame can make it allocate 4 GiB), recurses
-//! without a bound (deep nesting overflows the stack) and overflows integers on odd sizes
-//! (engine-notes §1.5). This walker checks every size and count against the bytes that are really
-//! there, requires even map counts, and caps nesting, so whatever passes is safe to hand to serde.
+//! without a bound (deep nesting overflows the stack) and overflows integers on odd sizes. This
+//! walker checks every size and count against the bytes that are really there, requires even
+//! map counts, and caps nesting, so whatever passes is safe to hand to serde.
 //! Recursion is fine here because depth is capped at [`MAX_DEPTH`].
 
 /// Deepest nesting of compound and described values accepted.
@@ -292,7 +292,7 @@ mod tests {
         assert_eq!(value_len(&bytes), Ok(bytes.len()));
     }
 
-    /// engine-notes §1.5: the 15-byte DISPOSITION whose state is a vbin32 of length 0xffffffff.
+    /// The 15-byte DISPOSITION whose state is a vbin32 of length 0xffffffff.
     #[test]
     fn refuses_length_lies() {
         let evil = [

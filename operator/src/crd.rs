@@ -3,7 +3,7 @@
 //! these types by the `crdgen` binary; a test fails when the committed file drifts.
 //!
 //! Connector tunables are optional and unset by default: the connector owns its defaults
-//! (config.md), so a new connector release can retune them without a CRD change. Each field's
+//! (CFG-*), so a new connector release can retune them without a CRD change. Each field's
 //! description names the connector default. Cross-field rules are CEL rules the API server
 //! enforces; they are kept to cheap expressions over bounded lists.
 
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 /// Environment variable names the operator sets itself; `spec.env` may not override them.
 pub const RESERVED_ENV: [&str; 2] = ["POD_NAME", "POD_NAMESPACE"];
-/// Prefix of the connector's own settings variables (config.md CFG-15): those come from the
+/// Prefix of the connector's own settings variables (CFG-15): those come from the
 /// rendered configuration, never from `spec.env`.
 pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
 
@@ -114,7 +114,7 @@ pub struct AmqpConnectorSpec {
     /// SASL mechanisms offered to clients.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<Sasl>,
-    /// AMQP tunables (config.md); each one unset keeps the connector's default.
+    /// AMQP tunables (CFG-4 … CFG-14); each one unset keeps the connector's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqp: Option<AmqpTunables>,
     /// Compute resources of each connector container.
@@ -360,7 +360,7 @@ pub enum SaslMechanism {
     External,
 }
 
-/// The connector's AMQP settings (config.md CFG-4 … CFG-14). Unset keeps the default in the
+/// The connector's AMQP settings (CFG-4 … CFG-14). Unset keeps the default in the
 /// description.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]

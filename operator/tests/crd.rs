@@ -1,4 +1,4 @@
-//! The AmqpConnector CRD (issue 5): the committed file is what the types generate, it is small
+//! The AmqpConnector CRD: the committed file is what the types generate, it is small
 //! enough for client-side apply, valid for Kubernetes 1.30 and the newest schema
 //! `kubernetes-validate` ships, the examples pass its schema strictly and bad fixtures do not, and
 //! every CEL rule has one passing and one failing case (evaluated client-side: no API server runs

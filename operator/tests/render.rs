@@ -1,4 +1,4 @@
-//! The objects an AmqpConnector renders (issue 5), as pure functions: golden files per example
+//! The objects an AmqpConnector renders, as pure functions: golden files per example
 //! (`UPDATE_GOLDEN=1` rewrites them), each validated with `kubernetes-validate --strict` for
 //! Kubernetes 1.30 and 1.37, and the properties every rendering must keep. The connector's own
 //! parser reads the rendered configuration (and connector/tests/operator_config.rs feeds the

@@ -1,6 +1,6 @@
 """A stateful fake Kubernetes API server on loopback, for running the real operator binary
 without a cluster (none can run on this project's machines). It models what a controller's
-correctness depends on (operator.md section 4):
+correctness depends on (the objects the operator applies and reads back):
 
 * uid, creationTimestamp and one monotonic resourceVersion over all objects;
 * writes that change nothing neither bump the resourceVersion nor emit a watch event;

@@ -1,4 +1,4 @@
-"""The Queues concept page's scenarios (queues.md Q-S1 ... Q-S4, Q-32) with python-qpid-proton
+"""The Queues concept page's scenarios (Q-S1 ... Q-S4, Q-32) with python-qpid-proton
 against the real connector on its embedded store. Usage: queues.py SCENARIO URL. Prints PASS."""
 import sys
 import zlib

@@ -134,7 +134,7 @@ fn every_method() {
     });
 }
 
-/// The gRPC client's ready estimate (kubemq-grpc.md 7, Q-12 as decided): messages this process
+/// The gRPC client's ready estimate (KMQ-6, Q-12 as decided): messages this process
 /// stored and has not fetched back; refused sends are not counted; a Get that comes back short
 /// proves the queue empty.
 #[test]
@@ -320,7 +320,7 @@ fn server_restart_reconnects_and_loses_nothing() {
 /// raw generated client: SendQueueMessagesBatch (validation errors in-band and not counted in
 /// HaveErrors; an empty batch is a gRPC error), QueuesUpstream (RefRequestID echoed, results in
 /// order, IsError only for a whole-request failure), unary SendQueueMessage, AckAllQueueMessages,
-/// and UNIMPLEMENTED for patterns that do not exist yet (kubemq-grpc.md 4.1, 4.2, 4.4).
+/// and UNIMPLEMENTED for patterns that do not exist yet (KMQ-3, KMQ-4).
 #[test]
 fn facade_wire_edges() {
     use connector::kubemq::kubemq_client::KubemqClient;
@@ -425,7 +425,7 @@ fn facade_wire_edges() {
 /// KubeMQ's grpc-go server sends a streaming call's response headers only with its first
 /// response, and the façade does the same: a client that awaits QueuesUpstream or
 /// QueuesDownstream before writing a request waits forever. The connector's client writes its
-/// first request before it awaits the call, so sends and Gets go through (kubemq-grpc.md 4.1).
+/// first request before it awaits the call, so sends and Gets go through (KMQ-1).
 #[test]
 fn streams_open_when_headers_come_with_the_first_response() {
     use connector::kubemq::kubemq_client::KubemqClient;

@@ -1,6 +1,6 @@
 //! KubeMQ's own Python SDK (PyPI `kubemq` 4.1.5) against the embedded store's gRPC façade, over a
 //! real socket: send, receive, ack, nack (count and sequence), requeue, MaxReceiveCount →
-//! dead-letter queue, and an in-band validation error (kubemq-grpc.md 4.2, 4.3.4, 4.3.6, 8).
+//! dead-letter queue, and an in-band validation error (KMQ-4, KMQ-7, KMQ-11).
 //! The SDK is installed by tests/run.sh; failures print the SDK's error.
 
 use std::process::Command;
@@ -26,7 +26,7 @@ fn python_sdk_against_facade() {
 
 /// proto/kubemq.proto matches KubeMQ's schema as shipped in the `kubemq` wheel: every message,
 /// field, enum value and RPC the wheel has, identical in name, number, type and streaming
-/// (kubemq-grpc.md section 1's recommended check).
+/// (KMQ-15).
 #[test]
 fn proto_matches_kubemq_wheel() {
     let dir = tempfile::tempdir().unwrap();

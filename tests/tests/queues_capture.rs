@@ -1,4 +1,4 @@
-//! What KubeMQ v2.4's capture of messages by open transactions (kubemq-grpc.md 4.3.11) must not
+//! What KubeMQ v2.4's capture of messages by open transactions (KMQ-2) must not
 //! do to AMQP consumers, on every backend — the third being the façade imitating capture, a
 //! stand-in for the real broker, whose Go module this project's machines cannot download. Each
 //! case delivers every message, once, without a consumer waiting out Gets for messages that exist

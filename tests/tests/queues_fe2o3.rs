@@ -1,5 +1,5 @@
 //! The Queues concept page's scenarios with the fe2o3-amqp client (crates.io) against the real
-//! connector on both backends (queues.md Q-S1 … Q-S4).
+//! connector on both backends (Q-S1 … Q-S4).
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! Queues across access paths and consumers (queues.md; GEN-4).
+//! Queues across access paths and consumers (Q-2, Q-3, Q-38; GEN-4).
 
 use std::process::Command;
 use std::time::Duration;

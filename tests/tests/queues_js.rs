@@ -1,5 +1,5 @@
 //! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
-//! embedded store and over gRPC (queues.md Q-S1 … Q-S4).
+//! embedded store and over gRPC (Q-S1 … Q-S4).
 
 use interop_tests::run_client_script_on_both_backends;
 

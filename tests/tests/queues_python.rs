@@ -1,6 +1,6 @@
 //! The Queues concept page's scenarios with python-qpid-proton against the real connector (driver,
 //! queues bridge) over a real socket, on both backends: the embedded store in-process, and the
-//! KubeMQ gRPC client talking to the store's gRPC façade (queues.md Q-S1 … Q-S4, Q-32).
+//! KubeMQ gRPC client talking to the store's gRPC façade (Q-S1 … Q-S4, Q-32).
 
 use connector::config::Settings;
 use interop_tests::{run_client_script_on_both_backends, TestConnector};

@@ -1,8 +1,8 @@
 //! Queue requirements no client library expresses directly, with raw frames over a real socket
 //! against the real connector, each on both backends (the embedded store in-process, and the
 //! KubeMQ gRPC client talking to the store's façade); each test cites its requirement
-//! (queues.md). Waits are "until it arrived", never fixed sleeps sized for one backend: over gRPC a
-//! Get that asks for more than is ready waits up to its full second (kubemq-grpc.md 4.3).
+//! (docs/requirements.md). Waits are "until it arrived", never fixed sleeps sized for one backend: over gRPC a
+//! Get that asks for more than is ready waits up to its full second (KMQ-6).
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Crash tests of the embedded store with real processes, real files and SIGKILL: every send
 //! that was confirmed survives, nothing unsent appears, sequences stay strictly increasing, and
 //! messages locked by a Get of the dead process are available again with their sequence
-//! (issue 3; kubemq-grpc.md section 6 "MUST persist durably before reporting success").
+//! (KMQ-16: the embedded store confirms a send only once it is on disk).
 
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader};

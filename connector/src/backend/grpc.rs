@@ -3,7 +3,7 @@
 //! - One lazily connected channel; tonic reconnects it, and calls that find KubeMQ unreachable
 //!   are retried with exponential backoff until their deadline.
 //! - Concurrent queue sends are coalesced into QueuesUpstream requests of up to 1,000 messages
-//!   (KubeMQ stores ~40k msg/s that way against ~2k msg/s for unary sends, kubemq-grpc.md 7.1);
+//!   (KubeMQ stores ~40k msg/s that way against ~2k msg/s for unary sends, KMQ-10);
 //!   each message still gets its own result. One request is in flight at a time, so messages keep
 //!   the order in which they were sent, and every request has a deadline (a real KubeMQ can leave
 //!   one unanswered).

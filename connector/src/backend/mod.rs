@@ -46,7 +46,7 @@ pub trait Backend: Send + Sync + 'static {
     /// `lane`'s order without waiting, so calls on one lane whose futures are first polled one
     /// after the other are stored in that order even while earlier ones are still in flight.
     /// Calls on different lanes may be stored in either order (a producer link is a lane: KubeMQ
-    /// stores concurrent upstream requests in either order, kubemq-grpc.md 4.2).
+    /// stores concurrent upstream requests in either order, KMQ-4).
     fn send_queue(
         &self,
         lane: u64,
@@ -69,7 +69,7 @@ pub trait Backend: Send + Sync + 'static {
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
 
     /// Whether the backend's open transactions take ready messages into the room a settlement
-    /// frees, hiding them until the transaction closes (KubeMQ v2.4's capture, kubemq-grpc.md
+    /// frees, hiding them until the transaction closes (KubeMQ v2.4's capture, KMQ-2
     /// 4.3.11). The Get loop then settles a transaction only as a whole.
     fn captures(&self) -> bool {
         false

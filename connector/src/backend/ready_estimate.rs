@@ -5,7 +5,7 @@
 //! messages of a burst for a second. Most traffic of a channel served through this connector is
 //! produced through it too, and those sends are counted here: sent (stored, or being stored)
 //! minus fetched is what is waiting or about to be, and a Get for that many returns as soon as
-//! they are stored (kubemq-grpc.md 7: "ask for the number of messages already known to be
+//! they are stored (KMQ-6: "ask for the number of messages already known to be
 //! waiting").
 //!
 //! Only an over-count costs anything (a Get that waits its second), so the count errs low:
@@ -126,7 +126,7 @@ impl ReadyEstimate {
 
     /// `count` messages of `channel` went back to the queue (NAck, CloseByClient, a lost
     /// session): a Get for them all takes them at once, where a smaller one would leave the rest
-    /// to be captured by its transaction on a real KubeMQ (kubemq-grpc.md 4.3.11).
+    /// to be captured by its transaction on a real KubeMQ (KMQ-2).
     pub fn returned(&self, channel: &str, count: usize) {
         self.with(channel, |c| c.ready += count as i64);
     }

@@ -1,4 +1,4 @@
-//! Address resolution (addressing.md): a terminus address or a per-message `to` becomes a KubeMQ
+//! Address resolution (ADDR-*): a terminus address or a per-message `to` becomes a KubeMQ
 //! `(pattern, channel)`, an RPC reply token, or a refusal with `amqp:not-found`.
 
 use std::fmt;
@@ -135,7 +135,7 @@ pub fn validate_channel(channel: &str) -> Result<(), AddressError> {
     if channel.ends_with('.') {
         return bad("channel has trailing '.'");
     }
-    // KubeMQ's store refuses these on send and cannot Get from them (kubemq-grpc.md 5.1).
+    // KubeMQ's store refuses these on send and cannot Get from them (KMQ-8).
     if channel.starts_with('.') {
         return bad("channel has leading '.'");
     }

@@ -1,6 +1,6 @@
 //! The embedded store served as KubeMQ's gRPC API (the queues subset and Ping), so that the
 //! connector's KubeMQ client, KubeMQ's own SDKs and tests can all talk to it over a real socket.
-//! Errors are placed as KubeMQ places them (kubemq-grpc.md 4.1): in-band for queue sends and
+//! Errors are placed as KubeMQ places them (KMQ-3): in-band for queue sends and
 //! streams, gRPC status only for infrastructure failures. Events, Events-Store, Commands, Queries
 //! and the legacy queue RPCs answer UNIMPLEMENTED until their patterns exist.
 

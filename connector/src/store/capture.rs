@@ -1,4 +1,4 @@
-//! KubeMQ v2.4's "capture" of queue messages by open transactions (kubemq-grpc.md 4.3.11), for
+//! KubeMQ v2.4's "capture" of queue messages by open transactions (KMQ-2), for
 //! the gRPC façade when it stands in for a real KubeMQ. The embedded store never does this; the
 //! façade does it only when asked ([`crate::kubemq::server::Facade::imitating_kubemq`]), so that the
 //! connector's Get loop is tested against the broker it will meet.

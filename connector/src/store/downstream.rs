@@ -1,5 +1,5 @@
 //! One QueuesDownstream stream: its table of transactions and the operations on them, with
-//! KubeMQ's effects and error texts (kubemq-grpc.md 4.3.1–4.3.4, 4.3.7). Requests are handled one
+//! KubeMQ's effects and error texts (KMQ-5, KMQ-6, KMQ-7, KMQ-12). Requests are handled one
 //! at a time by the caller, in arrival order; a successful settlement has no response.
 //!
 //! Dropping the stream returns every unsettled message unchanged (4.3.7).

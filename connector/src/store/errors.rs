@@ -1,8 +1,8 @@
-//! KubeMQ's error texts for the queue operations the store implements (kubemq-grpc.md 4.2, 4.3.4,
+//! KubeMQ's error texts for the queue operations the store implements (KMQ-4, KMQ-7,
 //! 5.1). Clients branch on the `Error NNN` code; where the reference's exact wording is not
 //! documented (133, 134, 135) the text is ours and says so in docs/decisions.md.
 
-/// Largest ExpirationSeconds and DelaySeconds (kubemq-grpc.md 3.2).
+/// Largest ExpirationSeconds and DelaySeconds (KMQ-9).
 pub const MAX_POLICY_SECONDS: i32 = 43_200;
 /// Largest MaxReceiveCount, and the value 0 is replaced with.
 pub const MAX_RECEIVE_COUNT: i32 = 1024;
@@ -67,7 +67,7 @@ pub fn valid_queue_name(name: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// kubemq-grpc.md 5.1: queue channel rules.
+    /// KMQ-8: queue channel rules.
     #[test]
     fn queue_names() {
         for ok in ["orders", "orders.eu-1.created", "a_b-c", "q:x"] {

@@ -1,7 +1,7 @@
 //! The embedded, durable, KubeMQ-compatible queue store: the default backend when no KubeMQ
 //! address is configured.
 //!
-//! Data path: [`Store::send`] validates and stamps messages like KubeMQ (kubemq-grpc.md 4.2),
+//! Data path: [`Store::send`] validates and stamps messages like KubeMQ (KMQ-4),
 //! assigns per-queue sequences, frames them as records ([`record`]) and waits until the writer
 //! thread of [`log`] has them on disk (group commit); only then are they visible. [`Store::get`]
 //! waits for MaxItems or WaitTimeout exactly like KubeMQ (4.3.2) and locks what it hands out;

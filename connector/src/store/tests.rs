@@ -1,5 +1,6 @@
-//! Store semantics, each test citing the section of kubemq-grpc.md it pins. Real files, real
-//! fsync, real time (the minimum Get wait is 1 s, so some tests take a second).
+//! Store semantics, each test citing the KubeMQ behaviour it pins (`KMQ-` in
+//! docs/kubemq-behaviour.md). Real files, real fsync, real time (the minimum Get wait is 1 s, so
+//! some tests take a second).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -67,7 +68,7 @@ fn settle(op: Op, txn: &str, seqs: &[i64]) -> QueuesDownstreamRequest {
 
 const WAIT: Duration = Duration::from_millis(1000);
 
-/// 4.2 / 4.3.2 / 3.2: sequences from 1, ReceiveCount 1 on first delivery, stamped attributes,
+/// KMQ-4 / KMQ-6 / KMQ-9: sequences from 1, ReceiveCount 1 on first delivery, stamped attributes,
 /// MaxReceiveCount 0 → 1024; a full batch returns at once; acked messages are gone.
 #[test]
 fn send_get_ack() {
@@ -107,7 +108,7 @@ fn send_get_ack() {
     });
 }
 
-/// 4.3.2 step 3: a Get with MaxItems > available waits the full WaitTimeout; MaxItems 1 returns
+/// KMQ-6: a Get with MaxItems > available waits the full WaitTimeout; MaxItems 1 returns
 /// as soon as one message arrives.
 #[test]
 fn get_waits_for_batch_or_timeout() {
@@ -139,7 +140,7 @@ fn get_waits_for_batch_or_timeout() {
     });
 }
 
-/// 4.2 step 3: validation order and texts, each failure in-band; valid messages still stored.
+/// KMQ-4: validation order and texts, each failure in-band; valid messages still stored.
 #[test]
 fn send_validation() {
     let dir = tempfile::tempdir().unwrap();
@@ -213,7 +214,7 @@ fn send_validation() {
     });
 }
 
-/// 4.3.6: NAck re-queues a copy at the tail with a new sequence and ReceiveCount + 1; with
+/// KMQ-11: NAck re-queues a copy at the tail with a new sequence and ReceiveCount + 1; with
 /// MaxReceiveCount 2 and a MaxReceiveQueue, the second NAck dead-letters it (count 0, ReRouted,
 /// ReRoutedFromQueue, policy zeroed).
 #[test]
@@ -275,7 +276,7 @@ fn nack_requeue_and_dead_letter() {
     });
 }
 
-/// 4.3.6: MaxReceiveCount 1 without a dead-letter queue: the first NAck drops the message.
+/// KMQ-11: MaxReceiveCount 1 without a dead-letter queue: the first NAck drops the message.
 #[test]
 fn nack_drop_without_dead_letter_queue() {
     let dir = tempfile::tempdir().unwrap();
@@ -297,7 +298,7 @@ fn nack_drop_without_dead_letter_queue() {
     });
 }
 
-/// 4.3.7: closing a stream (or CloseByClient) returns unsettled messages with the same sequence
+/// KMQ-12: closing a stream (or CloseByClient) returns unsettled messages with the same sequence
 /// and no ReceiveCount increment, ahead of newer messages.
 #[test]
 fn close_returns_without_increment() {
@@ -370,7 +371,7 @@ fn a_long_lived_session_keeps_a_bounded_table() {
     });
 }
 
-/// 4.3.4: settlement errors, texts and partial application; ActiveOffsets; unknown requests.
+/// KMQ-7: settlement errors, texts and partial application; ActiveOffsets; unknown requests.
 #[test]
 fn settlement_errors() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,8 +480,8 @@ fn settlement_errors() {
     });
 }
 
-/// 4.3.4 ReQueue: a fresh send of the copy to another queue (count 0, new sequence there).
-/// 4.3.2 step 5: AutoAck acks before replying.
+/// KMQ-7 ReQueue: a fresh send of the copy to another queue (count 0, new sequence there).
+/// KMQ-6: AutoAck acks before replying.
 #[test]
 fn requeue_and_auto_ack() {
     let dir = tempfile::tempdir().unwrap();
@@ -511,8 +512,8 @@ fn requeue_and_auto_ack() {
     });
 }
 
-/// 4.3.8: a delayed message is invisible until due, then released with a new sequence,
-/// DelayedTo 0 and DelaySeconds 0; 4.3.9: an expired message is dropped silently at delivery.
+/// KMQ-13: a delayed message is invisible until due, then released with a new sequence,
+/// DelayedTo 0 and DelaySeconds 0; KMQ-14: an expired message is dropped silently at delivery.
 #[test]
 fn delay_and_expiration() {
     let dir = tempfile::tempdir().unwrap();
@@ -721,7 +722,7 @@ fn concurrent_senders() {
     });
 }
 
-/// 4.3.4: NAckAll re-queues every unsettled message with ReceiveCount + 1 and closes the
+/// KMQ-7: NAckAll re-queues every unsettled message with ReceiveCount + 1 and closes the
 /// transaction; ReQueueAll moves every one to another queue as a fresh send.
 #[test]
 fn nack_all_and_requeue_all() {
@@ -761,7 +762,7 @@ fn nack_all_and_requeue_all() {
     });
 }
 
-/// 4.3.8: a delayed message's TTL restarts at release (release time + ExpirationSeconds), and
+/// KMQ-13: a delayed message's TTL restarts at release (release time + ExpirationSeconds), and
 /// due messages are released in due-time order.
 #[test]
 fn delay_ttl_restarts_at_release() {
@@ -874,7 +875,7 @@ fn segments_closing_under_concurrent_sends_and_acks_lose_nothing() {
     }
 }
 
-/// The façade's imitation of KubeMQ v2.4's capture (4.3.11, docs/kubemq-behaviour.md), pinned to
+/// The façade's imitation of KubeMQ v2.4's capture (KMQ-2, docs/kubemq-behaviour.md), pinned to
 /// what a real KubeMQ v2.4.0 was seen to do: after five messages are NAcked, a Get(1) returns one
 /// and its open transaction holds the other four, so a Get(4) on another stream waits out its
 /// second with nothing; once that transaction closes they are visible again. A Get at least as
@@ -921,7 +922,7 @@ fn capture_holds_messages_in_an_open_transaction() {
     });
 }
 
-/// Capture (4.3.11): a settlement that gives an open transaction room lets it take what arrives
+/// Capture (KMQ-2): a settlement that gives an open transaction room lets it take what arrives
 /// meanwhile, and what a closing transaction held moves to another open one rather than back to
 /// the queue; a stream's end lets everything go.
 #[test]

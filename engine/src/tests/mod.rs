@@ -1656,7 +1656,7 @@ fn presettled_inbound_no_disposition() {
 // ---------------------------------------------------------------- dispositions
 
 /// Dispositions on ranges settle every unsettled delivery in the range; unknown states are
-/// reported as Unknown (engine-notes §1.6); a terminal state without `settled` is settled by us.
+/// reported as Unknown; a terminal state without `settled` is settled by us.
 #[test]
 fn disposition_ranges_and_states() {
     let mut c = Client::new(config());

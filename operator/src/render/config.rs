@@ -1,5 +1,5 @@
 //! The connector's configuration file, rendered from a spec: the flat YAML map of setting names
-//! the connector reads with `--config` (connector/src/config.rs, config.md). Only settings the
+//! the connector reads with `--config` (connector/src/config.rs). Only settings the
 //! spec sets are written, so the connector's own defaults apply to the rest.
 
 use std::collections::BTreeMap;

@@ -1,4 +1,4 @@
-//! The `amqp10` metadata envelope (envelope.md): the AMQP message context kept as JSON in a KubeMQ
+//! The `amqp10` metadata envelope (ENV-*): the AMQP message context kept as JSON in a KubeMQ
 //! message's `Metadata`, so that a message crosses AMQP → KubeMQ → AMQP without losing a section
 //! or a type.
 //!

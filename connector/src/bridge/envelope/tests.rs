@@ -365,7 +365,7 @@ fn env_2_minimal_envelope() {
     assert!(stored.body.is_empty());
 }
 
-/// ENV-9 / Q-9: AmqpSequence bodies are refused; a mixed body is malformed (engine-notes §1.6).
+/// ENV-9 / Q-9: AmqpSequence bodies are refused; a mixed body is malformed.
 #[test]
 fn env_9_sequence_and_mixed_bodies() {
     let seq = encode(

@@ -161,7 +161,7 @@ type Fetched = (Arc<str>, u64, QueueMessage);
 
 /// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
 /// available" (FLOW-5), when the backend cannot say how many messages are ready. KubeMQ answers a
-/// Get for messages that are there within a few milliseconds (kubemq-grpc.md 8: p99 2.4 ms); a Get
+/// Get for messages that are there within a few milliseconds (KMQ-10: p99 2.4 ms); a Get
 /// still waiting after this is waiting for messages that do not exist yet.
 pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -193,7 +193,7 @@ struct Fetcher<B: Backend> {
     /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
     handed: HashSet<Arc<str>, foldhash::fast::RandomState>,
     /// The loop's downstream sessions: a Get goes on one with no open transaction, so that
-    /// settlements never wait behind it (kubemq-grpc.md 4.3.1, 7).
+    /// settlements never wait behind it (KMQ-5).
     sessions: Vec<Session<B::Downstream>>,
     /// Open transactions: which session owns each and how many of its messages are unsettled.
     txns: FastMap<Arc<str>, Txn>,
@@ -303,7 +303,7 @@ impl<B: Backend> Fetcher<B> {
             };
             let want = self.get_size(demand);
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
-            // it because the stream processes requests in order anyway (kubemq-grpc.md 4.3.1).
+            // it because the stream processes requests in order anyway (KMQ-5).
             let channel = self.channel.clone();
             let got = {
                 let get = d.get(&channel, self.limits.client_id, want as i32, 1000);

@@ -1,4 +1,4 @@
-//! The queues bridge: AMQP links on `queues/<channel>` ⇄ the KubeMQ backend (queues.md).
+//! The queues bridge: AMQP links on `queues/<channel>` ⇄ the KubeMQ backend (Q-*).
 //!
 //! Produce: each complete message becomes one backend send carrying the `amqp10` envelope; the
 //! delivery is settled `accepted` only when the backend confirmed storage. Consume: a

@@ -1,0 +1,180 @@
+//! The repository stands alone: every requirement ID the code and tests cite is defined in
+//! docs/requirements.md (or, for `KMQ-` IDs, docs/kubemq-behaviour.md), and every document they
+//! cite is in the repository.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The ID families of the specification and of docs/kubemq-behaviour.md.
+const FAMILIES: [&str; 22] = [
+    "ADDR", "AUD", "CFG", "CONN", "ENV", "ERR", "ES", "EV", "FLOW", "GEN", "KMQ", "LINK", "MET",
+    "NG", "OBS", "Q", "RPC", "SASL", "SEC", "SEL", "SESS", "XFER",
+];
+
+/// Source files, by the extensions of the languages the project is written and tested in.
+const SOURCES: [&str; 6] = ["rs", "py", "js", "go", "java", "sh"];
+
+/// Folders that hold no source of the project's own.
+const SKIP: [&str; 5] = [
+    "target",
+    "node_modules",
+    ".git",
+    "tests/go/bin",
+    "fuzz/corpus",
+];
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the repository root")
+        .to_path_buf()
+}
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        let rel = path
+            .strip_prefix(root())
+            .unwrap_or(&path)
+            .to_string_lossy()
+            .to_string();
+        if SKIP.iter().any(|s| rel.ends_with(s)) {
+            continue;
+        }
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| SOURCES.contains(&x))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// The requirement IDs in `text`: `FAMILY-N`, `OP-FAMILY-N` and `Q-SN`, as whole words.
+fn ids(text: &str) -> Vec<String> {
+    let b = text.as_bytes();
+    let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'-';
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if !b[i].is_ascii_uppercase() || (i > 0 && word(b[i - 1])) {
+            i += 1;
+            continue;
+        }
+        let mut j = i;
+        while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'-') {
+            j += 1;
+        }
+        let token = text[i..j].trim_end_matches('-');
+        let bare = token.strip_prefix("OP-").unwrap_or(token);
+        if let Some((family, number)) = bare.split_once('-') {
+            let number = number
+                .strip_prefix('S')
+                .filter(|_| family == "Q")
+                .unwrap_or(number);
+            if FAMILIES.contains(&family)
+                && !number.is_empty()
+                && number.len() <= 3
+                && number.bytes().all(|c| c.is_ascii_digit())
+            {
+                found.push(token.to_string());
+            }
+        }
+        i = j.max(i + 1);
+    }
+    found
+}
+
+/// The Markdown documents `text` names (`name.md`, with any path before it).
+fn documents(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(".md") {
+        let after = text[at + 3..].chars().next();
+        if after.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        let start = text[..at]
+            .rfind(|c: char| !(c.is_alphanumeric() || "_-./".contains(c)))
+            .map_or(0, |p| p + 1);
+        let name = &text[start..at + 3];
+        if name.len() > 3 {
+            found.push(name.to_string());
+        }
+    }
+    found
+}
+
+/// IDs defined by a document: the first cell of its table rows, and `## ID` headings.
+fn defined(doc: &str) -> BTreeSet<String> {
+    let text = std::fs::read_to_string(root().join(doc)).expect(doc);
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        let head = if let Some(row) = line.strip_prefix("| ") {
+            row.split('|').next().unwrap_or("")
+        } else if let Some(h) = line.strip_prefix("## ") {
+            h.split(' ').next().unwrap_or("")
+        } else {
+            continue;
+        };
+        out.extend(ids(head));
+    }
+    out
+}
+
+#[test]
+fn every_cited_requirement_and_document_is_in_the_repository() {
+    let mut defs = defined("docs/requirements.md");
+    defs.extend(defined("docs/kubemq-behaviour.md"));
+    let mut files = Vec::new();
+    sources(&root(), &mut files);
+    assert!(files.len() > 100, "only {} source files found", files.len());
+    let mut undefined: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut missing_docs: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let me = root().join("tests/tests/requirements.rs");
+    for f in files.iter().filter(|f| **f != me) {
+        let Ok(text) = std::fs::read_to_string(f) else {
+            continue;
+        };
+        let rel = f.strip_prefix(root()).unwrap_or(f).display().to_string();
+        for id in ids(&text) {
+            if !defs.contains(&id) {
+                undefined.entry(id).or_default().insert(rel.clone());
+            }
+        }
+        for doc in documents(&text) {
+            let here = f.parent().unwrap_or(&root()).join(&doc);
+            let exists = root().join(&doc).exists()
+                || root().join("docs").join(&doc).exists()
+                || here.exists();
+            if !exists {
+                missing_docs.entry(doc).or_default().insert(rel.clone());
+            }
+        }
+    }
+    assert!(
+        undefined.is_empty(),
+        "IDs cited but not defined in docs/requirements.md or docs/kubemq-behaviour.md: {undefined:#?}"
+    );
+    assert!(
+        missing_docs.is_empty(),
+        "documents cited but not in the repository: {missing_docs:#?}"
+    );
+}
+
+#[test]
+fn the_scanner_finds_ids_and_documents() {
+    assert_eq!(
+        ids("CONN-11. (OP-ADDR-3, Q-S2; KMQ-5) SHA-256 UTF-8 xQ-1 Q-12a"),
+        ["CONN-11", "OP-ADDR-3", "Q-S2", "KMQ-5"]
+    );
+    assert_eq!(
+        documents("see docs/decisions.md, kubemq-grpc.md §4 and README.md."),
+        ["docs/decisions.md", "kubemq-grpc.md", "README.md"]
+    );
+}
