@@ -1,9 +1,14 @@
 //! Codec benchmark: decode + encode of a TRANSFER carrying a 1 KiB Data message with properties
 //! and 4 application properties, through our path and through plain fe2o3-amqp-types serde.
-//! Also prints allocations per round trip for both (counting allocator).
-
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! Also prints allocations per round trip for both (allocation-counter's counting allocator).
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![allow(missing_docs)] // criterion_group! makes a public function
 
 use bytes::{Bytes, BytesMut};
 use connector::engine::codec::{decode_performative, encode_transfer, Performative, TransferHead};
@@ -16,26 +21,6 @@ use fe2o3_amqp_types::messaging::{ApplicationProperties, Body, Data, Header, Mes
 use fe2o3_amqp_types::performatives::Transfer;
 use serde_amqp::Value;
 use serde_bytes::ByteBuf;
-
-struct Counting;
-static ALLOCS: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.alloc(l) }
-    }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        unsafe { System.dealloc(p, l) }
-    }
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, n: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        unsafe { System.realloc(p, l, n) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 fn message() -> Message<Data> {
     Message::builder()
@@ -139,11 +124,12 @@ fn allocs_per_op(mut f: impl FnMut()) -> f64 {
     for _ in 0..100 {
         f();
     }
-    let before = ALLOCS.load(Ordering::Relaxed);
-    for _ in 0..10_000 {
-        f();
-    }
-    (ALLOCS.load(Ordering::Relaxed) - before) as f64 / 10_000.0
+    let info = allocation_counter::measure(|| {
+        for _ in 0..10_000 {
+            f();
+        }
+    });
+    info.count_total as f64 / 10_000.0
 }
 
 fn bench(c: &mut Criterion) {

@@ -1,5 +1,13 @@
 //! Engine throughput without sockets: frames per second through one connection, in both
 //! directions, with all output of a wakeup gathered into one buffer (one write per wakeup).
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+#![allow(missing_docs)] // criterion_group! makes a public function
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

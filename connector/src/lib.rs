@@ -3,8 +3,6 @@
 //! [`engine`] is the sans-IO AMQP 1.0 server protocol engine (its own crate,
 //! `kubemq-amqp-engine`, re-exported here); [`driver`] runs it on tokio sockets; [`config`] reads
 //! the connector's settings.
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 pub mod backend;
 pub mod bridge;

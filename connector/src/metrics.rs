@@ -257,7 +257,9 @@ impl Metrics {
     /// Counts one message transfer.
     pub fn transfer(&self, direction: Direction, pattern: &str) {
         if pattern == "queues" {
-            self.queue_transfers[direction as usize].inc();
+            if let Some(c) = self.queue_transfers.get(direction as usize) {
+                c.inc();
+            }
         } else {
             self.transfers
                 .get_or_create(&TransferLabels::new(direction, pattern))
@@ -267,7 +269,9 @@ impl Metrics {
 
     /// Counts one terminal disposition.
     pub fn disposition(&self, outcome: Outcome) {
-        self.outcome_counters[outcome as usize].inc();
+        if let Some(c) = self.outcome_counters.get(outcome as usize) {
+            c.inc();
+        }
     }
 
     /// Counts emitted error conditions.

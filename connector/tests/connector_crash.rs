@@ -3,6 +3,13 @@
 //! that had been answered `accepted` is consumed (Q-6: accepted means stored). And stopped with
 //! SIGTERM while a consumer holds unsettled deliveries: the client gets CLOSE
 //! `amqp:connection:forced`, the process exits within its grace, and the deliveries are back.
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod common;
 

@@ -270,7 +270,9 @@ pub(super) fn from<'a, T: serde::Deserialize<'a>>(
 /// Decodes one AMQP frame body (non-empty) into a performative.
 pub fn decode_performative(body: &Bytes) -> Result<Performative, DecodeError> {
     let len = value_len(body)?;
-    let perf = &body[..len];
+    let perf = body
+        .get(..len)
+        .ok_or(DecodeError::Invalid("performative"))?;
     let code = descriptor_code(perf).ok_or(DecodeError::UnknownPerformative)?;
     if code != 0x14 && len != body.len() {
         // Only TRANSFER carries a payload after its performative.
@@ -485,17 +487,15 @@ pub fn encode_transfer(out: &mut BytesMut, t: &TransferHead<'_>) {
     }
     let fields = out.len() - body_start;
     if fields + 1 < 256 {
-        // Shrink to list8, as fe2o3 does for small lists.
-        let mut tmp = [0u8; 300];
-        tmp[..fields].copy_from_slice(&out[body_start..]);
+        // Shrink to list8, as fe2o3 does for small lists: the fields move 5 bytes to the front.
+        let moved = out.split_off(body_start);
         out.truncate(start + 3);
         out.put_u8(0xc0);
         out.put_u8((fields + 1) as u8);
         out.put_u8(count);
-        out.extend_from_slice(&tmp[..fields]);
-    } else {
-        let size = (fields + 4) as u32;
-        out[start + 4..start + 8].copy_from_slice(&size.to_be_bytes());
+        out.extend_from_slice(&moved);
+    } else if let Some(size_field) = out.get_mut(start + 4..start + 8) {
+        size_field.copy_from_slice(&((fields + 4) as u32).to_be_bytes());
     }
 }
 

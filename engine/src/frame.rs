@@ -48,13 +48,11 @@ pub enum FrameError {
 /// Returns `Ok(None)` when more bytes are needed. The declared size is checked against `max`
 /// before waiting for the rest, so a header claiming 4 GiB is refused after 8 bytes.
 pub fn split_frame(buf: &mut BytesMut, max: u32) -> Result<Option<RawFrame>, FrameError> {
-    if buf.len() < HEADER_LEN {
+    let Some(&[s0, s1, s2, s3, doff, frame_type, c0, c1]) = buf.get(..HEADER_LEN) else {
         return Ok(None);
-    }
-    let size = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]);
-    let doff = buf[4];
-    let frame_type = buf[5];
-    let channel = u16::from_be_bytes([buf[6], buf[7]]);
+    };
+    let size = u32::from_be_bytes([s0, s1, s2, s3]);
+    let channel = u16::from_be_bytes([c0, c1]);
     if size < HEADER_LEN as u32 {
         return Err(FrameError::TooSmall(size));
     }
@@ -94,7 +92,9 @@ pub fn write_frame(
     out.put_u16(channel);
     body(out);
     let size = (out.len() - start) as u32;
-    out[start..start + 4].copy_from_slice(&size.to_be_bytes());
+    if let Some(size_field) = out.get_mut(start..start + 4) {
+        size_field.copy_from_slice(&size.to_be_bytes());
+    }
 }
 
 #[cfg(test)]

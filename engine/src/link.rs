@@ -691,10 +691,10 @@ impl Connection {
         let mut rest = payload;
         let mut head = first;
         loop {
-            let n = rest.len().min(room);
-            head.more = n < rest.len();
-            self.write_transfer_frame(ch, &head, &rest[..n]);
-            rest = &rest[n..];
+            let (chunk, after) = rest.split_at(rest.len().min(room));
+            head.more = !after.is_empty();
+            self.write_transfer_frame(ch, &head, chunk);
+            rest = after;
             if !head.more {
                 break;
             }

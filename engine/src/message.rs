@@ -138,7 +138,7 @@ pub fn walk(msg: &[u8]) -> Result<Layout, MessageError> {
     let mut pos = 0;
     let mut last_rank: Option<u8> = None;
     while pos < msg.len() {
-        let rest = &msg[pos..];
+        let rest = msg.get(pos..).unwrap_or_default();
         let code = section_code(rest).ok_or(MessageError::UnknownSection(pos))?;
         if !(code::HEADER..=code::FOOTER).contains(&code) {
             return Err(MessageError::UnknownSection(pos));

@@ -31,7 +31,7 @@ impl<'a> Fields<'a> {
         if perf.get(..3)? != [0x00, 0x53, code] {
             return None;
         }
-        let list = &perf[3..];
+        let list = perf.get(3..)?;
         let (pos, left) = match *list.first()? {
             0x45 => (1, 0),
             0xc0 => (3, u32::from(*list.get(2)?)),
@@ -63,11 +63,15 @@ impl<'a> Fields<'a> {
         Some(bytes)
     }
 
+    fn byte(&mut self) -> Option<u8> {
+        self.take(1)?.first().copied()
+    }
+
     fn uint(&mut self) -> Field<u32> {
         Some(match self.next()? {
             None | Some(0x40) => None,
             Some(0x43) => Some(0),
-            Some(0x52) => Some(u32::from(self.take(1)?[0])),
+            Some(0x52) => Some(u32::from(self.byte()?)),
             Some(0x70) => Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?)),
             Some(_) => return None,
         })
@@ -78,7 +82,7 @@ impl<'a> Fields<'a> {
             None | Some(0x40) => None,
             Some(0x41) => Some(true),
             Some(0x42) => Some(false),
-            Some(0x56) => match self.take(1)?[0] {
+            Some(0x56) => match self.byte()? {
                 0 => Some(false),
                 1 => Some(true),
                 _ => return None,
@@ -91,7 +95,7 @@ impl<'a> Fields<'a> {
         Some(match self.next()? {
             None | Some(0x40) => None,
             Some(0xa0) => {
-                let n = self.take(1)?[0] as usize;
+                let n = self.byte()? as usize;
                 Some(ByteBuf::from(self.take(n)?))
             }
             Some(0xb0) => {
@@ -105,7 +109,7 @@ impl<'a> Fields<'a> {
     fn settle_mode(&mut self) -> Field<ReceiverSettleMode> {
         Some(match self.next()? {
             None | Some(0x40) => None,
-            Some(0x50) => match self.take(1)?[0] {
+            Some(0x50) => match self.byte()? {
                 0 => Some(ReceiverSettleMode::First),
                 1 => Some(ReceiverSettleMode::Second),
                 _ => return None,

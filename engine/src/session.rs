@@ -97,20 +97,26 @@ impl RefusedChannels {
 
     pub(super) fn insert(&mut self, ch: u16) {
         let (i, bit) = Self::at(ch);
-        self.0.get_or_insert_with(|| Box::new([0; 1024]))[i] |= bit;
+        let bits = self.0.get_or_insert_with(|| Box::new([0; 1024]));
+        if let Some(word) = bits.get_mut(i) {
+            *word |= bit;
+        }
     }
 
     pub(super) fn contains(&self, ch: u16) -> bool {
         let (i, bit) = Self::at(ch);
-        self.0.as_ref().is_some_and(|b| b[i] & bit != 0)
+        self.0
+            .as_ref()
+            .and_then(|b| b.get(i))
+            .is_some_and(|word| word & bit != 0)
     }
 
     /// Removes `ch`; whether it was there.
     pub(super) fn remove(&mut self, ch: u16) -> bool {
         let (i, bit) = Self::at(ch);
-        match self.0.as_mut() {
-            Some(b) if b[i] & bit != 0 => {
-                b[i] &= !bit;
+        match self.0.as_mut().and_then(|b| b.get_mut(i)) {
+            Some(word) if *word & bit != 0 => {
+                *word &= !bit;
                 true
             }
             _ => false,

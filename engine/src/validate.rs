@@ -85,8 +85,12 @@ impl Cursor<'_> {
         if w == 1 {
             return Ok(usize::from(self.byte()?));
         }
-        let s = self.take(4)?;
-        Ok(u32::from_be_bytes([s[0], s[1], s[2], s[3]]) as usize)
+        let at = self.pos;
+        let s: [u8; 4] = self
+            .take(4)?
+            .try_into()
+            .map_err(|_| ValidateError::Truncated(at))?;
+        Ok(u32::from_be_bytes(s) as usize)
     }
 
     fn take(&mut self, n: usize) -> Result<&[u8], ValidateError> {
@@ -94,10 +98,10 @@ impl Cursor<'_> {
             .pos
             .checked_add(n)
             .ok_or(ValidateError::Truncated(self.pos))?;
-        if end > self.buf.len() {
-            return Err(ValidateError::Truncated(self.pos));
-        }
-        let s = &self.buf[self.pos..end];
+        let s = self
+            .buf
+            .get(self.pos..end)
+            .ok_or(ValidateError::Truncated(self.pos))?;
         self.pos = end;
         Ok(s)
     }
@@ -150,7 +154,7 @@ impl Cursor<'_> {
                     return Err(ValidateError::Truncated(start));
                 }
                 let mut inner = Cursor {
-                    buf: &self.buf[..end],
+                    buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
                     pos: self.pos,
                 };
                 for _ in 0..count {
@@ -175,7 +179,7 @@ impl Cursor<'_> {
                     return Err(ValidateError::Truncated(start));
                 }
                 let mut inner = Cursor {
-                    buf: &self.buf[..end],
+                    buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
                     pos: self.pos,
                 };
                 let mut elem = inner.byte()?;

@@ -172,8 +172,10 @@ where
     let mut body = serde_json::to_value(obj)
         .map_err(|e| Failure::Api(Error::Api("serialize", kube::Error::SerdeError(e))))?;
     // Apply bodies name their type.
-    body["apiVersion"] = K::api_version(&()).into();
-    body["kind"] = K::kind(&()).into();
+    if let Some(fields) = body.as_object_mut() {
+        fields.insert("apiVersion".into(), K::api_version(&()).into());
+        fields.insert("kind".into(), K::kind(&()).into());
+    }
     api.patch(
         &name,
         &PatchParams::apply(MANAGER).force(),

@@ -4,6 +4,13 @@
 //! `kubernetes-validate --strict` for Kubernetes 1.30 and 1.37, assertions on labels, security
 //! context and RBAC, and values that must fail the schema. `helm install` needs a cluster and is
 //! not tested here.
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,6 +3,13 @@
 //! `kubernetes-validate` ships, the examples pass its schema strictly and bad fixtures do not, and
 //! every CEL rule has one passing and one failing case (evaluated client-side: no API server runs
 //! on these machines, so the server's own CEL cost checks are not tested here).
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,6 +2,13 @@
 //! (tests/python/fake_apiserver.py) on loopback — no cluster can run on these machines. What the
 //! fake does not model (admission, field-ownership conflicts, asynchronous garbage collection,
 //! real rollouts) is not tested here.
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

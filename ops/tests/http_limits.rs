@@ -2,6 +2,13 @@
 //! served at once (the rest wait in the listen backlog, holding no descriptor of the process),
 //! each is closed when it has not sent its headers in time, and a probe behind them is answered
 //! once they are gone. Its own test binary: it counts the process's file descriptors.
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use std::time::Duration;
 

@@ -622,8 +622,11 @@ impl Backend for KubemqGrpc {
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let (done, wait) = oneshot::channel();
         let sending = self.ready.sending(&messages);
-        let batcher = &self.upstream[stream_of(lane)];
-        let result = match batcher.send(Pending { messages, done }) {
+        let sent = match self.upstream.get(stream_of(lane)) {
+            Some(batcher) => batcher.send(Pending { messages, done }).map_err(|_| ()),
+            None => Err(()),
+        };
+        let result = match sent {
             Ok(()) => wait
                 .await
                 .map_err(|_| BackendError::Unavailable("send batcher stopped".into()))

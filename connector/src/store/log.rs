@@ -128,7 +128,7 @@ pub fn recover(
         let data = std::fs::read(&path)?;
         let mut pos = 0usize;
         while pos < data.len() {
-            match record::parse(&data[pos..]) {
+            match record::parse(data.get(pos..).unwrap_or_default()) {
                 Parsed::Record(r, len) => {
                     visit(
                         *r,
@@ -252,8 +252,7 @@ impl Log {
     pub fn read_many(&self, spans: &[(Location, u32)]) -> Vec<io::Result<Record>> {
         let mut out = Vec::with_capacity(spans.len());
         let mut i = 0;
-        while i < spans.len() {
-            let (start, first) = spans[i];
+        while let Some(&(start, first)) = spans.get(i) {
             let mut total = u64::from(first);
             let mut end = i + 1;
             while let Some(&(loc, len)) = spans.get(end) {
@@ -269,7 +268,7 @@ impl Log {
             match self.read_at(start, total) {
                 Ok(buf) => {
                     let mut at = 0;
-                    for &(loc, len) in &spans[i..end] {
+                    for &(loc, len) in spans.get(i..end).unwrap_or_default() {
                         let len = len as usize;
                         let one = buf.slice(at..at + len);
                         at += len;

@@ -295,10 +295,11 @@ impl Store {
             }
             Err(e) => {
                 for (i, ..) in placed {
-                    let r = &mut results[i];
-                    r.is_error = true;
-                    r.error = format!("Error 500: storage failure: {e}");
-                    r.sent_at = 0;
+                    if let Some(r) = results.get_mut(i) {
+                        r.is_error = true;
+                        r.error = format!("Error 500: storage failure: {e}");
+                        r.sent_at = 0;
+                    }
                 }
             }
         }

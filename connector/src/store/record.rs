@@ -103,8 +103,10 @@ pub fn frame(out: &mut BytesMut, kind: Kind) -> usize {
     out.put_u32_le(0);
     // Encoding into a BytesMut with reserved room cannot fail.
     let _ = rec.encode(out);
-    let crc = crc32fast::hash(&out[start + FRAME_HEADER..]);
-    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    let crc = crc32fast::hash(out.get(start + FRAME_HEADER..).unwrap_or_default());
+    if let Some(field) = out.get_mut(start + 4..start + 8) {
+        field.copy_from_slice(&crc.to_le_bytes());
+    }
     out.len() - start
 }
 
@@ -122,7 +124,10 @@ pub enum Parsed {
 /// Reads the record at the front of `buf`.
 pub fn parse(buf: &[u8]) -> Parsed {
     match payload(buf) {
-        Ok(p) => decoded(Record::decode(&buf[p.clone()]), p.end),
+        Ok(p) => match buf.get(p.clone()) {
+            Some(payload) => decoded(Record::decode(payload), p.end),
+            None => Parsed::Corrupt,
+        },
         Err(e) => e,
     }
 }
@@ -138,11 +143,11 @@ pub fn parse_shared(buf: &bytes::Bytes) -> Parsed {
 
 /// Where the checked payload of the record at the front of `buf` lies.
 fn payload(buf: &[u8]) -> Result<std::ops::Range<usize>, Parsed> {
-    if buf.len() < FRAME_HEADER {
+    let Some(&[l0, l1, l2, l3, c0, c1, c2, c3]) = buf.get(..FRAME_HEADER) else {
         return Err(Parsed::Incomplete);
-    }
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    let crc = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]);
+    };
+    let len = u32::from_le_bytes([l0, l1, l2, l3]) as usize;
+    let crc = u32::from_le_bytes([c0, c1, c2, c3]);
     if len > MAX_RECORD {
         return Err(Parsed::Corrupt);
     }

@@ -69,7 +69,10 @@ fn section_value(
     range: &std::ops::Range<usize>,
     what: &'static str,
 ) -> Result<Value, IngressError> {
-    match serde_amqp::from_slice::<Value>(&msg[range.clone()]) {
+    let section = msg
+        .get(range.clone())
+        .ok_or(IngressError::Undecodable(what))?;
+    match serde_amqp::from_slice::<Value>(section) {
         Ok(Value::Described(d)) => Ok(d.value),
         _ => Err(IngressError::Undecodable(what)),
     }
@@ -263,26 +266,22 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             }
         }
     }
+    // The walker's ranges lie inside the message.
+    let body_bytes = msg.get(layout.body.clone()).unwrap_or_default();
     let (body, kind) = match layout.body_kind {
         BodyKind::Empty => (bytes::Bytes::new(), None),
         BodyKind::Data { sections: 1 } => {
-            let part = data_sections(&msg[layout.body.clone()])
-                .next()
-                .unwrap_or_default();
+            let part = data_sections(body_bytes).next().unwrap_or_default();
             (received.slice_ref(part), Some("data"))
         }
         BodyKind::Data { .. } => {
-            let body =
-                data_sections(&msg[layout.body.clone()]).fold(Vec::new(), |mut body, part| {
-                    body.extend_from_slice(part);
-                    body
-                });
+            let body = data_sections(body_bytes).fold(Vec::new(), |mut body, part| {
+                body.extend_from_slice(part);
+                body
+            });
             (body.into(), Some("data"))
         }
-        BodyKind::Value => (
-            received.slice_ref(value_bytes(&msg[layout.body.clone()])?),
-            Some("value"),
-        ),
+        BodyKind::Value => (received.slice_ref(value_bytes(body_bytes)?), Some("value")),
         BodyKind::Sequence => return Err(IngressError::SequenceBody),
     };
     let metadata = match (kind, env.is_empty()) {

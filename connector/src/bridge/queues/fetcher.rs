@@ -373,7 +373,7 @@ impl<B: Backend> Fetcher<B> {
                 .min_by_key(|(_, s)| s.open)
                 .map(|(at, _)| at)?,
         };
-        let slot = &mut self.sessions[at];
+        let slot = self.sessions.get_mut(at)?;
         Some((slot.id, slot.d.take()?))
     }
 
@@ -422,7 +422,7 @@ impl<B: Backend> Fetcher<B> {
         let whole = self.backend.captures();
         let mut lost: Vec<u64> = Vec::new();
         for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0)) {
-            let Some(txn) = self.txns.get(&of_txn[0].0) else {
+            let Some(txn) = of_txn.first().and_then(|(t, _, _)| self.txns.get(t)) else {
                 // Its session was lost: KubeMQ gave its messages back already.
                 continue;
             };
@@ -441,7 +441,10 @@ impl<B: Backend> Fetcher<B> {
         lost.dedup();
         for sid in lost {
             let at = self.sessions.iter().position(|s| s.id == sid);
-            if let Some(d) = at.and_then(|at| self.sessions[at].d.take()) {
+            if let Some(d) = at
+                .and_then(|at| self.sessions.get_mut(at))
+                .and_then(|s| s.d.take())
+            {
                 self.lose_session(sid, d);
             }
         }
@@ -450,7 +453,9 @@ impl<B: Backend> Fetcher<B> {
     /// Sends one transaction's settlements of one outcome on the session that owns it (or keeps
     /// them for after the running Get); a session whose send fails goes into `lost`.
     async fn send_settlements(&mut self, group: &[Settlement], lost: &mut Vec<u64>) {
-        let (t, o) = (&group[0].0, group[0].2);
+        let Some((t, _, o)) = group.first().map(|(t, s, o)| (t, s, *o)) else {
+            return;
+        };
         let Some(txn) = self.txns.get(t) else {
             return;
         };
@@ -557,7 +562,11 @@ impl<B: Backend> Fetcher<B> {
         let seq = |m: &QueueMessage| m.attributes.as_ref().map_or(0, |a| a.sequence);
         // A real KubeMQ has been seen to repeat a sequence in one reply; ascending sequences
         // (the usual reply) cannot repeat one, so only others are checked one by one.
-        let ascending = b.messages.windows(2).all(|w| seq(&w[0]) < seq(&w[1]));
+        let ascending = b
+            .messages
+            .iter()
+            .zip(b.messages.iter().skip(1))
+            .all(|(a, next)| seq(a) < seq(next));
         let mut seen = HashSet::new();
         let before = self.buffer.len();
         for m in b.messages {
