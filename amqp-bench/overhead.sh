@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The connector's own overhead (issue 4): one connector serves its embedded store as KubeMQ's
+# The connector's own overhead: one connector serves its embedded store as KubeMQ's
 # gRPC API; a second one speaks AMQP in front of it. The same load runs through the second one
 # (amqp-bench's lean AMQP client; CLIENT=fe2o3 for the third-party one), straight at the gRPC
 # server (amqp-bench --grpc), and straight at it through tcp-forward (a byte-for-byte TCP

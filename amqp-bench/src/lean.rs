@@ -2,7 +2,7 @@
 //! half of the wire (`engine::peer`, `frame`, `codec`): one connection, session and link per
 //! producer or consumer, driven by one task that writes each burst of frames at once.
 //!
-//! Why it exists: the overhead comparison (issue 4) sets the load through the connector against
+//! Why it exists: the overhead comparison sets the load through the connector against
 //! the same load sent by a lean Rust gRPC client, on the same two cores. fe2o3-amqp, the default
 //! client, spends about twice that client's CPU per message, so part of what the comparison
 //! charged to the connector was the AMQP client's own cost. This client does what the fe2o3 mode
