@@ -89,7 +89,8 @@ pub struct ConnectionBudget {
 struct Pool {
     limit: u64,
     /// Atomic because the connection moves between threads with its task; only that task
-    /// charges and frees, so each change sees the one before it.
+    /// charges and frees (every [`Charge`] lives in the engine or its handler), so a load then a
+    /// store is exact.
     used: AtomicU64,
     process: Arc<ProcessBudget>,
 }
@@ -108,6 +109,7 @@ impl ConnectionBudget {
     }
 
     /// Bytes charged to this connection now.
+    #[inline]
     pub fn used(&self) -> u64 {
         self.inner.used.load(Ordering::Relaxed)
     }
@@ -135,40 +137,44 @@ impl ConnectionBudget {
 
 impl Pool {
     /// The part of the connection's use that the process budget carries.
+    #[inline]
     fn beyond_share(used: u64) -> u64 {
         used.saturating_sub(GUARANTEED_PER_CONNECTION)
     }
 
+    #[inline]
     fn take(&self, n: u64, force: bool) -> Result<(), BudgetExceeded> {
-        let limit = self.limit;
-        let before = self
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
-                let after = u.saturating_add(n);
-                (force || after <= limit).then_some(after)
-            })
-            .map_err(|_| BudgetExceeded::Connection { limit })?;
-        let extra = Self::beyond_share(before.saturating_add(n)) - Self::beyond_share(before);
+        // A load and a store, not a read-modify-write: only the connection's task changes it
+        // (see `used`), and this runs for every delivery.
+        let before = self.used.load(Ordering::Relaxed);
+        let after = before.saturating_add(n);
+        if after > self.limit && !force {
+            return Err(BudgetExceeded::Connection { limit: self.limit });
+        }
+        let extra = Self::beyond_share(after) - Self::beyond_share(before);
         if extra > 0 {
             if force {
                 self.process.used.fetch_add(extra, Ordering::AcqRel);
             } else if !self.process.try_take(extra) {
-                self.used.fetch_sub(n, Ordering::AcqRel);
                 return Err(BudgetExceeded::Process {
                     limit: self.process.limit,
                 });
             }
         }
+        self.used.store(after, Ordering::Relaxed);
         Ok(())
     }
 
     /// Gives back `n` bytes (never more than were taken: a [`Charge`] gives back what it holds).
+    #[inline]
     fn give(&self, n: u64) {
-        let before = self.used.fetch_sub(n, Ordering::AcqRel);
-        let freed = Self::beyond_share(before) - Self::beyond_share(before.saturating_sub(n));
+        let before = self.used.load(Ordering::Relaxed);
+        let after = before.saturating_sub(n);
+        let freed = Self::beyond_share(before) - Self::beyond_share(after);
         if freed > 0 {
             self.process.give_back(freed);
         }
+        self.used.store(after, Ordering::Relaxed);
     }
 }
 
@@ -181,6 +187,7 @@ pub struct Charge {
 
 impl Charge {
     /// Adds `n` bytes, or says which budget they do not fit (the charge is then unchanged).
+    #[inline]
     pub fn grow(&mut self, n: u64) -> Result<(), BudgetExceeded> {
         self.pool.take(n, false)?;
         self.bytes += n;
@@ -196,6 +203,7 @@ impl Charge {
     }
 
     /// Gives `n` bytes back (at most what it holds).
+    #[inline]
     pub fn shrink(&mut self, n: u64) {
         let n = n.min(self.bytes);
         self.pool.give(n);

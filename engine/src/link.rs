@@ -45,13 +45,34 @@ enum Side {
     Sender(SenderState),
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct ReceiverState {
     /// Credit window refilled to (FLOW-1).
     window: u32,
     partial: Option<Partial>,
     /// Deliveries handed to the application and not yet settled by it.
     in_flight: super::FastMap<u32, InFlight>,
+    /// The bytes of `partial` and `in_flight`: one charge for the link, so a delivery costs no
+    /// charge of its own, and whatever ends the link gives them all back.
+    charge: Charge,
+}
+
+impl ReceiverState {
+    fn new(charge: Charge) -> Self {
+        ReceiverState {
+            window: 0,
+            partial: None,
+            in_flight: Default::default(),
+            charge,
+        }
+    }
+
+    /// Drops the delivery being reassembled and gives its bytes back.
+    fn discard_partial(&mut self) {
+        if let Some(p) = self.partial.take() {
+            self.charge.shrink(p.charged);
+        }
+    }
 }
 
 /// A delivery the application has and has not settled yet.
@@ -59,8 +80,8 @@ struct ReceiverState {
 struct InFlight {
     /// The client sent it unsettled, so it wants a disposition.
     wants_disposition: bool,
-    /// Its bytes, held against the budget until it is settled or its link ends.
-    _charge: Charge,
+    /// Its bytes in the link's charge, given back when it is settled.
+    bytes: u64,
 }
 
 #[derive(Debug)]
@@ -70,26 +91,34 @@ struct Partial {
     settled: bool,
     buf: BytesMut,
     first: Option<Bytes>,
-    /// The bytes held for `first` and `buf`'s capacity.
-    charge: Charge,
+    /// The bytes held for `first` and `buf`'s capacity, in the link's charge.
+    charged: u64,
 }
 
 impl Partial {
-    /// Appends one frame's payload, charging what the reassembly will hold before it grows:
-    /// a single-frame payload is kept as it is, and the buffer grows by doubling (capped at
-    /// `max` once it would pass it) so that its capacity, which is what it costs, is known.
-    fn append(&mut self, payload: Bytes, max: u64) -> Result<(), BudgetExceeded> {
+    /// Appends one frame's payload, charging what the reassembly will hold to `charge` before
+    /// it grows: a single-frame payload is kept as it is, and the buffer grows by doubling
+    /// (capped at `max` once it would pass it) so that its capacity, which is what it costs, is
+    /// known.
+    fn append(
+        &mut self,
+        payload: Bytes,
+        max: u64,
+        charge: &mut Charge,
+    ) -> Result<(), BudgetExceeded> {
         let held = self.first.as_ref().map_or(0, Bytes::len) + self.buf.len();
         if self.first.is_none() && self.buf.is_empty() {
-            self.charge.grow(payload.len() as u64)?;
+            charge.grow(payload.len() as u64)?;
+            self.charged += payload.len() as u64;
             self.first = Some(payload);
             return Ok(());
         }
         let needed = held + payload.len();
         if needed > self.buf.capacity() {
             let target = needed.max((held * 2).min(max as usize));
-            self.charge
-                .grow((target as u64).saturating_sub(self.charge.bytes()))?;
+            let more = (target as u64).saturating_sub(self.charged);
+            charge.grow(more)?;
+            self.charged += more;
             // A fresh buffer of exactly `target` bytes (growing in place could round up to
             // twice the old capacity, past what was charged).
             let mut grown = BytesMut::with_capacity(target);
@@ -100,20 +129,21 @@ impl Partial {
             self.buf = grown;
             let real = self.buf.capacity() as u64;
             if real > target as u64 {
-                self.charge.grow_anyway(real - target as u64);
+                charge.grow_anyway(real - target as u64);
+                self.charged += real - target as u64;
             }
         }
         self.buf.extend_from_slice(&payload);
         Ok(())
     }
 
-    /// The reassembled message and the charge that keeps counting it.
-    fn finish(self) -> (Bytes, Charge) {
+    /// The reassembled message and the bytes it keeps charged.
+    fn finish(self) -> (Bytes, u64) {
         let body = match self.first {
             Some(f) => f,
             None => self.buf.freeze(),
         };
-        (body, self.charge)
+        (body, self.charged)
     }
 }
 
@@ -215,7 +245,7 @@ impl Connection {
         let id = self.next_link_id;
         self.next_link_id += 1;
         let side = if is_sender(&role) {
-            Side::Receiver(ReceiverState::default())
+            Side::Receiver(ReceiverState::new(self.budget.empty()))
         } else {
             Side::Sender(SenderState::default())
         };
@@ -442,6 +472,7 @@ impl Connection {
             Side::Receiver(r) => {
                 r.in_flight.clear();
                 r.partial = None;
+                r.charge.shrink(u64::MAX);
                 Vec::new()
             }
         };
@@ -789,7 +820,7 @@ impl Connection {
                                 settled: t.settled.unwrap_or(false),
                                 buf: BytesMut::new(),
                                 first: None,
-                                charge: self.budget.empty(),
+                                charged: 0,
                             });
                             None
                         }
@@ -826,7 +857,7 @@ impl Connection {
         let Some(p) = r.partial.as_mut() else { return };
         if t.aborted {
             // An aborted delivery is discarded but has used its credit.
-            r.partial = None;
+            r.discard_partial();
             link.credit -= 1;
             link.delivery_count = link.delivery_count.wrapping_add(1);
             return;
@@ -839,7 +870,7 @@ impl Connection {
                 format!("message exceeds max-message-size {max_message_size}"),
             ))
         } else {
-            p.append(payload, max_message_size)
+            p.append(payload, max_message_size, &mut r.charge)
                 .err()
                 .map(BudgetExceeded::to_error)
         };
@@ -847,7 +878,7 @@ impl Connection {
             // The client learns of the failed send, then the link is detached: the rest of the
             // delivery would have nowhere to go.
             let (did, settled) = (p.id, p.settled);
-            r.partial = None;
+            r.discard_partial();
             self.dropped_in += 1;
             if !settled {
                 self.errors_sent[2] += 1;
@@ -863,14 +894,14 @@ impl Connection {
         }
         let Some(p) = r.partial.take() else { return };
         let (did, tag, settled) = (p.id, p.tag.clone(), p.settled);
-        let (body, charge) = p.finish();
+        let (body, bytes) = p.finish();
         link.credit -= 1;
         link.delivery_count = link.delivery_count.wrapping_add(1);
         r.in_flight.insert(
             did,
             InFlight {
                 wants_disposition: !settled,
-                _charge: charge,
+                bytes,
             },
         );
         self.events.push_back(Event::Delivery(Delivery {
@@ -946,10 +977,10 @@ impl Connection {
             .remove(&delivery_id)
             .ok_or(CommandError::NoDelivery)?;
         let ch = link.channel;
+        r.charge.shrink(done.bytes);
         if done.wants_disposition {
             self.queue_disposition(ch, Role::Receiver, delivery_id, Some(state));
         }
-        drop(done);
         self.refill_credit(id);
         self.grant_withheld_credit();
         Ok(())
