@@ -77,6 +77,17 @@ impl std::fmt::Debug for EngineConfig {
     }
 }
 
+/// Error conditions written, by the scope of the frame that carried them (ERR-6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ErrorCounts {
+    /// On CLOSE.
+    pub conn: u64,
+    /// On END.
+    pub session: u64,
+    /// On DETACH, or as a `rejected` outcome.
+    pub link: u64,
+}
+
 /// Which listener accepted the connection; `2 1 0 0` is only valid on TLS (CONN-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -134,8 +145,8 @@ pub struct Connection {
     close_deadline: Option<Instant>,
     closed_event_sent: bool,
     pub(super) pending_disposition: Option<PendingDisposition>,
-    /// Error conditions written since last taken: [CLOSE, END, DETACH or rejected] (ERR-6).
-    pub(super) errors_sent: [u64; 3],
+    /// Error conditions written since last taken, by scope (ERR-6).
+    pub(super) errors_sent: ErrorCounts,
     /// Inbound messages dropped by the engine (oversize) since last taken (MET-8).
     pub(super) dropped_in: u64,
     /// What this connection makes the connector hold.
@@ -180,7 +191,7 @@ impl Connection {
             close_deadline: None,
             closed_event_sent: false,
             pending_disposition: None,
-            errors_sent: [0; 3],
+            errors_sent: ErrorCounts::default(),
             dropped_in: 0,
             budget,
             credit_withheld: false,
@@ -663,7 +674,7 @@ impl Connection {
     fn write_close(&mut self, error: Option<AmqpError>) {
         self.flush_disposition();
         if error.is_some() {
-            self.errors_sent[0] += 1;
+            self.errors_sent.conn += 1;
         }
         let close = Close {
             error: error.map(|e| e.to_wire()),
@@ -693,8 +704,8 @@ impl Connection {
         }
     }
 
-    /// Error conditions sent since the last call, by scope: [connection, session, link] (ERR-6).
-    pub fn take_error_counts(&mut self) -> [u64; 3] {
+    /// Error conditions sent since the last call, by scope (ERR-6).
+    pub fn take_error_counts(&mut self) -> ErrorCounts {
         std::mem::take(&mut self.errors_sent)
     }
 

@@ -29,8 +29,8 @@ pub use auth::{Authenticator, Identity, NoAuth};
 pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
 pub use codec::DeliveryOutcome;
 pub use connection::{
-    Connection, EngineConfig, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS, MIN_MAX_FRAME_SIZE,
-    SERVER_CONTAINER_ID,
+    Connection, EngineConfig, ErrorCounts, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS,
+    MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId};

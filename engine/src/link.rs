@@ -435,7 +435,7 @@ impl Connection {
         };
         let (ch, handle) = (link.channel, link.handle);
         if err.is_some() {
-            self.errors_sent[2] += 1;
+            self.errors_sent.link += 1;
         }
         let detach = Detach {
             handle: handle.into(),
@@ -881,7 +881,7 @@ impl Connection {
             r.discard_partial();
             self.dropped_in += 1;
             if !settled {
-                self.errors_sent[2] += 1;
+                self.errors_sent.link += 1;
                 let state = DeliveryState::Rejected(Rejected {
                     error: Some(err.to_wire()),
                 });

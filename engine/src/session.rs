@@ -171,7 +171,7 @@ impl Connection {
         // until the client's END.
         if ch > self.channel_max() {
             self.write_perf(ch, &reply);
-            self.errors_sent[1] += 1;
+            self.errors_sent.session += 1;
             let end = End {
                 error: Some(
                     AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
@@ -235,7 +235,7 @@ impl Connection {
             s.out_unsettled.clear();
             s.names.clear();
         }
-        self.errors_sent[1] += 1;
+        self.errors_sent.session += 1;
         self.write_perf(
             ch,
             &End {

@@ -46,7 +46,7 @@ pub struct Dropped {
 
 struct Append {
     bytes: BytesMut,
-    done: Option<oneshot::Sender<io::Result<(Location, Pin)>>>,
+    done: Option<oneshot::Sender<io::Result<(Location, SegmentPin)>>>,
 }
 
 /// Appends per segment whose callers have not yet counted their records live.
@@ -56,26 +56,26 @@ type Pins = Arc<Mutex<BTreeMap<u64, u64>>>;
 /// the segment can close (and look spent) before the appender has had its turn to count them.
 /// Dropping it releases the segment.
 #[derive(Debug)]
-pub struct Pin {
+pub struct SegmentPin {
     pins: Pins,
     segment: u64,
 }
 
-impl Pin {
-    fn new(pins: &Pins, segment: u64) -> Pin {
+impl SegmentPin {
+    fn new(pins: &Pins, segment: u64) -> SegmentPin {
         *pins
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .entry(segment)
             .or_default() += 1;
-        Pin {
+        SegmentPin {
             pins: pins.clone(),
             segment,
         }
     }
 }
 
-impl Drop for Pin {
+impl Drop for SegmentPin {
     fn drop(&mut self) {
         let mut pins = self.pins.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = pins.get_mut(&self.segment) {
@@ -212,8 +212,8 @@ impl Log {
     }
 
     /// Appends framed records; resolves once they are on disk, with their segment pinned until
-    /// the returned [`Pin`] is dropped (count the records live first).
-    pub async fn append(&self, bytes: BytesMut) -> io::Result<(Location, Pin)> {
+    /// the returned [`SegmentPin`] is dropped (count the records live first).
+    pub async fn append(&self, bytes: BytesMut) -> io::Result<(Location, SegmentPin)> {
         let (done, wait) = oneshot::channel();
         self.send(Append {
             bytes,
@@ -426,7 +426,7 @@ impl Writer {
         &mut self,
         batch: &[Append],
         buf: &mut Vec<u8>,
-    ) -> Vec<io::Result<(Location, Pin)>> {
+    ) -> Vec<io::Result<(Location, SegmentPin)>> {
         let mut locs = Vec::with_capacity(batch.len());
         buf.clear();
         let mut failed: Option<io::Error> = None;
@@ -454,7 +454,7 @@ impl Writer {
                     segment,
                     offset: self.len + buf.len() as u64,
                 },
-                Pin::new(&self.pins, segment),
+                SegmentPin::new(&self.pins, segment),
             ));
             buf.extend_from_slice(&a.bytes);
         }

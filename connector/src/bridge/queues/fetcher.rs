@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::merge::Merge;
+use super::refill_wait::RefillWait;
 use crate::backend::{Backend, Downstream, ReadyHint};
 use crate::engine::FastMap;
 use crate::kubemq::QueueMessage;
@@ -62,18 +62,29 @@ pub type Settlement = (Arc<str>, u64, Outcome);
 pub enum Command {
     /// A consumer joined; its messages go to `to`.
     Join(ConsumerKey, mpsc::UnboundedSender<ToConsumer>),
-    /// A consumer's demand (credit it can still use) as an absolute value, and how many hand-outs
-    /// it had taken when it computed it: hand-outs still on their way are not demand any more.
-    Demand(ConsumerKey, u32, u64),
-    /// A consumer drains (FLOW-5): hand it what is immediately available within its demand
-    /// (counted as for Demand), then report DrainDone. Never waits for new messages.
-    Drain(ConsumerKey, u32, u64),
+    /// A consumer's demand.
+    Demand(DemandReport),
+    /// A consumer drains (FLOW-5): hand it what is immediately available within its demand,
+    /// then report DrainDone. Never waits for new messages.
+    Drain(DemandReport),
     /// A consumer left; its remaining demand is gone (its unsettled deliveries come as Settle).
     Leave(ConsumerKey),
     /// Deliveries were settled, gathered over a turn of the consumer's connection.
     Settle(Vec<Settlement>),
     /// A handed-out message could not be delivered (credit gone): offer it again.
     Return(Box<Handout>),
+}
+
+/// A consumer's demand (credit it can still use) as an absolute value, and how many hand-outs
+/// it had taken when it computed it: hand-outs still on their way are not demand any more.
+#[derive(Debug, Clone, Copy)]
+pub struct DemandReport {
+    /// Who reports.
+    pub consumer: ConsumerKey,
+    /// Deliveries it can still take.
+    pub credit: u32,
+    /// Hand-outs it had taken when it computed `credit`.
+    pub taken: u64,
 }
 
 /// Batch size limits of the adaptive Get.
@@ -204,7 +215,7 @@ struct Fetcher<B: Backend> {
     /// Where this loop is registered; it removes itself when it retires.
     registry: Registry,
     /// The wait for the consumers' credit after a large Get.
-    merge: Option<Merge>,
+    refill_wait: Option<RefillWait>,
 }
 
 impl<B: Backend> Fetcher<B> {
@@ -223,7 +234,7 @@ impl<B: Backend> Fetcher<B> {
             next_session: 0,
             batch: 1,
             registry,
-            merge: None,
+            refill_wait: None,
         }
     }
 
@@ -266,7 +277,7 @@ impl<B: Backend> Fetcher<B> {
             }
             // After a large Get, the next waits (briefly) for the consumers' credit to come back
             // whole; a drain never waits (FLOW-5).
-            if let Some(m) = self.merge {
+            if let Some(m) = self.refill_wait {
                 let draining = self.consumers.values().any(|c| c.draining);
                 if !draining && !m.over(demand as usize) {
                     tokio::select! {
@@ -278,7 +289,7 @@ impl<B: Backend> Fetcher<B> {
                     }
                     continue;
                 }
-                self.merge = None;
+                self.refill_wait = None;
             }
             let (sid, mut d) = match self.lend_session() {
                 Some(lent) => lent,
@@ -341,7 +352,7 @@ impl<B: Backend> Fetcher<B> {
             };
             match got {
                 Ok(b) => {
-                    self.merge = Merge::after(b.messages.len(), demand as usize);
+                    self.refill_wait = RefillWait::after(b.messages.len(), demand as usize);
                     self.take_batch(b, want, sid);
                     self.give_session_back(sid, d);
                 }
@@ -631,16 +642,16 @@ impl<B: Backend> Fetcher<B> {
                 );
                 self.order.push_back(k);
             }
-            Command::Demand(k, credit, taken) => {
-                if let Some(c) = self.consumers.get_mut(&k) {
+            Command::Demand(d) => {
+                if let Some(c) = self.consumers.get_mut(&d.consumer) {
                     if !c.draining {
-                        c.set_demand(credit, taken);
+                        c.set_demand(d.credit, d.taken);
                     }
                 }
             }
-            Command::Drain(k, credit, taken) => {
-                if let Some(c) = self.consumers.get_mut(&k) {
-                    c.set_demand(credit, taken);
+            Command::Drain(d) => {
+                if let Some(c) = self.consumers.get_mut(&d.consumer) {
+                    c.set_demand(d.credit, d.taken);
                     c.draining = true;
                 }
             }
@@ -831,7 +842,11 @@ mod tests {
 
         assert!(!store.send(vec![message("idle")]).await[0].is_error);
         let tx = join(&registry, &backend, "idle", limits, (1, 2), to);
-        let _ = tx.send(Command::Demand((1, 2), 1, 0));
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: (1, 2),
+            credit: 1,
+            taken: 0,
+        }));
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
             .await
             .expect("a delivery from the new loop");
@@ -935,7 +950,11 @@ mod tests {
             let key = (1, link);
             let (to, mut from) = mpsc::unbounded_channel();
             let tx = join(&registry, &backend, "win", limits, key, to);
-            let _ = tx.send(Command::Demand(key, 100, 0));
+            let _ = tx.send(Command::Demand(DemandReport {
+                consumer: key,
+                credit: 100,
+                taken: 0,
+            }));
             clients.push(tokio::spawn(async move {
                 let (mut taken, mut held) = (0u64, Vec::new());
                 while let Ok(Some(m)) =
@@ -949,7 +968,11 @@ mod tests {
                         held.push((h.transaction.clone(), h.sequence, Outcome::Ack));
                         if held.len() == 50 {
                             let _ = tx.send(Command::Settle(std::mem::take(&mut held)));
-                            let _ = tx.send(Command::Demand(key, 100, taken));
+                            let _ = tx.send(Command::Demand(DemandReport {
+                                consumer: key,
+                                credit: 100,
+                                taken,
+                            }));
                         }
                     }
                 }

@@ -7,7 +7,7 @@
 //! NAcks what it still holds, once.
 
 pub mod fetcher;
-mod merge;
+mod refill_wait;
 mod sender;
 
 use std::collections::HashMap;
@@ -24,8 +24,10 @@ use fe2o3_amqp_types::messaging::{
 use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
-use self::fetcher::{Command, ConsumerKey, FetchLimits, Handout, Outcome, Settlement, ToConsumer};
-use self::sender::{Done, Lane};
+use self::fetcher::{
+    Command, ConsumerKey, DemandReport, FetchLimits, Handout, Outcome, Settlement, ToConsumer,
+};
+use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use crate::backend::Backend;
@@ -369,10 +371,10 @@ impl<B: Backend> QueuesHandler<B> {
         let sessions = conn.session_count() as i64;
         m.sessions.inc_by(sessions - self.counted_sessions);
         self.counted_sessions = sessions;
-        let [c, s, l] = conn.take_error_counts();
-        m.errors(metrics::Scope::conn, c);
-        m.errors(metrics::Scope::session, s);
-        m.errors(metrics::Scope::link, l);
+        let e = conn.take_error_counts();
+        m.errors(metrics::Scope::conn, e.conn);
+        m.errors(metrics::Scope::session, e.session);
+        m.errors(metrics::Scope::link, e.link);
         m.transfers_in_dropped.inc_by(conn.take_dropped_in());
     }
 
@@ -443,11 +445,11 @@ impl<B: Backend> QueuesHandler<B> {
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
     fn report_demand(&self, conn: &Connection, link: LinkId) {
         if let Some(LinkKind::Consume { fetcher, taken, .. }) = self.links.get(&link) {
-            let _ = fetcher.send(Command::Demand(
-                (self.connection, link),
-                self.demand(conn, link),
-                *taken,
-            ));
+            let _ = fetcher.send(Command::Demand(DemandReport {
+                consumer: (self.connection, link),
+                credit: self.demand(conn, link),
+                taken: *taken,
+            }));
         }
     }
 
@@ -559,7 +561,11 @@ impl<B: Backend> QueuesHandler<B> {
             ..Default::default()
         };
         match self.lanes.get_mut(&d.link) {
-            Some(lane) => lane.push((d.delivery_id, d.settled, message)),
+            Some(lane) => lane.push(ToStore {
+                delivery_id: d.delivery_id,
+                presettled: d.settled,
+                message,
+            }),
             None => self.settle_in(
                 conn,
                 d.link,
@@ -727,11 +733,11 @@ impl<B: Backend> QueuesHandler<B> {
                     // DrainDone; it never waits for new messages.
                     match self.links.get(&link) {
                         Some(LinkKind::Consume { fetcher, taken, .. }) => {
-                            let _ = fetcher.send(Command::Drain(
-                                (self.connection, link),
-                                self.demand(conn, link),
-                                *taken,
-                            ));
+                            let _ = fetcher.send(Command::Drain(DemandReport {
+                                consumer: (self.connection, link),
+                                credit: self.demand(conn, link),
+                                taken: *taken,
+                            }));
                             self.drained.push(link);
                         }
                         Some(LinkKind::Dynamic { address, .. }) => {

@@ -2,7 +2,7 @@
 //! so a batch's outcomes reach the client without a hop between tasks): messages are stored in
 //! the order they arrived, in batches (every message waiting, up to 1,000, is one backend send,
 //! so a fast producer gets batching and group commit), one batch at a time, and after a large
-//! batch the next waits for the client's refill (`merge`). Each message still gets its own
+//! batch the next waits for the client's refill (`refill_wait`). Each message still gets its own
 //! outcome (Q-6: `accepted` only once stored), in order. Messages a link received before it or
 //! its connection ended are still stored ([`finish`]).
 
@@ -17,7 +17,7 @@ use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::merge::Merge;
+use super::refill_wait::RefillWait;
 use super::rejected;
 use crate::backend::{Backend, BackendError};
 use crate::engine::{Condition, LinkId};
@@ -34,8 +34,16 @@ pub(super) struct Done {
     pub state: DeliveryState,
 }
 
-/// What one message to store carries: (delivery-id, pre-settled, message).
-pub(super) type ToStore = (u32, bool, QueueMessage);
+/// One message to store, with the delivery it came in.
+#[derive(Debug)]
+pub(super) struct ToStore {
+    /// The delivery-id to settle once it is stored.
+    pub delivery_id: u32,
+    /// The client sent it pre-settled: no disposition will be sent.
+    pub presettled: bool,
+    /// What to store.
+    pub message: QueueMessage,
+}
 
 type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
 
@@ -52,7 +60,7 @@ pub(super) struct Lane {
     link: LinkId,
     queued: VecDeque<ToStore>,
     flight: Option<InFlight>,
-    merge: Option<Merge>,
+    refill_wait: Option<RefillWait>,
     /// The link ended: nothing more will come, so no batch waits for a refill.
     closing: bool,
 }
@@ -65,7 +73,7 @@ impl Lane {
             link,
             queued: VecDeque::new(),
             flight: None,
-            merge: None,
+            refill_wait: None,
             closing: false,
         }
     }
@@ -78,7 +86,7 @@ impl Lane {
     /// The link ended; what it queued is still stored.
     pub(super) fn close(&mut self) {
         self.closing = true;
-        self.merge = None;
+        self.refill_wait = None;
     }
 
     /// Nothing queued and nothing being stored.
@@ -88,7 +96,7 @@ impl Lane {
 
     /// When the wait for a refill ends, while one holds back a batch.
     pub(super) fn wake_at(&self) -> Option<Instant> {
-        self.merge
+        self.refill_wait
             .filter(|_| self.flight.is_none() && !self.queued.is_empty())
             .map(|m| m.until())
     }
@@ -112,21 +120,22 @@ impl Lane {
                 report(self.link, done, ids, results);
                 // Expect as many back as were just stored.
                 if !self.closing {
-                    self.merge = Merge::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
+                    self.refill_wait =
+                        RefillWait::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
                 }
             }
-            if self.merge.is_some_and(|m| m.over(self.queued.len())) {
-                self.merge = None;
+            if self.refill_wait.is_some_and(|m| m.over(self.queued.len())) {
+                self.refill_wait = None;
             }
-            if self.merge.is_some() || self.queued.is_empty() {
+            if self.refill_wait.is_some() || self.queued.is_empty() {
                 return;
             }
             let take = self.queued.len().min(MAX_BATCH);
             let mut ids = Vec::with_capacity(take);
             let mut messages = Vec::with_capacity(take);
-            for (id, presettled, m) in self.queued.drain(..take) {
-                ids.push((id, presettled));
-                messages.push(m);
+            for m in self.queued.drain(..take) {
+                ids.push((m.delivery_id, m.presettled));
+                messages.push(m.message);
             }
             let (backend, lane) = (backend.clone(), self.lane);
             let call = Box::pin(async move { backend.send_queue(lane, messages).await });
@@ -296,7 +305,11 @@ mod tests {
             channel: "q".into(),
             ..Default::default()
         };
-        (id, false, m)
+        ToStore {
+            delivery_id: id,
+            presettled: false,
+            message: m,
+        }
     }
 
     /// A client with 100 in flight whose window reached the link split (60, then 40 while the
@@ -339,24 +352,24 @@ mod tests {
     }
 
     /// The wait for a refill ends even when none comes: a message sent after a large batch is
-    /// still stored (the wait is MERGE_WAIT at most), and a link sending one message at a time never waits.
+    /// still stored (the wait is REFILL_WAIT at most), and a link sending one message at a time never waits.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refill_that_never_comes_does_not_hold_a_message() {
         let (backend, _dir) = backend();
         let (done_tx, mut done_rx) = mpsc::unbounded_channel();
         let tx = spawn_sender(backend.clone(), 0, 1, done_tx);
         let within = Duration::from_secs(10);
-        use super::super::merge::MERGE_MIN;
-        for id in 0..MERGE_MIN as u32 {
+        use super::super::refill_wait::REFILL_MIN;
+        for id in 0..REFILL_MIN as u32 {
             tx.send(message(id)).expect("sender runs");
         }
-        for _ in 0..MERGE_MIN {
+        for _ in 0..REFILL_MIN {
             tokio::time::timeout(within, done_rx.recv())
                 .await
                 .expect("outcome, not a hang")
                 .expect("an outcome");
         }
-        for id in MERGE_MIN as u32..MERGE_MIN as u32 + 3 {
+        for id in REFILL_MIN as u32..REFILL_MIN as u32 + 3 {
             tx.send(message(id)).expect("sender runs");
             let d = tokio::time::timeout(within, done_rx.recv())
                 .await
@@ -369,6 +382,6 @@ mod tests {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        assert_eq!(sizes, vec![MERGE_MIN, 1, 1, 1]);
+        assert_eq!(sizes, vec![REFILL_MIN, 1, 1, 1]);
     }
 }
