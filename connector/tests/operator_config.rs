@@ -10,11 +10,15 @@
     clippy::indexing_slicing
 )]
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::free_port;
 
 fn goldens() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/tests/golden");
@@ -54,13 +58,6 @@ fn scalar(v: &serde_yaml::Value) -> String {
         serde_yaml::Value::Bool(b) => b.to_string(),
         other => format!("{other:?}"),
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
 }
 
 fn write_config(golden: &Path) -> (tempfile::TempDir, PathBuf) {

@@ -644,9 +644,9 @@ impl<B: Backend> Handler for QueuesHandler<B> {
 }
 
 /// Transfer frames a consume link may have waiting for its session's window (so at most this many
-/// messages are taken for it beyond what the window takes): enough to have
-/// the next ones ready when the client's FLOW opens the window, few enough that a pre-settled
-/// consumer whose window stays shut takes next to nothing off the queue.
+/// messages are taken for it beyond what the window takes): enough to have the next ones ready
+/// when the client's FLOW opens the window, few enough that a pre-settled consumer whose window
+/// stays shut takes next to nothing off the queue.
 const WINDOW_SLACK: u32 = 4;
 
 /// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
