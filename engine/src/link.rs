@@ -137,14 +137,28 @@ impl Partial {
         Ok(())
     }
 
-    /// The reassembled message and the bytes it keeps charged.
-    fn finish(self) -> (Bytes, u64) {
-        let body = match self.first {
+    /// The reassembled message and the bytes it keeps charged (the tag moves, not copied).
+    fn finish(self) -> (Delivered, u64) {
+        let payload = match self.first {
             Some(f) => f,
             None => self.buf.freeze(),
         };
-        (body, self.charged)
+        let d = Delivered {
+            id: self.id,
+            tag: self.tag,
+            settled: self.settled,
+            payload,
+        };
+        (d, self.charged)
     }
+}
+
+/// A delivery whose last frame came.
+struct Delivered {
+    id: u32,
+    tag: Bytes,
+    settled: bool,
+    payload: Bytes,
 }
 
 #[derive(Debug, Default)]
@@ -893,8 +907,15 @@ impl Connection {
             return;
         }
         let Some(p) = r.partial.take() else { return };
-        let (did, tag, settled) = (p.id, p.tag.clone(), p.settled);
-        let (body, bytes) = p.finish();
+        let (
+            Delivered {
+                id: did,
+                tag,
+                settled,
+                payload: body,
+            },
+            bytes,
+        ) = p.finish();
         link.credit -= 1;
         link.delivery_count = link.delivery_count.wrapping_add(1);
         r.in_flight.insert(
