@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ops::http::{Answer, Limits};
+use ops::http::Limits;
 
 use crate::metrics::Metrics;
 
@@ -17,20 +17,10 @@ pub struct Health {
     pub ready: tokio::sync::watch::Receiver<bool>,
 }
 
-fn answer(health: &Health, path: &str) -> Answer {
-    match path {
-        "/metrics" => Answer::metrics(health.metrics.encode()),
-        "/livez" => Answer::text(200, "ok\n"),
-        "/readyz" if *health.ready.borrow() => Answer::text(200, "ready\n"),
-        "/readyz" => Answer::text(503, "not ready\n"),
-        _ => Answer::not_found(),
-    }
-}
-
 /// Serves the endpoint on `listener`, within the default [`Limits`], until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
     ops::http::serve(listener, Limits::default(), move |path| {
-        answer(&health, path)
+        ops::http::probe(path, || *health.ready.borrow(), || health.metrics.encode())
     })
     .await
 }

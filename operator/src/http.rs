@@ -3,25 +3,15 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use ops::http::{Answer, Limits};
+use ops::http::Limits;
 
 use crate::metrics::Metrics;
-
-fn answer(metrics: &Metrics, ready: &AtomicBool, path: &str) -> Answer {
-    match path {
-        "/livez" => Answer::text(200, "ok\n"),
-        "/readyz" if ready.load(Ordering::Acquire) => Answer::text(200, "ready\n"),
-        "/readyz" => Answer::text(503, "not ready\n"),
-        "/metrics" => Answer::metrics(metrics.encode()),
-        _ => Answer::not_found(),
-    }
-}
 
 /// Serves the three endpoints on `listener`, within the default [`Limits`] (a few connections at
 /// a time, deadlines for a request and a connection), until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: Arc<AtomicBool>) {
     ops::http::serve(listener, Limits::default(), move |path| {
-        answer(&metrics, &ready, path)
+        ops::http::probe(path, || ready.load(Ordering::Acquire), || metrics.encode())
     })
     .await
 }

@@ -57,6 +57,19 @@ impl Answer {
     }
 }
 
+/// The answer to one of the paths every binary of the project serves: `/livez` (the process
+/// runs), `/readyz` (`ready()` says whether it can do its work) and `/metrics` (the Prometheus
+/// text `metrics()` encodes); anything else is not found.
+pub fn probe(path: &str, ready: impl FnOnce() -> bool, metrics: impl FnOnce() -> String) -> Answer {
+    match path {
+        "/livez" => Answer::text(200, "ok\n"),
+        "/readyz" if ready() => Answer::text(200, "ready\n"),
+        "/readyz" => Answer::text(503, "not ready\n"),
+        "/metrics" => Answer::metrics(metrics()),
+        _ => Answer::not_found(),
+    }
+}
+
 /// What one client of the endpoint may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
