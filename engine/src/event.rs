@@ -40,8 +40,8 @@ pub enum Event {
         /// Whether the client asked to drain.
         drain: bool,
     },
-    /// The client's incoming window on a session grew: server-sender links there may take more
-    /// than [`super::Connection::session_room`] said before.
+    /// The client's incoming window on a session, used up, opened again: server-sender links
+    /// there may take more than [`super::Connection::session_room`] said before.
     WindowOpened,
     /// A complete (reassembled) message arrived on a server-receiver link. The application must
     /// call `settle` exactly once for it, also when it arrived pre-settled.

@@ -323,7 +323,10 @@ impl Connection {
             // The client's next-incoming-id is ahead of what we sent: trust only its window.
             s.remote_incoming_window = flow.incoming_window;
         }
-        if s.remote_incoming_window > window_before {
+        // Only a window that was used up can have cut a sender's demand to nothing; while it
+        // was open, what went out keeps the application recomputing demand anyway, and every
+        // FLOW of a busy client would otherwise make it re-report all its links.
+        if window_before == 0 && s.remote_incoming_window > 0 {
             self.events.push_back(Event::WindowOpened);
         }
         self.flush_blocked(ch);

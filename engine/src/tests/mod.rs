@@ -1526,7 +1526,7 @@ fn credit_waits_while_the_budget_is_half_used() {
 }
 
 /// Frames waiting for the client's session window are counted, the link's room says how many
-/// more the window takes, and a FLOW that opens the window says so.
+/// more the window takes, and a FLOW that opens a used-up window says so.
 #[test]
 fn a_shut_session_window_is_reported_and_counted() {
     let mut c = Client::new(config());
@@ -1572,6 +1572,14 @@ fn a_shut_session_window_is_reported_and_counted() {
         }
     );
     assert_eq!(c.conn.budget().used(), 0);
+    // Growing a window that is still open says nothing: demand is recomputed as frames go out.
+    let mut more = f.clone();
+    more.incoming_window = 100;
+    c.frame(0, &more);
+    assert!(!c
+        .take_events()
+        .iter()
+        .any(|e| matches!(e, Event::WindowOpened)));
 }
 
 /// XFER-3: outbound messages are fragmented to the negotiated frame size and reassemble exactly.
