@@ -296,12 +296,19 @@ impl Settings {
         let mut s = Settings::default();
         let mut errors = Vec::new();
         let get = |k: &str| merged.get(k).map(|v| v.trim().to_string());
-        if let Some(v) = get("Enable") {
+        let boolean = |k: &str, errors: &mut Vec<String>| -> Option<bool> {
+            let v = get(k)?;
             match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => s.enable = true,
-                "false" | "0" | "no" => s.enable = false,
-                _ => errors.push(format!("Enable must be true or false, got {v:?}")),
+                "true" | "1" | "yes" => Some(true),
+                "false" | "0" | "no" => Some(false),
+                _ => {
+                    errors.push(format!("{k} must be true or false, got {v:?}"));
+                    None
+                }
             }
+        };
+        if let Some(b) = boolean("Enable", &mut errors) {
+            s.enable = b;
         }
         // Read before CFG-18's early return: a disabled connector still logs that it is.
         if let Some(v) = get("LogFormat") {
@@ -435,14 +442,8 @@ impl Settings {
         if let Some(n) = int("HandshakeTimeoutSeconds", 1, 3600, &mut errors) {
             s.handshake_timeout_seconds = n as u32;
         }
-        if let Some(v) = get("CountConnectionsAfterHeader") {
-            match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => s.count_connections_after_header = true,
-                "false" | "0" | "no" => s.count_connections_after_header = false,
-                _ => errors.push(format!(
-                    "CountConnectionsAfterHeader must be true or false, got {v:?}"
-                )),
-            }
+        if let Some(b) = boolean("CountConnectionsAfterHeader", &mut errors) {
+            s.count_connections_after_header = b;
         }
         if s.max_connection_memory < s.max_message_size {
             errors.push(format!(

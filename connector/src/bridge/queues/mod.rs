@@ -658,7 +658,7 @@ const MAILBOX_BYTES: usize = 16 * 1024 * 1024;
 #[derive(Debug)]
 struct Mailbox {
     waiting: std::collections::VecDeque<bytes::Bytes>,
-    bytes: usize,
+    /// Holds the bytes of `waiting`, exactly.
     charge: Charge,
 }
 
@@ -666,7 +666,6 @@ impl Mailbox {
     fn new(budget: &ConnectionBudget) -> Self {
         Mailbox {
             waiting: Default::default(),
-            bytes: 0,
             charge: budget.empty(),
         }
     }
@@ -675,7 +674,8 @@ impl Mailbox {
     /// to MaxMessageSize), a busy one up to MAILBOX_BYTES; or the refusal.
     fn push_back(&mut self, m: bytes::Bytes, count: usize) -> Result<(), AmqpError> {
         if !self.waiting.is_empty()
-            && (self.waiting.len() >= count || self.bytes + m.len() > MAILBOX_BYTES)
+            && (self.waiting.len() >= count
+                || self.charge.bytes() + m.len() as u64 > MAILBOX_BYTES as u64)
         {
             return Err(AmqpError::new(
                 Condition::ResourceLimitExceeded,
@@ -685,7 +685,6 @@ impl Mailbox {
         self.charge
             .grow(m.len() as u64)
             .map_err(BudgetExceeded::to_error)?;
-        self.bytes += m.len();
         self.waiting.push_back(m);
         Ok(())
     }
@@ -694,14 +693,12 @@ impl Mailbox {
     /// never refused, it was counted once already.
     fn push_front(&mut self, m: bytes::Bytes) {
         self.charge.grow_anyway(m.len() as u64);
-        self.bytes += m.len();
         self.waiting.push_front(m);
     }
 
     fn pop_front(&mut self) -> Option<bytes::Bytes> {
         let m = self.waiting.pop_front()?;
         self.charge.shrink(m.len() as u64);
-        self.bytes -= m.len();
         Some(m)
     }
 }
