@@ -14,7 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
-use crate::logs::RateLimited;
+use crate::accept::AcceptBackoff;
 
 /// The Prometheus text format's Content-Type; Prometheus 3 refuses a scrape without one.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -91,33 +91,24 @@ impl Default for Limits {
     }
 }
 
-/// Longest pause after a failed accept; it doubles from 10 ms with each failure in a row.
-const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-
 /// Serves `answer(path)` for every GET on `listener` within `limits`, until the task is dropped.
 pub async fn serve<A>(listener: tokio::net::TcpListener, limits: Limits, answer: A)
 where
     A: Fn(&str) -> Answer + Clone + Send + Sync + 'static,
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
-    let failures = RateLimited::default();
-    let mut backoff = Duration::ZERO;
+    let mut backoff = AcceptBackoff::new("HTTP");
     loop {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
         let stream = match listener.accept().await {
             Ok((stream, _)) => {
-                backoff = Duration::ZERO;
+                backoff.succeeded();
                 stream
             }
             Err(e) => {
-                // Out of file descriptors and the like: wait instead of spinning on the error.
-                backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
-                failures.note(|n| {
-                    tracing::warn!(error = %e, failures = n, pause_ms = backoff.as_millis() as u64, "HTTP accept failed; pausing");
-                });
-                tokio::time::sleep(backoff).await;
+                backoff.failed(&e).await;
                 continue;
             }
         };

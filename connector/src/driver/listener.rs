@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use ops::accept::AcceptBackoff;
 use ops::logs::RateLimited;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -46,10 +47,6 @@ pub fn waiting_pool(max_connections: u32) -> usize {
     }
 }
 
-/// Longest pause after a failed accept (out of file descriptors, say); the pause doubles from
-/// 10 ms with each failure in a row.
-const MAX_ACCEPT_BACKOFF: Duration = Duration::from_secs(1);
-
 /// Serves AMQP on `listener` until `shutdown` resolves, then closes every connection.
 pub async fn serve<F: HandlerFactory>(
     listener: TcpListener,
@@ -62,7 +59,7 @@ pub async fn serve<F: HandlerFactory>(
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
-    let mut backoff = Duration::ZERO;
+    let mut backoff = AcceptBackoff::new("AMQP");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -70,15 +67,11 @@ pub async fn serve<F: HandlerFactory>(
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => {
-                        backoff = Duration::ZERO;
+                        backoff.succeeded();
                         a
                     }
                     Err(e) => {
-                        backoff = (backoff * 2).clamp(Duration::from_millis(10), MAX_ACCEPT_BACKOFF);
-                        gate.accept_failures.note(|n| {
-                            tracing::warn!(error = %e, failures = n, pause_ms = backoff.as_millis() as u64, "accept failed; pausing");
-                        });
-                        tokio::time::sleep(backoff).await;
+                        backoff.failed(&e).await;
                         continue;
                     }
                 };
@@ -167,7 +160,6 @@ struct Gate {
     waiting: Arc<Semaphore>,
     broker_ready: Option<watch::Receiver<bool>>,
     drops: RateLimited,
-    accept_failures: RateLimited,
 }
 
 impl Gate {
@@ -183,7 +175,6 @@ impl Gate {
             waiting: Arc::new(Semaphore::new(waiting_pool(opts.max_connections))),
             broker_ready: opts.broker_ready.clone(),
             drops: RateLimited::default(),
-            accept_failures: RateLimited::default(),
         }
     }
 
