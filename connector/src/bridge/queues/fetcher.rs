@@ -54,8 +54,16 @@ pub enum Outcome {
     Close,
 }
 
-/// A settled delivery: (transaction, sequence, outcome).
-pub type Settlement = (Arc<str>, u64, Outcome);
+/// A settled delivery: which message of which transaction, and how it ended.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    /// The transaction that owns the message.
+    pub transaction: Arc<str>,
+    /// The message's sequence.
+    pub sequence: u64,
+    /// How it was settled.
+    pub outcome: Outcome,
+}
 
 /// What consumers tell the fetcher.
 #[derive(Debug)]
@@ -168,7 +176,13 @@ struct Txn {
 }
 
 /// A fetched message not yet handed to a consumer: (transaction, sequence, message).
-type Fetched = (Arc<str>, u64, QueueMessage);
+/// A fetched message waiting in the buffer for a consumer with demand.
+#[derive(Debug)]
+struct Fetched {
+    transaction: Arc<str>,
+    sequence: u64,
+    message: QueueMessage,
+}
 
 /// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
 /// available" (FLOW-5), when the backend cannot say how many messages are ready. KubeMQ answers a
@@ -416,8 +430,8 @@ impl<B: Backend> Fetcher<B> {
             self.handed.remove(id);
         }
         let lost = |t: &Arc<str>| gone.iter().any(|(id, _)| Arc::ptr_eq(id, t));
-        self.buffer.retain(|(t, _, _)| !lost(t));
-        self.settle.retain(|(t, _, _)| !lost(t));
+        self.buffer.retain(|f| !lost(&f.transaction));
+        self.settle.retain(|s| !lost(&s.transaction));
     }
 
     /// Sends pending settlements on the sessions that own their transactions: per transaction
@@ -427,13 +441,15 @@ impl<B: Backend> Fetcher<B> {
     async fn flush(&mut self) {
         // One Arc per transaction (take_batch), so its address names it: sorted by it, a
         // transaction's settlements lie together without hashing its id for each.
-        self.settle
-            .sort_unstable_by_key(|(t, s, o)| (Arc::as_ptr(t) as *const u8 as usize, *o as u8, *s));
+        self.settle.sort_unstable_by_key(|s| {
+            let txn = Arc::as_ptr(&s.transaction) as *const u8 as usize;
+            (txn, s.outcome as u8, s.sequence)
+        });
         let settle = std::mem::take(&mut self.settle);
         let whole = self.backend.captures();
         let mut lost: Vec<u64> = Vec::new();
-        for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.0, &b.0)) {
-            let Some(txn) = of_txn.first().and_then(|(t, _, _)| self.txns.get(t)) else {
+        for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.transaction, &b.transaction)) {
+            let Some(txn) = of_txn.first().and_then(|s| self.txns.get(&s.transaction)) else {
                 // Its session was lost: KubeMQ gave its messages back already.
                 continue;
             };
@@ -444,7 +460,7 @@ impl<B: Backend> Fetcher<B> {
                 self.settle.extend_from_slice(of_txn);
                 continue;
             }
-            for group in of_txn.chunk_by(|a, b| a.2 == b.2) {
+            for group in of_txn.chunk_by(|a, b| a.outcome == b.outcome) {
                 self.send_settlements(group, &mut lost).await;
             }
         }
@@ -464,9 +480,15 @@ impl<B: Backend> Fetcher<B> {
     /// Sends one transaction's settlements of one outcome on the session that owns it (or keeps
     /// them for after the running Get); a session whose send fails goes into `lost`.
     async fn send_settlements(&mut self, group: &[Settlement], lost: &mut Vec<u64>) {
-        let Some((t, _, o)) = group.first().map(|(t, s, o)| (t, s, *o)) else {
+        let Some(Settlement {
+            transaction: t,
+            outcome: o,
+            ..
+        }) = group.first()
+        else {
             return;
         };
+        let o = *o;
         let Some(txn) = self.txns.get(t) else {
             return;
         };
@@ -483,7 +505,7 @@ impl<B: Backend> Fetcher<B> {
             self.settle.extend_from_slice(group);
             return;
         };
-        let mut seqs: Vec<u64> = group.iter().map(|(_, s, _)| *s).collect();
+        let mut seqs: Vec<u64> = group.iter().map(|s| s.sequence).collect();
         seqs.dedup();
         let r = match o {
             Outcome::Ack => d.ack(t, &seqs).await,
@@ -583,7 +605,11 @@ impl<B: Backend> Fetcher<B> {
         for m in b.messages {
             let s = seq(&m);
             if ascending || seen.insert(s) {
-                self.buffer.push_back((txn.clone(), s, m));
+                self.buffer.push_back(Fetched {
+                    transaction: txn.clone(),
+                    sequence: s,
+                    message: m,
+                });
             }
         }
         let left = self.buffer.len() - before;
@@ -618,13 +644,17 @@ impl<B: Backend> Fetcher<B> {
     /// Nobody can take the buffered messages: a transaction never touched goes back unchanged,
     /// leftovers of one that was partly delivered are NAcked.
     fn give_back(&mut self) {
-        for (t, s, _) in self.buffer.drain(..) {
-            let o = if self.handed.contains(&t) {
+        for f in self.buffer.drain(..) {
+            let outcome = if self.handed.contains(&f.transaction) {
                 Outcome::Nack
             } else {
                 Outcome::Close
             };
-            self.settle.push((t, s, o));
+            self.settle.push(Settlement {
+                transaction: f.transaction,
+                sequence: f.sequence,
+                outcome,
+            });
         }
     }
 
@@ -666,7 +696,11 @@ impl<B: Backend> Fetcher<B> {
             Command::Return(h) => {
                 let h = *h;
                 self.handed.insert(h.transaction.clone());
-                self.put_back((h.transaction, h.sequence, h.message));
+                self.put_back(Fetched {
+                    transaction: h.transaction,
+                    sequence: h.sequence,
+                    message: h.message,
+                });
             }
         }
     }
@@ -691,7 +725,12 @@ impl<B: Backend> Fetcher<B> {
                 continue;
             }
             idle_rounds = 0;
-            let Some((transaction, sequence, message)) = self.buffer.pop_front() else {
+            let Some(Fetched {
+                transaction,
+                sequence,
+                message,
+            }) = self.buffer.pop_front()
+            else {
                 break;
             };
             c.demand -= 1;
@@ -725,7 +764,11 @@ impl<B: Backend> Fetcher<B> {
                 // The connection is gone: keep the messages for someone else.
                 c.demand = 0;
                 for h in batch {
-                    self.put_back((h.transaction, h.sequence, h.message));
+                    self.put_back(Fetched {
+                        transaction: h.transaction,
+                        sequence: h.sequence,
+                        message: h.message,
+                    });
                 }
             }
         }
@@ -734,7 +777,7 @@ impl<B: Backend> Fetcher<B> {
     /// Puts a message that was handed out back into the buffer in queue order (sequences
     /// ascend along the queue), so messages returned one by one keep their order.
     fn put_back(&mut self, m: Fetched) {
-        let at = self.buffer.partition_point(|(_, s, _)| *s < m.1);
+        let at = self.buffer.partition_point(|f| f.sequence < m.sequence);
         self.buffer.insert(at, m);
     }
 }
@@ -965,7 +1008,11 @@ mod tests {
                     };
                     for h in hs {
                         taken += 1;
-                        held.push((h.transaction.clone(), h.sequence, Outcome::Ack));
+                        held.push(Settlement {
+                            transaction: h.transaction.clone(),
+                            sequence: h.sequence,
+                            outcome: Outcome::Ack,
+                        });
                         if held.len() == 50 {
                             let _ = tx.send(Command::Settle(std::mem::take(&mut held)));
                             let _ = tx.send(Command::Demand(DemandReport {

@@ -159,6 +159,24 @@ enum LinkKind {
     },
 }
 
+/// A consume delivery sent unsettled: which message of which transaction it carries.
+#[derive(Debug)]
+struct Unsettled {
+    transaction: Arc<str>,
+    sequence: u64,
+}
+
+impl Unsettled {
+    /// The settlement the fetcher gets when the client settles it with `outcome`.
+    fn settled(self, outcome: Outcome) -> Settlement {
+        Settlement {
+            transaction: self.transaction,
+            sequence: self.sequence,
+            outcome,
+        }
+    }
+}
+
 /// One connection's side of the bridge.
 pub struct QueuesHandler<B: Backend> {
     bridge: Arc<Queues<B>>,
@@ -173,8 +191,8 @@ pub struct QueuesHandler<B: Backend> {
     refill_timer: Option<Pin<Box<tokio::time::Sleep>>>,
     handout_tx: mpsc::UnboundedSender<ToConsumer>,
     handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
-    /// Unsettled consume deliveries: token → (transaction, sequence).
-    deliveries: FastMap<u64, (Arc<str>, u64)>,
+    /// Unsettled consume deliveries, by delivery token.
+    deliveries: FastMap<u64, Unsettled>,
     next_token: u64,
     /// Fetchers of consume links that ended, for handouts still on their way to them; an entry
     /// goes when its fetcher confirms the link's Leave.
@@ -610,11 +628,20 @@ impl<B: Backend> QueuesHandler<B> {
         match sent {
             Ok(_) if presettled => {
                 // at-most-once, acked as it is sent.
-                self.settled
-                    .push((link, (h.transaction, h.sequence, Outcome::Ack)));
+                let message = Unsettled {
+                    transaction: h.transaction,
+                    sequence: h.sequence,
+                };
+                self.settled.push((link, message.settled(Outcome::Ack)));
             }
             Ok(_) => {
-                self.deliveries.insert(token, (h.transaction, h.sequence));
+                self.deliveries.insert(
+                    token,
+                    Unsettled {
+                        transaction: h.transaction,
+                        sequence: h.sequence,
+                    },
+                );
             }
             // No credit (a drain or a lower FLOW won the race): never sent beyond credit, Q-16.
             Err(_) => {
@@ -777,7 +804,7 @@ impl<B: Backend> QueuesHandler<B> {
                     }
                     return;
                 }
-                let Some((txn, seq)) = self.deliveries.remove(&token) else {
+                let Some(message) = self.deliveries.remove(&token) else {
                     return;
                 };
                 // MET-5.
@@ -800,7 +827,7 @@ impl<B: Backend> QueuesHandler<B> {
                     _ => Outcome::Nack,
                 };
                 if let Some(LinkKind::Consume { .. }) = self.links.get(&link) {
-                    self.settled.push((link, (txn, seq, outcome)));
+                    self.settled.push((link, message.settled(outcome)));
                 }
                 self.demand_changed.push(link);
             }
@@ -836,8 +863,8 @@ impl<B: Backend> QueuesHandler<B> {
                     // NAcked, once (the engine reports each once).
                     let mut settled = self.take_settled(link);
                     for token in unsettled {
-                        if let Some((txn, seq)) = self.deliveries.remove(&token) {
-                            settled.push((txn, seq, Outcome::Nack));
+                        if let Some(message) = self.deliveries.remove(&token) {
+                            settled.push(message.settled(Outcome::Nack));
                         }
                     }
                     if !settled.is_empty() {
