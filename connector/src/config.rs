@@ -1,223 +1,279 @@
-//! The connector's settings: CFG-1 … CFG-14 plus the bind address, read
-//! from a YAML file, `CONNECTORS_AMQP10_*` environment variables and command-line flags, in
-//! rising precedence, and validated with every problem reported at once (CFG-19).
+//! The connector's settings (CFG-1 … CFG-14 and the connector's own), each declared once in
+//! `settings!` below, read from a YAML file, `CONNECTORS_AMQP10_*` environment variables and
+//! command-line flags, in rising precedence, and validated with every problem reported at once
+//! (CFG-19).
 
 use std::collections::BTreeMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::engine::{Authenticator, EngineConfig, NoAuth, ProcessBudget};
 pub use ops::logs::LogFormat;
 
-/// One setting: its YAML key (the reference field name) and environment variable.
-struct Field {
-    key: &'static str,
-    env: &'static str,
+/// Declares every setting once: its key (the YAML name, from which the environment variable and
+/// the flag are derived), its field, type, default and parser. Generates [`Settings`], its
+/// `Default`, the [`SETTINGS`] table and the per-value parsing; `(secret)` keeps a value out of
+/// `--print-config`.
+macro_rules! settings {
+    (@hidden) => { false };
+    (@hidden secret) => { true };
+    ($(
+        $(#[doc = $doc:literal])+
+        $key:ident $(($hidden:ident))? => $field:ident: $ty:ty = $default:expr, $parse:expr;
+    )+) => {
+        /// Validated settings.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct Settings {
+            $($(#[doc = $doc])+ pub $field: $ty,)+
+        }
+
+        impl Default for Settings {
+            fn default() -> Self {
+                Settings { $($field: $default,)+ }
+            }
+        }
+
+        /// Every setting, in the order of the README's table.
+        pub const SETTINGS: &[Setting] = &[$(Setting {
+            key: stringify!($key),
+            help: concat!($($doc),+),
+        },)+];
+
+        impl Settings {
+            /// Parses each value `get` has over the current one; a bad value leaves the field
+            /// as it was and adds its problem to `errors`.
+            fn parse_values(
+                &mut self,
+                get: impl Fn(&str) -> Option<String>,
+                errors: &mut Vec<String>,
+            ) {
+                $(if let Some(v) = get(stringify!($key)) {
+                    let parser: fn(&str) -> Result<$ty, String> = $parse;
+                    match parser(&v) {
+                        Ok(value) => self.$field = value,
+                        Err(e) => errors.push(format!("{} {e}", stringify!($key))),
+                    }
+                })+
+            }
+        }
+
+        /// `--print-config`: every setting by key, secrets left out.
+        impl Serialize for Settings {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                use serde::ser::SerializeMap;
+                let mut map = serializer.serialize_map(None)?;
+                $(if !settings!(@hidden $($hidden)?) {
+                    map.serialize_entry(stringify!($key), &self.$field)?;
+                })+
+                map.end()
+            }
+        }
+    };
 }
 
-const FIELDS: [Field; 25] = [
-    Field {
-        key: "Enable",
-        env: "CONNECTORS_AMQP10_ENABLE",
-    },
-    Field {
-        key: "Port",
-        env: "CONNECTORS_AMQP10_PORT",
-    },
-    Field {
-        key: "TlsPort",
-        env: "CONNECTORS_AMQP10_TLS_PORT",
-    },
-    Field {
-        key: "MaxFrameSize",
-        env: "CONNECTORS_AMQP10_MAX_FRAME_SIZE",
-    },
-    Field {
-        key: "MaxMessageSize",
-        env: "CONNECTORS_AMQP10_MAX_MESSAGE_SIZE",
-    },
-    Field {
-        key: "SessionMax",
-        env: "CONNECTORS_AMQP10_SESSION_MAX",
-    },
-    Field {
-        key: "MaxLinksPerSession",
-        env: "CONNECTORS_AMQP10_MAX_LINKS_PER_SESSION",
-    },
-    Field {
-        key: "MaxConnections",
-        env: "CONNECTORS_AMQP10_MAX_CONNECTIONS",
-    },
-    Field {
-        key: "IdleTimeoutSeconds",
-        env: "CONNECTORS_AMQP10_IDLE_TIMEOUT_SECONDS",
-    },
-    Field {
-        key: "DefaultPattern",
-        env: "CONNECTORS_AMQP10_DEFAULT_PATTERN",
-    },
-    Field {
-        key: "GetBatchSize",
-        env: "CONNECTORS_AMQP10_GET_BATCH_SIZE",
-    },
-    Field {
-        key: "MaxUnsettledPerLink",
-        env: "CONNECTORS_AMQP10_MAX_UNSETTLED_PER_LINK",
-    },
-    Field {
-        key: "DefaultRpcTimeoutSeconds",
-        env: "CONNECTORS_AMQP10_DEFAULT_RPC_TIMEOUT_SECONDS",
-    },
-    Field {
-        key: "RpcMaxPending",
-        env: "CONNECTORS_AMQP10_RPC_MAX_PENDING",
-    },
-    Field {
-        key: "BindAddress",
-        env: "CONNECTORS_AMQP10_BIND_ADDRESS",
-    },
-    Field {
-        key: "DataDir",
-        env: "CONNECTORS_AMQP10_DATA_DIR",
-    },
-    Field {
-        key: "ServeKubemqGrpc",
-        env: "CONNECTORS_AMQP10_SERVE_KUBEMQ_GRPC",
-    },
-    Field {
-        key: "KubemqAddress",
-        env: "CONNECTORS_AMQP10_KUBEMQ_ADDRESS",
-    },
-    Field {
-        key: "KubemqToken",
-        env: "CONNECTORS_AMQP10_KUBEMQ_TOKEN",
-    },
-    Field {
-        key: "HttpAddress",
-        env: "CONNECTORS_AMQP10_HTTP_ADDRESS",
-    },
-    Field {
-        key: "MaxConnectionMemory",
-        env: "CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY",
-    },
-    Field {
-        key: "MaxProcessMemory",
-        env: "CONNECTORS_AMQP10_MAX_PROCESS_MEMORY",
-    },
-    Field {
-        key: "HandshakeTimeoutSeconds",
-        env: "CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS",
-    },
-    Field {
-        key: "CountConnectionsAfterHeader",
-        env: "CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER",
-    },
-    Field {
-        key: "LogFormat",
-        env: "CONNECTORS_AMQP10_LOG_FORMAT",
-    },
-];
+settings! {
+    /// `false` binds no listener and skips every other check.
+    Enable => enable: bool = true, parse::boolean; // CFG-1, CFG-18
+    /// Plain AMQP listener port; 0 disables it.
+    Port => port: u16 = 5672, |v| parse::int(v, 0, 65535); // CFG-2
+    /// TLS listener port; 0 disables it; binds only when TLS is configured.
+    TlsPort => tls_port: u16 = 5671, |v| parse::int(v, 0, 65535); // CFG-3
+    /// Upper bound of the negotiated frame size, at least 512.
+    MaxFrameSize => max_frame_size: u32 = 131_072, |v| parse::int(v, 512, parse::U32); // CFG-4
+    /// Largest message in bytes, advertised as the links' max-message-size.
+    MaxMessageSize => max_message_size: u64 = 104_857_600,
+        |v| parse::int(v, 1, parse::I64); // CFG-5
+    /// Sessions per connection.
+    SessionMax => session_max: u32 = 256, |v| parse::int(v, 1, 65535); // CFG-6
+    /// Links per session.
+    MaxLinksPerSession => max_links_per_session: u32 = 256,
+        |v| parse::int(v, 1, parse::U32); // CFG-7
+    /// Connections per connector process; 0 = unlimited.
+    MaxConnections => max_connections: u32 = 1000, |v| parse::int(v, 0, parse::U32); // CFG-8
+    /// Inbound idle limit in seconds; 0 disables it. Its half in milliseconds is
+    /// advertised as an AMQP uint, which bounds it.
+    IdleTimeoutSeconds => idle_timeout_seconds: u32 = 120,
+        |v| parse::int(v, 0, parse::U32 * 2 / 1000); // CFG-9, OP-CFG-4
+    /// Pattern of addresses without a prefix.
+    DefaultPattern => default_pattern: String = "queues".into(), parse::pattern; // CFG-10
+    /// Ceiling on MaxItems of one queue Get, 1–1024.
+    GetBatchSize => get_batch_size: u32 = 32, |v| parse::int(v, 1, 1024); // CFG-11
+    /// Unsettled deliveries per consume link, and the produce credit window.
+    MaxUnsettledPerLink => max_unsettled_per_link: u32 = 1024,
+        |v| parse::int(v, 1, parse::U32); // CFG-12
+    /// RPC timeout in seconds for requests without a ttl.
+    DefaultRpcTimeoutSeconds => default_rpc_timeout_seconds: u32 = 30,
+        |v| parse::int(v, 1, parse::U32); // CFG-13
+    /// Pending RPCs per connection.
+    RpcMaxPending => rpc_max_pending: u32 = 512, |v| parse::int(v, 1, parse::U32); // CFG-14
+    /// Address the listeners bind to.
+    BindAddress => bind_address: IpAddr = IpAddr::from([0, 0, 0, 0]), parse::ip;
+    /// Folder of the embedded store.
+    DataDir => data_dir: PathBuf = PathBuf::from("data"), parse::folder;
+    /// KubeMQ's gRPC `host:port`; unset uses the embedded store.
+    KubemqAddress => kubemq_address: Option<String> = None, parse::optional_text;
+    /// Token sent to KubeMQ as `authorization` metadata; never printed.
+    KubemqToken(secret) => kubemq_token: Option<String> = None, parse::token;
+    /// Where to serve the embedded store as KubeMQ's gRPC API (`ip:port`); unset serves nothing.
+    ServeKubemqGrpc => serve_kubemq_grpc: Option<SocketAddr> = None, parse::grpc_address;
+    /// Where `/metrics`, `/livez` and `/readyz` are served (`ip:port`, or `off`).
+    HttpAddress => http_address: Option<SocketAddr> =
+        Some(SocketAddr::from(([0, 0, 0, 0], 8080))), parse::http_address;
+    /// Bytes one connection may make the connector hold (partial and unconfirmed deliveries,
+    /// transfers waiting for the client's window, dynamic-node mailboxes).
+    MaxConnectionMemory => max_connection_memory: u64 = 256 * 1024 * 1024,
+        |v| parse::int(v, 1, parse::I64);
+    /// Bytes all connections together may hold beyond each one's guaranteed 256 KiB.
+    MaxProcessMemory => max_process_memory: u64 = 1024 * 1024 * 1024,
+        |v| parse::int(v, 0, parse::I64);
+    /// Seconds from accept until the client's OPEN (SASL included); a slower client is dropped.
+    HandshakeTimeoutSeconds => handshake_timeout_seconds: u32 = 5, |v| parse::int(v, 1, 3600);
+    /// Count a connection against MaxConnections only once its protocol header arrived, so
+    /// silent sockets cannot hold the slots (they are still dropped at the handshake timeout).
+    CountConnectionsAfterHeader => count_connections_after_header: bool = false, parse::boolean;
+    /// Log line format: text or json.
+    LogFormat => log_format: LogFormat = LogFormat::Text, |v| v.parse();
+}
+
+/// One setting's names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The YAML key, e.g. `MaxFrameSize`.
+    pub key: &'static str,
+    /// What it does, for `--help`.
+    pub help: &'static str,
+}
+
+impl Setting {
+    /// Its environment variable: `CONNECTORS_AMQP10_` and the key in upper snake case
+    /// (CFG-15), e.g. `CONNECTORS_AMQP10_MAX_FRAME_SIZE`.
+    pub fn env(&self) -> String {
+        format!("CONNECTORS_AMQP10_{}", self.words("_").to_ascii_uppercase())
+    }
+
+    /// Its command-line flag without the dashes, the key in kebab case, e.g. `max-frame-size`.
+    pub fn flag(&self) -> String {
+        self.words("-").to_ascii_lowercase()
+    }
+
+    /// The key's words (split before each capital) joined by `sep`.
+    fn words(&self, sep: &str) -> String {
+        let mut out = String::new();
+        for (i, c) in self.key.char_indices() {
+            if i > 0 && c.is_ascii_uppercase() {
+                out.push_str(sep);
+            }
+            out.push(c);
+        }
+        out
+    }
+}
+
+/// The parsers of setting values: each gets the trimmed text and says what is wrong with it in
+/// words that follow the setting's key.
+mod parse {
+    use std::net::{IpAddr, SocketAddr};
+    use std::path::PathBuf;
+
+    use super::PATTERNS;
+
+    /// `u32::MAX`, as a bound.
+    pub const U32: i128 = u32::MAX as i128;
+    /// `i64::MAX`, as a bound (byte counts must fit a signed 64-bit integer).
+    pub const I64: i128 = i64::MAX as i128;
+
+    /// An integer within `[min, max]`.
+    pub fn int<T: TryFrom<i128>>(v: &str, min: i128, max: i128) -> Result<T, String> {
+        let n = v
+            .parse::<i128>()
+            .map_err(|_| format!("must be an integer, got {v:?}"))?;
+        if n < min || n > max {
+            return Err(if max == U32 || max == I64 {
+                format!("must be at least {min} (and at most {max}), got {n}")
+            } else {
+                format!("must be between {min} and {max}, got {n}")
+            });
+        }
+        T::try_from(n).map_err(|_| format!("must be between {min} and {max}, got {n}"))
+    }
+
+    /// `true`/`false` (also `1`/`0`, `yes`/`no`).
+    pub fn boolean(v: &str) -> Result<bool, String> {
+        match v.to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            _ => Err(format!("must be true or false, got {v:?}")),
+        }
+    }
+
+    /// One of the five pattern names.
+    pub fn pattern(v: &str) -> Result<String, String> {
+        if PATTERNS.contains(&v) {
+            Ok(v.to_string())
+        } else {
+            Err(format!("must be one of {}, got {v:?}", PATTERNS.join(", ")))
+        }
+    }
+
+    /// An IP address.
+    pub fn ip(v: &str) -> Result<IpAddr, String> {
+        v.parse()
+            .map_err(|_| format!("must be an IP address, got {v:?}"))
+    }
+
+    /// A folder name, not empty.
+    pub fn folder(v: &str) -> Result<PathBuf, String> {
+        if v.is_empty() {
+            Err("must not be empty".into())
+        } else {
+            Ok(PathBuf::from(v))
+        }
+    }
+
+    /// Any text; empty means unset.
+    pub fn optional_text(v: &str) -> Result<Option<String>, String> {
+        Ok((!v.is_empty()).then(|| v.to_string()))
+    }
+
+    /// Printable ASCII (it goes into gRPC metadata); empty means unset.
+    pub fn token(v: &str) -> Result<Option<String>, String> {
+        if v.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+            optional_text(v)
+        } else {
+            Err("must be printable ASCII".into())
+        }
+    }
+
+    /// `ip:port`; empty means unset.
+    pub fn grpc_address(v: &str) -> Result<Option<SocketAddr>, String> {
+        if v.is_empty() {
+            return Ok(None);
+        }
+        v.parse()
+            .map(Some)
+            .map_err(|_| format!("must be host:port with an IP address, got {v:?}"))
+    }
+
+    /// `ip:port`, or `off` (or empty) for none.
+    pub fn http_address(v: &str) -> Result<Option<SocketAddr>, String> {
+        if v.is_empty() || v == "off" {
+            return Ok(None);
+        }
+        v.parse()
+            .map(Some)
+            .map_err(|_| format!("must be ip:port or off, got {v:?}"))
+    }
+}
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
 const LEGACY_MAX_MESSAGE_SIZE_ENV: &str = "CONNECTORS_AMQP10_MAXMESSAGESIZE";
 
 /// The five KubeMQ patterns a bare address may default to (CFG-10).
 pub const PATTERNS: [&str; 5] = ["queues", "events", "events-store", "commands", "queries"];
-
-/// Validated settings.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct Settings {
-    /// CFG-1: `false` binds no listener.
-    pub enable: bool,
-    /// CFG-2: plain listener port, 0 disables it.
-    pub port: u16,
-    /// CFG-3: TLS listener port, 0 disables it; binds only when TLS is configured.
-    pub tls_port: u16,
-    /// CFG-4: upper bound of the negotiated frame size.
-    pub max_frame_size: u32,
-    /// CFG-5: reassembly cap, advertised as link max-message-size.
-    pub max_message_size: u64,
-    /// CFG-6: sessions per connection.
-    pub session_max: u32,
-    /// CFG-7: links per session.
-    pub max_links_per_session: u32,
-    /// CFG-8: connections per connector process, 0 = unlimited.
-    pub max_connections: u32,
-    /// CFG-9: inbound idle limit in seconds, 0 disables it.
-    pub idle_timeout_seconds: u32,
-    /// CFG-10: pattern of bare addresses.
-    pub default_pattern: String,
-    /// CFG-11: ceiling on MaxItems per queue Get.
-    pub get_batch_size: u32,
-    /// CFG-12: unsettled cap per consume link and produce credit window.
-    pub max_unsettled_per_link: u32,
-    /// CFG-13: RPC timeout without ttl.
-    pub default_rpc_timeout_seconds: u32,
-    /// CFG-14: pending RPC cap per connection.
-    pub rpc_max_pending: u32,
-    /// Address the listeners bind to.
-    pub bind_address: IpAddr,
-    /// Folder of the embedded store.
-    pub data_dir: PathBuf,
-    /// Where to serve the embedded store as KubeMQ's gRPC API; `None` serves nothing.
-    pub serve_kubemq_grpc: Option<std::net::SocketAddr>,
-    /// KubeMQ's gRPC address (`host:port`); `None` uses the embedded store.
-    pub kubemq_address: Option<String>,
-    /// Token sent to KubeMQ as `authorization` metadata.
-    #[serde(skip_serializing)]
-    pub kubemq_token: Option<String>,
-    /// Where `/metrics`, `/livez` and `/readyz` are served; `None` serves nothing.
-    pub http_address: Option<std::net::SocketAddr>,
-    /// Bytes one connection may make the connector hold (partial and unconfirmed deliveries,
-    /// transfers waiting for the client's window, dynamic-node mailboxes).
-    pub max_connection_memory: u64,
-    /// Bytes all connections together may hold beyond each one's guaranteed 256 KiB.
-    pub max_process_memory: u64,
-    /// From accept until the client's OPEN (SASL included); a slower client is dropped.
-    pub handshake_timeout_seconds: u32,
-    /// Count a connection against MaxConnections only once its protocol header arrived, so
-    /// silent sockets cannot hold the slots (they are still dropped at the handshake timeout).
-    pub count_connections_after_header: bool,
-    /// Log line format.
-    pub log_format: LogFormat,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            enable: true,
-            port: 5672,
-            tls_port: 5671,
-            max_frame_size: 131_072,
-            max_message_size: 104_857_600,
-            session_max: 256,
-            max_links_per_session: 256,
-            max_connections: 1000,
-            idle_timeout_seconds: 120,
-            default_pattern: "queues".into(),
-            get_batch_size: 32,
-            max_unsettled_per_link: 1024,
-            default_rpc_timeout_seconds: 30,
-            rpc_max_pending: 512,
-            bind_address: IpAddr::from([0, 0, 0, 0]),
-            data_dir: PathBuf::from("data"),
-            serve_kubemq_grpc: None,
-            kubemq_address: None,
-            kubemq_token: None,
-            http_address: Some(std::net::SocketAddr::from(([0, 0, 0, 0], 8080))),
-            max_connection_memory: 256 * 1024 * 1024,
-            max_process_memory: 1024 * 1024 * 1024,
-            handshake_timeout_seconds: 5,
-            count_connections_after_header: false,
-            log_format: LogFormat::Text,
-        }
-    }
-}
 
 /// Every problem found in the configuration, one per line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -248,7 +304,7 @@ pub fn read_yaml(text: &str) -> Result<RawValues, ConfigError> {
             errors.push(format!("config file: non-string key {k:?}"));
             continue;
         };
-        if !FIELDS.iter().any(|f| f.key == key) {
+        if !SETTINGS.iter().any(|f| f.key == key) {
             errors.push(format!("config file: unknown setting {key:?}"));
             continue;
         }
@@ -278,8 +334,8 @@ pub fn read_env(get: impl Fn(&str) -> Option<String>) -> RawValues {
     if let Some(v) = get(LEGACY_MAX_MESSAGE_SIZE_ENV) {
         out.insert("MaxMessageSize".into(), v);
     }
-    for f in &FIELDS {
-        if let Some(v) = get(f.env) {
+    for f in SETTINGS {
+        if let Some(v) = get(&f.env()) {
             out.insert(f.key.to_string(), v);
         }
     }
@@ -295,155 +351,15 @@ impl Settings {
         }
         let mut s = Settings::default();
         let mut errors = Vec::new();
-        let get = |k: &str| merged.get(k).map(|v| v.trim().to_string());
-        let boolean = |k: &str, errors: &mut Vec<String>| -> Option<bool> {
-            let v = get(k)?;
-            match v.to_ascii_lowercase().as_str() {
-                "true" | "1" | "yes" => Some(true),
-                "false" | "0" | "no" => Some(false),
-                _ => {
-                    errors.push(format!("{k} must be true or false, got {v:?}"));
-                    None
-                }
-            }
-        };
-        if let Some(b) = boolean("Enable", &mut errors) {
-            s.enable = b;
-        }
-        // Read before CFG-18's early return: a disabled connector still logs that it is.
-        if let Some(v) = get("LogFormat") {
-            match v.parse() {
-                Ok(f) => s.log_format = f,
-                Err(e) => errors.push(format!("LogFormat {e}")),
-            }
-        }
+        s.parse_values(|k| merged.get(k).map(|v| v.trim().to_string()), &mut errors);
         if !s.enable {
-            // CFG-18: a disabled connector is valid whatever the rest says (a bad
-            // LogFormat falls back to text).
-            return Ok(s);
-        }
-        let int = |k: &str, min: i128, max: i128, errors: &mut Vec<String>| -> Option<i128> {
-            let v = get(k)?;
-            match v.parse::<i128>() {
-                Ok(n) if n >= min && n <= max => Some(n),
-                Ok(n) => {
-                    errors.push(
-                        if max == i128::from(u32::MAX) || max == i128::from(i64::MAX) {
-                            format!("{k} must be at least {min} (and at most {max}), got {n}")
-                        } else {
-                            format!("{k} must be between {min} and {max}, got {n}")
-                        },
-                    );
-                    None
-                }
-                Err(_) => {
-                    errors.push(format!("{k} must be an integer, got {v:?}"));
-                    None
-                }
-            }
-        };
-        let u32max = i128::from(u32::MAX);
-        if let Some(n) = int("Port", 0, 65535, &mut errors) {
-            s.port = n as u16;
-        }
-        if let Some(n) = int("TlsPort", 0, 65535, &mut errors) {
-            s.tls_port = n as u16;
-        }
-        if let Some(n) = int("MaxFrameSize", 512, u32max, &mut errors) {
-            s.max_frame_size = n as u32;
-        }
-        if let Some(n) = int("MaxMessageSize", 1, i128::from(i64::MAX), &mut errors) {
-            s.max_message_size = n as u64;
-        }
-        if let Some(n) = int("SessionMax", 1, 65535, &mut errors) {
-            s.session_max = n as u32;
-        }
-        if let Some(n) = int("MaxLinksPerSession", 1, u32max, &mut errors) {
-            s.max_links_per_session = n as u32;
-        }
-        if let Some(n) = int("MaxConnections", 0, u32max, &mut errors) {
-            s.max_connections = n as u32;
-        }
-        // The advertised idle-time-out (× 1000 / 2 ms) must fit AMQP's uint (OP-CFG-4).
-        if let Some(n) = int("IdleTimeoutSeconds", 0, u32max * 2 / 1000, &mut errors) {
-            s.idle_timeout_seconds = n as u32;
-        }
-        if let Some(v) = get("DefaultPattern") {
-            if PATTERNS.contains(&v.as_str()) {
-                s.default_pattern = v;
-            } else {
-                errors.push(format!(
-                    "DefaultPattern must be one of {}, got {v:?}",
-                    PATTERNS.join(", ")
-                ));
-            }
-        }
-        if let Some(n) = int("GetBatchSize", 1, 1024, &mut errors) {
-            s.get_batch_size = n as u32;
-        }
-        if let Some(n) = int("MaxUnsettledPerLink", 1, u32max, &mut errors) {
-            s.max_unsettled_per_link = n as u32;
-        }
-        if let Some(n) = int("DefaultRpcTimeoutSeconds", 1, u32max, &mut errors) {
-            s.default_rpc_timeout_seconds = n as u32;
-        }
-        if let Some(n) = int("RpcMaxPending", 1, u32max, &mut errors) {
-            s.rpc_max_pending = n as u32;
-        }
-        if let Some(v) = get("BindAddress") {
-            match v.parse::<IpAddr>() {
-                Ok(a) => s.bind_address = a,
-                Err(_) => errors.push(format!("BindAddress must be an IP address, got {v:?}")),
-            }
-        }
-        if let Some(v) = get("DataDir") {
-            if v.is_empty() {
-                errors.push("DataDir must not be empty".into());
-            } else {
-                s.data_dir = PathBuf::from(v);
-            }
-        }
-        if let Some(v) = get("ServeKubemqGrpc") {
-            if !v.is_empty() {
-                match v.parse() {
-                    Ok(a) => s.serve_kubemq_grpc = Some(a),
-                    Err(_) => errors.push(format!(
-                        "ServeKubemqGrpc must be host:port with an IP address, got {v:?}"
-                    )),
-                }
-            }
-        }
-        if let Some(v) = get("KubemqAddress").filter(|v| !v.is_empty()) {
-            s.kubemq_address = Some(v);
-        }
-        if let Some(v) = get("KubemqToken").filter(|v| !v.is_empty()) {
-            if v.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
-                s.kubemq_token = Some(v);
-            } else {
-                errors.push("KubemqToken must be printable ASCII".into());
-            }
-        }
-        if let Some(v) = get("HttpAddress") {
-            if v.is_empty() || v == "off" {
-                s.http_address = None;
-            } else {
-                match v.parse() {
-                    Ok(a) => s.http_address = Some(a),
-                    Err(_) => errors.push(format!("HttpAddress must be ip:port or off, got {v:?}")),
-                }
-            }
-        }
-        if let Some(n) = int("MaxConnectionMemory", 1, i128::from(i64::MAX), &mut errors) {
-            s.max_connection_memory = n as u64;
-        }
-        if let Some(n) = int("MaxProcessMemory", 0, i128::from(i64::MAX), &mut errors) {
-            s.max_process_memory = n as u64;
-        }
-        if let Some(n) = int("HandshakeTimeoutSeconds", 1, 3600, &mut errors) {
-            s.handshake_timeout_seconds = n as u32;
-        }
-        if let Some(b) = boolean("CountConnectionsAfterHeader", &mut errors) {
-            s.count_connections_after_header = b;
+            // CFG-18: a disabled connector is valid whatever the rest says; it still logs in
+            // the format asked for (or text, when that is invalid too).
+            return Ok(Settings {
+                enable: false,
+                log_format: s.log_format,
+                ..Settings::default()
+            });
         }
         if s.max_connection_memory < s.max_message_size {
             errors.push(format!(
@@ -492,146 +408,55 @@ impl Settings {
     }
 }
 
-/// The command line: every setting as a flag (which beats its environment variable), plus the
-/// config file and a dry-run switch.
-#[derive(Debug, clap::Parser)]
-#[command(
-    name = "kubemq-amqp-connector",
-    version,
-    about = "AMQP 1.0 connector for KubeMQ"
-)]
+/// The command line: the config file, a dry-run switch, and every setting as a flag (which
+/// beats its environment variable).
+#[derive(Debug, clap::Args)]
 pub struct Cli {
-    /// YAML file of settings, keyed by the setting names (README) (env: CONNECTORS_AMQP10_CONFIG).
+    /// YAML file of settings, keyed by the setting names (README).
     #[arg(long, env = "CONNECTORS_AMQP10_CONFIG")]
     pub config: Option<PathBuf>,
     /// Print the effective settings as YAML and exit.
     #[arg(long)]
     pub print_config: bool,
-    /// Enable (CONNECTORS_AMQP10_ENABLE).
-    #[arg(long)]
-    pub enable: Option<String>,
-    /// Port (CONNECTORS_AMQP10_PORT).
-    #[arg(long)]
-    pub port: Option<String>,
-    /// TlsPort (CONNECTORS_AMQP10_TLS_PORT).
-    #[arg(long)]
-    pub tls_port: Option<String>,
-    /// MaxFrameSize (CONNECTORS_AMQP10_MAX_FRAME_SIZE).
-    #[arg(long)]
-    pub max_frame_size: Option<String>,
-    /// MaxMessageSize (CONNECTORS_AMQP10_MAX_MESSAGE_SIZE).
-    #[arg(long)]
-    pub max_message_size: Option<String>,
-    /// SessionMax (CONNECTORS_AMQP10_SESSION_MAX).
-    #[arg(long)]
-    pub session_max: Option<String>,
-    /// MaxLinksPerSession (CONNECTORS_AMQP10_MAX_LINKS_PER_SESSION).
-    #[arg(long)]
-    pub max_links_per_session: Option<String>,
-    /// MaxConnections (CONNECTORS_AMQP10_MAX_CONNECTIONS).
-    #[arg(long)]
-    pub max_connections: Option<String>,
-    /// IdleTimeoutSeconds (CONNECTORS_AMQP10_IDLE_TIMEOUT_SECONDS).
-    #[arg(long)]
-    pub idle_timeout_seconds: Option<String>,
-    /// DefaultPattern (CONNECTORS_AMQP10_DEFAULT_PATTERN).
-    #[arg(long)]
-    pub default_pattern: Option<String>,
-    /// GetBatchSize (CONNECTORS_AMQP10_GET_BATCH_SIZE).
-    #[arg(long)]
-    pub get_batch_size: Option<String>,
-    /// MaxUnsettledPerLink (CONNECTORS_AMQP10_MAX_UNSETTLED_PER_LINK).
-    #[arg(long)]
-    pub max_unsettled_per_link: Option<String>,
-    /// DefaultRpcTimeoutSeconds (CONNECTORS_AMQP10_DEFAULT_RPC_TIMEOUT_SECONDS).
-    #[arg(long)]
-    pub default_rpc_timeout_seconds: Option<String>,
-    /// RpcMaxPending (CONNECTORS_AMQP10_RPC_MAX_PENDING).
-    #[arg(long)]
-    pub rpc_max_pending: Option<String>,
-    /// BindAddress (CONNECTORS_AMQP10_BIND_ADDRESS), default 0.0.0.0.
-    #[arg(long)]
-    pub bind_address: Option<String>,
-    /// DataDir (CONNECTORS_AMQP10_DATA_DIR): folder of the embedded store, default ./data.
-    #[arg(long)]
-    pub data_dir: Option<String>,
-    /// ServeKubemqGrpc (CONNECTORS_AMQP10_SERVE_KUBEMQ_GRPC): serve the embedded store as
-    /// KubeMQ's gRPC API on this address, e.g. 127.0.0.1:50000.
-    #[arg(long)]
-    pub serve_kubemq_grpc: Option<String>,
-    /// KubemqAddress (CONNECTORS_AMQP10_KUBEMQ_ADDRESS): KubeMQ's gRPC host:port; unset = the
-    /// embedded store.
-    #[arg(long)]
-    pub kubemq_address: Option<String>,
-    /// KubemqToken (CONNECTORS_AMQP10_KUBEMQ_TOKEN): sent as `authorization` metadata. Prefer the
-    /// environment variable: flags are visible to every user of the machine.
-    #[arg(long)]
-    pub kubemq_token: Option<String>,
-    /// HttpAddress (CONNECTORS_AMQP10_HTTP_ADDRESS): where /metrics, /livez and /readyz are
-    /// served, default 0.0.0.0:8080; `off` disables it.
-    #[arg(long)]
-    pub http_address: Option<String>,
-    /// MaxConnectionMemory (CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY): bytes one connection may
-    /// make the connector hold, default 256 MiB.
-    #[arg(long)]
-    pub max_connection_memory: Option<String>,
-    /// MaxProcessMemory (CONNECTORS_AMQP10_MAX_PROCESS_MEMORY): bytes all connections may hold
-    /// beyond 256 KiB each, default 1 GiB.
-    #[arg(long)]
-    pub max_process_memory: Option<String>,
-    /// HandshakeTimeoutSeconds (CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS): accept to OPEN,
-    /// default 5.
-    #[arg(long)]
-    pub handshake_timeout_seconds: Option<String>,
-    /// CountConnectionsAfterHeader (CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER): count a
-    /// connection against MaxConnections from its protocol header instead of its accept.
-    #[arg(long)]
-    pub count_connections_after_header: Option<String>,
-    /// LogFormat (CONNECTORS_AMQP10_LOG_FORMAT): text (default) or json.
-    #[arg(long)]
-    pub log_format: Option<String>,
+    /// The settings given as flags, by key.
+    #[arg(skip)]
+    pub flags: RawValues,
 }
 
 impl Cli {
-    /// The flag layer as raw values keyed like the file.
-    pub fn flag_values(&self) -> RawValues {
-        let pairs: [(&str, &Option<String>); 25] = [
-            ("Enable", &self.enable),
-            ("Port", &self.port),
-            ("TlsPort", &self.tls_port),
-            ("MaxFrameSize", &self.max_frame_size),
-            ("MaxMessageSize", &self.max_message_size),
-            ("SessionMax", &self.session_max),
-            ("MaxLinksPerSession", &self.max_links_per_session),
-            ("MaxConnections", &self.max_connections),
-            ("IdleTimeoutSeconds", &self.idle_timeout_seconds),
-            ("DefaultPattern", &self.default_pattern),
-            ("GetBatchSize", &self.get_batch_size),
-            ("MaxUnsettledPerLink", &self.max_unsettled_per_link),
-            (
-                "DefaultRpcTimeoutSeconds",
-                &self.default_rpc_timeout_seconds,
-            ),
-            ("RpcMaxPending", &self.rpc_max_pending),
-            ("BindAddress", &self.bind_address),
-            ("DataDir", &self.data_dir),
-            ("ServeKubemqGrpc", &self.serve_kubemq_grpc),
-            ("KubemqAddress", &self.kubemq_address),
-            ("KubemqToken", &self.kubemq_token),
-            ("HttpAddress", &self.http_address),
-            ("MaxConnectionMemory", &self.max_connection_memory),
-            ("MaxProcessMemory", &self.max_process_memory),
-            ("HandshakeTimeoutSeconds", &self.handshake_timeout_seconds),
-            (
-                "CountConnectionsAfterHeader",
-                &self.count_connections_after_header,
-            ),
-            ("LogFormat", &self.log_format),
-        ];
-        pairs
-            .into_iter()
-            .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
-            .collect()
+    /// The command: the arguments above and a `--<flag>` per setting.
+    pub fn command() -> clap::Command {
+        let cmd = clap::Command::new("kubemq-amqp-connector").version(env!("CARGO_PKG_VERSION"));
+        // After augment_args, which would take this type's doc comment as the description.
+        let cmd = <Cli as clap::Args>::augment_args(cmd).about("AMQP 1.0 connector for KubeMQ");
+        cmd.args(SETTINGS.iter().map(|s| {
+            clap::Arg::new(s.key)
+                .long(s.flag())
+                .value_name(s.key)
+                .help(format!("{} [env: {}]", s.help.trim(), s.env()))
+        }))
+    }
+
+    /// Parses `args` (the program name first).
+    pub fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let matches = Cli::command().try_get_matches_from(args)?;
+        let mut cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)?;
+        for s in SETTINGS {
+            if let Some(v) = matches.get_one::<String>(s.key) {
+                cli.flags.insert(s.key.to_string(), v.clone());
+            }
+        }
+        Ok(cli)
+    }
+
+    /// Parses the process's arguments; prints the problem (or the help) and exits on `--help`,
+    /// `--version` or a bad command line.
+    pub fn parse() -> Cli {
+        Cli::try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
     }
 
     /// File, then environment (through `env`), then flags, validated.
@@ -644,7 +469,7 @@ impl Cli {
             }
             None => RawValues::new(),
         };
-        Settings::resolve(&[file, read_env(env), self.flag_values()])
+        Settings::resolve(&[file, read_env(env), self.flags.clone()])
     }
 }
 
@@ -709,14 +534,12 @@ mod tests {
         .into_iter()
         .collect();
         let file = read_yaml("Port: 7000\nSessionMax: 2\n").unwrap();
-        let cli =
-            <Cli as clap::Parser>::try_parse_from(["x", "--session-max", "4", "--print-config"])
-                .unwrap();
+        let cli = Cli::try_parse_from(["x", "--session-max", "4", "--print-config"]).unwrap();
         assert!(cli.print_config);
         let s = Settings::resolve(&[
             file,
             read_env(|k| env.get(k).map(|v| v.to_string())),
-            cli.flag_values(),
+            cli.flags.clone(),
         ])
         .unwrap();
         assert_eq!(s.port, 6000, "env beats file");
@@ -745,6 +568,154 @@ mod tests {
             ),
             (7, 5, 3)
         );
+    }
+
+    /// A value of every setting, none its default.
+    fn all_changed() -> Settings {
+        Settings {
+            enable: true,
+            port: 6000,
+            tls_port: 6001,
+            max_frame_size: 4096,
+            max_message_size: 1000,
+            session_max: 8,
+            max_links_per_session: 9,
+            max_connections: 0,
+            idle_timeout_seconds: 0,
+            default_pattern: "events-store".into(),
+            get_batch_size: 1024,
+            max_unsettled_per_link: 7,
+            default_rpc_timeout_seconds: 5,
+            rpc_max_pending: 3,
+            bind_address: IpAddr::from([127, 0, 0, 1]),
+            data_dir: PathBuf::from("/var/lib/amqp"),
+            kubemq_address: Some("kubemq:50000".into()),
+            kubemq_token: Some("jwt".into()),
+            serve_kubemq_grpc: None,
+            http_address: None,
+            max_connection_memory: 5000,
+            max_process_memory: 0,
+            handshake_timeout_seconds: 2,
+            count_connections_after_header: true,
+            log_format: LogFormat::Json,
+        }
+    }
+
+    /// The settings as `--print-config` writes them, each value as text, by key.
+    fn printed(s: &Settings) -> BTreeMap<String, String> {
+        let yaml = serde_yaml::to_string(s).unwrap();
+        read_yaml(&yaml.replace(": null", ": ''")).unwrap()
+    }
+
+    /// Reads `want`, printed by `--print-config` (with its token added), back from a file, from
+    /// the environment and from flags; returns the printed values.
+    fn round_trip(want: &Settings) -> BTreeMap<String, String> {
+        let mut text = printed(want);
+        let keys: Vec<&str> = text.keys().map(String::as_str).collect();
+        let mut all: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+        all.retain(|k| *k != "KubemqToken");
+        all.sort_unstable();
+        assert_eq!(
+            keys, all,
+            "--print-config prints every setting but the secret"
+        );
+        text.insert(
+            "KubemqToken".into(),
+            want.kubemq_token.clone().unwrap_or_default(),
+        );
+        let yaml: String = text.iter().map(|(k, v)| format!("{k}: '{v}'\n")).collect();
+        let from_file = Settings::resolve(&[read_yaml(&yaml).unwrap()]).unwrap();
+        assert_eq!(&from_file, want, "file");
+        let env: BTreeMap<String, String> = SETTINGS
+            .iter()
+            .map(|s| (s.env(), text[s.key].clone()))
+            .collect();
+        let from_env = Settings::resolve(&[read_env(|k| env.get(k).cloned())]).unwrap();
+        assert_eq!(&from_env, want, "environment");
+        let mut args = vec!["x".to_string()];
+        for s in SETTINGS {
+            args.push(format!("--{}={}", s.flag(), text[s.key]));
+        }
+        let from_flags = Cli::try_parse_from(args)
+            .unwrap()
+            .settings(|_| None)
+            .unwrap();
+        assert_eq!(&from_flags, want, "flags");
+        text
+    }
+
+    /// CFG-15: every declared setting is read from the file, from its environment variable and
+    /// from its flag alike, and what `--print-config` prints reads back as the same settings.
+    #[test]
+    fn every_setting_reads_from_file_env_and_flag() {
+        let over_kubemq = all_changed();
+        // ServeKubemqGrpc only goes with the embedded store.
+        let embedded = Settings {
+            kubemq_address: None,
+            kubemq_token: None,
+            serve_kubemq_grpc: Some(SocketAddr::from(([127, 0, 0, 1], 50000))),
+            ..all_changed()
+        };
+        let a = round_trip(&over_kubemq);
+        let b = round_trip(&embedded);
+        let defaults = printed(&Settings::default());
+        // Enable: false drops every other setting; cfg_18_disabled_skips_validation reads it.
+        for (k, v) in defaults.iter().filter(|(k, _)| *k != "Enable") {
+            assert!(
+                a[k] != *v || b[k] != *v,
+                "{k} is left at its default: not tested"
+            );
+        }
+    }
+
+    /// The derived names follow the key, word by word.
+    #[test]
+    fn names_derive_from_the_key() {
+        let s = SETTINGS
+            .iter()
+            .find(|s| s.key == "DefaultRpcTimeoutSeconds")
+            .unwrap();
+        assert_eq!(s.env(), "CONNECTORS_AMQP10_DEFAULT_RPC_TIMEOUT_SECONDS");
+        assert_eq!(s.flag(), "default-rpc-timeout-seconds");
+        Cli::command().debug_assert();
+    }
+
+    /// README's table names exactly the declared settings, each with its variable, flag and
+    /// default as the code has them.
+    #[test]
+    fn readme_table_matches_the_declarations() {
+        let readme = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+        )
+        .unwrap();
+        let rows: Vec<Vec<&str>> = readme
+            .lines()
+            .skip_while(|l| !l.starts_with("| Setting (YAML key)"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .map(|l| l.split(" | ").map(|c| c.trim_matches(['|', ' '])).collect())
+            .collect();
+        let defaults = serde_yaml::to_value(Settings::default()).unwrap();
+        assert_eq!(rows.len(), SETTINGS.len(), "one README row per setting");
+        for (row, s) in rows.iter().zip(SETTINGS) {
+            assert_eq!(row[0], format!("`{}`", s.key));
+            assert_eq!(row[1], format!("`{}`", s.env()), "{}", s.key);
+            assert_eq!(row[2], format!("`--{}`", s.flag()), "{}", s.key);
+            let default = match &defaults[s.key] {
+                serde_yaml::Value::Null => "unset".to_string(),
+                v => format!("`{}`", serde_yaml::to_string(v).unwrap().trim()),
+            };
+            if s.key == "KubemqToken" {
+                assert!(row[3].starts_with("unset"), "{}", s.key);
+            } else {
+                assert!(
+                    row[3].starts_with(&default),
+                    "{}: {} vs {default}",
+                    s.key,
+                    row[3]
+                );
+            }
+        }
     }
 
     /// OP-CFG-2: the backend settings, and serving the embedded store only without KubeMQ.
@@ -920,8 +891,8 @@ mod tests {
             .contains("unknown setting \"Prot\""));
         assert!(read_yaml("Port: [1]\n").is_err());
         assert_eq!(read_yaml("").unwrap(), RawValues::new());
-        assert!(<Cli as clap::Parser>::try_parse_from(["x", "--port"]).is_err());
-        assert!(<Cli as clap::Parser>::try_parse_from(["x", "--bogus"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--port"]).is_err());
+        assert!(Cli::try_parse_from(["x", "--bogus"]).is_err());
     }
 
     #[test]
@@ -930,13 +901,8 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.yaml");
         std::fs::write(&path, "MaxConnections: 5\nDefaultPattern: events\n").unwrap();
-        let cli = <Cli as clap::Parser>::try_parse_from([
-            "x",
-            "--config",
-            path.to_str().unwrap(),
-            "--port=6000",
-        ])
-        .unwrap();
+        let cli =
+            Cli::try_parse_from(["x", "--config", path.to_str().unwrap(), "--port=6000"]).unwrap();
         let s = cli.settings(|_| None).unwrap();
         assert_eq!(s.max_connections, 5);
         assert_eq!(s.default_pattern, "events");

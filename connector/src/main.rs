@@ -6,7 +6,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::Parser;
 use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
 use connector::backend::{readiness, Backend};

@@ -323,3 +323,69 @@ fn json_logging_is_rendered_for_the_connector() {
     let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
     assert_eq!(s.log_format, LogFormat::Json);
 }
+
+/// Every tunable of `spec.amqp` reaches the connector as the setting of the same name: set to
+/// a value other than the default, each is read back by the connector's parser.
+#[test]
+fn every_tunable_reaches_the_connector() {
+    use connector::config::{read_yaml, Settings, SETTINGS};
+    use kubemq_amqp_operator::crd::{AmqpTunables, DefaultPattern};
+    let mut cr = fixture("amqpconnector.yaml");
+    let tunables = AmqpTunables {
+        max_frame_size: Some(4096),
+        max_message_size: Some(1000),
+        session_max: Some(8),
+        max_links_per_session: Some(9),
+        max_connections: Some(0),
+        idle_timeout_seconds: Some(0),
+        default_pattern: Some(DefaultPattern::EventsStore),
+        get_batch_size: Some(1024),
+        max_unsettled_per_link: Some(7),
+        default_rpc_timeout_seconds: Some(5),
+        rpc_max_pending: Some(3),
+    };
+    cr.spec.amqp = Some(tunables.clone());
+    let d = desired(&cr).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let raw = read_yaml(text).expect("the connector reads it");
+    let keys: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
+    assert!(raw.keys().all(|k| keys.contains(&k.as_str())), "{raw:?}");
+    let s = Settings::resolve(&[raw]).expect("valid");
+    let i = i64::from;
+    assert_eq!(
+        (
+            Some(i(s.max_frame_size)),
+            Some(s.max_message_size as i64),
+            Some(s.session_max as i32),
+            Some(s.max_links_per_session as i32),
+            Some(s.max_connections as i32),
+            Some(s.idle_timeout_seconds as i32),
+        ),
+        (
+            tunables.max_frame_size,
+            tunables.max_message_size,
+            tunables.session_max,
+            tunables.max_links_per_session,
+            tunables.max_connections,
+            tunables.idle_timeout_seconds,
+        )
+    );
+    assert_eq!(s.default_pattern, "events-store");
+    assert_eq!(
+        (
+            Some(s.get_batch_size as i32),
+            Some(s.max_unsettled_per_link as i32),
+            Some(s.default_rpc_timeout_seconds as i32),
+            Some(s.rpc_max_pending as i32),
+        ),
+        (
+            tunables.get_batch_size,
+            tunables.max_unsettled_per_link,
+            tunables.default_rpc_timeout_seconds,
+            tunables.rpc_max_pending,
+        )
+    );
+    let defaults = Settings::default();
+    assert_ne!(s.max_frame_size, defaults.max_frame_size);
+    assert_ne!(s.rpc_max_pending, defaults.rpc_max_pending);
+}

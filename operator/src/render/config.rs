@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use sha2::{Digest, Sha256};
 
 use super::RenderError;
-use crate::crd::{AmqpConnectorSpec, DefaultPattern, LogFormat};
+use serde_yaml::Value;
+
+use crate::crd::{AmqpConnectorSpec, AmqpTunables, LogFormat};
 
 /// Where the pod mounts the ConfigMap, and the file in it.
 pub const CONFIG_DIR: &str = "/etc/kubemq-amqp";
@@ -27,50 +29,25 @@ pub struct ConnectorConfig {
 /// reports it instead of starting pods that ignore part of the spec.
 pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, RenderError> {
     unsupported(spec)?;
-    let mut m: BTreeMap<&str, String> = BTreeMap::new();
-    m.insert("KubemqAddress", spec.broker.address.clone());
+    let mut m: BTreeMap<String, Value> = BTreeMap::new();
     m.insert(
-        "Port",
-        if spec.listeners.amqp.enabled {
-            spec.listeners.amqp.port.to_string()
-        } else {
-            "0".into()
-        },
+        "KubemqAddress".into(),
+        Value::from(spec.broker.address.as_str()),
     );
-    m.insert("TlsPort", "0".into());
+    let port = if spec.listeners.amqp.enabled {
+        spec.listeners.amqp.port
+    } else {
+        0
+    };
+    m.insert("Port".into(), Value::from(port));
+    m.insert("TlsPort".into(), Value::from(0));
     // Probes need /livez and /readyz even when nobody scrapes /metrics.
-    m.insert("HttpAddress", format!("0.0.0.0:{}", super::http_port(spec)));
+    m.insert(
+        "HttpAddress".into(),
+        Value::from(format!("0.0.0.0:{}", super::http_port(spec))),
+    );
     if let Some(a) = &spec.amqp {
-        let set: [(&str, Option<String>); 11] = [
-            ("MaxFrameSize", a.max_frame_size.map(|v| v.to_string())),
-            ("MaxMessageSize", a.max_message_size.map(|v| v.to_string())),
-            ("SessionMax", a.session_max.map(|v| v.to_string())),
-            (
-                "MaxLinksPerSession",
-                a.max_links_per_session.map(|v| v.to_string()),
-            ),
-            ("MaxConnections", a.max_connections.map(|v| v.to_string())),
-            (
-                "IdleTimeoutSeconds",
-                a.idle_timeout_seconds.map(|v| v.to_string()),
-            ),
-            ("DefaultPattern", a.default_pattern.map(pattern_name)),
-            ("GetBatchSize", a.get_batch_size.map(|v| v.to_string())),
-            (
-                "MaxUnsettledPerLink",
-                a.max_unsettled_per_link.map(|v| v.to_string()),
-            ),
-            (
-                "DefaultRpcTimeoutSeconds",
-                a.default_rpc_timeout_seconds.map(|v| v.to_string()),
-            ),
-            ("RpcMaxPending", a.rpc_max_pending.map(|v| v.to_string())),
-        ];
-        for (k, v) in set {
-            if let Some(v) = v {
-                m.insert(k, v);
-            }
-        }
+        m.extend(tunables(a)?);
     }
     // Text is the connector's default: written only for json, so a spec saying `text` renders
     // (and hashes) like one saying nothing.
@@ -79,28 +56,40 @@ pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, Ren
         .as_ref()
         .is_some_and(|l| l.format == Some(LogFormat::Json))
     {
-        m.insert("LogFormat", "json".into());
+        m.insert("LogFormat".into(), Value::from("json"));
     }
-    let mut text =
-        String::from("# Rendered by the AmqpConnector operator; edit the AmqpConnector instead.\n");
-    for (k, v) in &m {
-        // Values are numbers, names and host:port strings; quoting keeps YAML from reading any
-        // of them as another type.
-        text.push_str(&format!("{k}: {}\n", serde_json::Value::String(v.clone())));
-    }
+    let yaml = serde_yaml::to_string(&m).map_err(|e| RenderError::Config(e.to_string()))?;
+    let text = format!(
+        "# Rendered by the AmqpConnector operator; edit the AmqpConnector instead.\n{yaml}"
+    );
     let hash = format!("sha256:{:x}", Sha256::digest(text.as_bytes()));
     Ok(ConnectorConfig { text, hash })
 }
 
-fn pattern_name(p: DefaultPattern) -> String {
-    match p {
-        DefaultPattern::Queues => "queues",
-        DefaultPattern::Events => "events",
-        DefaultPattern::EventsStore => "events-store",
-        DefaultPattern::Commands => "commands",
-        DefaultPattern::Queries => "queries",
+/// The tunables the spec sets, keyed as the connector reads them: each CRD field is named like
+/// the connector's setting, in camelCase (`maxFrameSize` is `MaxFrameSize`), and its values
+/// (numbers, pattern names) are the connector's.
+fn tunables(a: &AmqpTunables) -> Result<BTreeMap<String, Value>, RenderError> {
+    let fields = match serde_yaml::to_value(a) {
+        Ok(Value::Mapping(m)) => m,
+        Ok(other) => return Err(RenderError::Config(format!("tunables as {other:?}"))),
+        Err(e) => return Err(RenderError::Config(e.to_string())),
+    };
+    let mut out = BTreeMap::new();
+    for (k, v) in fields {
+        let Some(name) = k.as_str() else {
+            return Err(RenderError::Config(format!("tunable key {k:?}")));
+        };
+        let mut chars = name.chars();
+        let key: String = chars
+            .next()
+            .map(|c| c.to_ascii_uppercase())
+            .into_iter()
+            .chain(chars)
+            .collect();
+        out.insert(key, v);
     }
-    .into()
+    Ok(out)
 }
 
 /// Spec fields the connector cannot honour yet, by path.

@@ -40,6 +40,9 @@ pub enum RenderError {
     /// Fields this connector version cannot honour yet.
     #[error("not supported by this connector version yet: {}", .0.join(", "))]
     Unsupported(Vec<String>),
+    /// The connector's configuration file could not be written as YAML.
+    #[error("cannot write the connector's configuration: {0}")]
+    Config(String),
 }
 
 /// Everything one AmqpConnector wants, in apply order.
