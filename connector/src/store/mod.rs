@@ -109,7 +109,25 @@ pub struct Store {
     sends: AtomicU64,
     /// Gets that waited out their WaitTimeout short of MaxItems.
     waited_out: AtomicU64,
+    /// Gets waiting for messages right now.
+    waiting: AtomicU64,
     stop: Arc<Notify>,
+}
+
+/// A Get counted as waiting while this lives (also when the Get is cancelled mid-wait).
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn count(waiting: &'a AtomicU64) -> Self {
+        waiting.fetch_add(1, Ordering::Relaxed);
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// What opening a store found.
@@ -174,6 +192,7 @@ impl Store {
             state,
             sends: AtomicU64::new(0),
             waited_out: AtomicU64::new(0),
+            waiting: AtomicU64::new(0),
             stop: Arc::new(Notify::new()),
         });
         store.reclaim();
@@ -342,6 +361,7 @@ impl Store {
             if ready_now {
                 continue;
             }
+            let _waiting = Waiting::count(&self.waiting);
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 self.waited_out.fetch_add(1, Ordering::Relaxed);
                 break;
@@ -442,6 +462,11 @@ impl Store {
     /// consumer waiting on messages that exist but are held shows here.
     pub fn waited_out_gets(&self) -> u64 {
         self.waited_out.load(Ordering::Relaxed)
+    }
+
+    /// How many Gets are waiting for messages at this moment, on any queue.
+    pub fn waiting_gets(&self) -> u64 {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Locks up to `n` ready messages of `queue` (lowest sequences first) without delivering
