@@ -73,9 +73,18 @@ const MAX_BACKOFF: Duration = Duration::from_secs(300);
 
 /// Reconciles one AmqpConnector.
 pub async fn reconcile(cr: Arc<AmqpConnector>, ctx: Arc<Context>) -> Result<Action, Error> {
+    ctx.metrics.reconciles.inc();
+    let result = reconcile_once(cr, &ctx).await;
+    // A failed one is done once error_policy has scheduled its retry.
+    if result.is_ok() {
+        ctx.metrics.reconciles_done.inc();
+    }
+    result
+}
+
+async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action, Error> {
     let ns = cr.namespace().ok_or(Error::NoNamespace)?;
     let name = cr.name_any();
-    ctx.metrics.reconciles.inc();
     if cr.spec.paused == Some(true) {
         tracing::info!(%ns, %name, "paused; not reconciling");
         return Ok(Action::await_change());
@@ -94,7 +103,7 @@ pub async fn reconcile(cr: Arc<AmqpConnector>, ctx: Arc<Context>) -> Result<Acti
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&ObjectRef::from_obj(cr.as_ref()));
-            Ok(Action::requeue(RESYNC))
+            Ok(rerun_after(RESYNC, ctx))
         }
         Err(Failure::Spec(e)) => {
             tracing::warn!(%ns, %name, error = %e, "invalid spec; waiting for a change");
@@ -117,6 +126,13 @@ pub fn error_policy(cr: Arc<AmqpConnector>, error: &Error, ctx: Arc<Context>) ->
         .saturating_mul(2u32.saturating_pow(n.saturating_sub(1).min(16)))
         .min(MAX_BACKOFF);
     tracing::warn!(name = %cr.name_any(), %error, ?delay, "reconcile failed; retrying");
+    ctx.metrics.reconciles_done.inc();
+    rerun_after(delay, &ctx)
+}
+
+/// Schedules the object's next reconcile after `delay`, counted so that a timed re-run shows.
+fn rerun_after(delay: Duration, ctx: &Context) -> Action {
+    ctx.metrics.timed_reruns.inc();
     Action::requeue(delay)
 }
 

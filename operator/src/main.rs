@@ -99,8 +99,11 @@ async fn main() -> ExitCode {
         }
     }
     let leading = lease.as_ref().map(|(rx, _)| rx.clone());
+    let leading_gauge = metrics.leading.clone();
     let ctx = Arc::new(Context::new(client.clone(), metrics, args.identity.clone()));
+    leading_gauge.set(1);
     reconcile_until(client, ns, ctx, stop.clone(), leading).await;
+    leading_gauge.set(0);
     let lost = !*stop.borrow();
     if let Some((rx, task)) = lease {
         // Closing the channel makes the lease manager release the Lease and finish.

@@ -177,12 +177,29 @@ impl Operator {
 
     /// Reconciles this operator has started (from its /metrics).
     fn reconciles(&self) -> u64 {
-        self.get("/metrics")
-            .lines()
-            .find(|l| l.starts_with("amqp_connector_operator_reconciles_total "))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        self.metric("amqp_connector_operator_reconciles_total")
+    }
+
+    /// Whether every reconcile it started has finished and scheduled its next run: with no
+    /// change pending, nothing more happens until the cluster changes.
+    fn idle(&self) -> bool {
+        let text = self.get("/metrics");
+        let started = metric_in(&text, "amqp_connector_operator_reconciles_total");
+        started == metric_in(&text, "amqp_connector_operator_reconciles_done_total")
+    }
+
+    /// Whether it reconciles (holds the Lease).
+    fn leading(&self) -> bool {
+        self.metric("amqp_connector_operator_leading") == 1
+    }
+
+    /// Reconciles that scheduled their next run after a delay (a drift check or a retry).
+    fn timed_reruns(&self) -> u64 {
+        self.metric("amqp_connector_operator_timed_reruns_total")
+    }
+
+    fn metric(&self, name: &str) -> u64 {
+        metric_in(&self.get("/metrics"), name)
     }
 
     fn stop(mut self) {
@@ -199,6 +216,14 @@ impl Operator {
         let _ = self.child.kill();
         panic!("the operator did not stop on SIGTERM within 10 s");
     }
+}
+
+/// A sample's value in a Prometheus text exposition (0 when absent).
+fn metric_in(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 impl Drop for Operator {
@@ -355,7 +380,7 @@ fn create_update_scale_and_delete() {
     assert!(cm["data"]["connector.yaml"]
         .as_str()
         .expect("file")
-        .contains("GetBatchSize: \"64\""));
+        .contains("GetBatchSize: 64\n"));
 
     // Scale to one: the PDB goes; back to three: it returns.
     let pdb = "/apis/policy/v1/namespaces/apps/poddisruptionbudgets/orders";
@@ -378,7 +403,7 @@ fn create_update_scale_and_delete() {
 #[test]
 fn unsupported_spec_is_degraded_without_a_hot_loop() {
     let fake = Fake::start("degraded");
-    let _op = fake.operator();
+    let op = fake.operator();
     let mut cr = example();
     cr["spec"]["listeners"]["amqps"]["enabled"] = true.into();
     cr["spec"]["tls"] = json!({"secretName": "orders-tls"});
@@ -410,15 +435,43 @@ fn unsupported_spec_is_degraded_without_a_hot_loop() {
     assert!(fake
         .get("/apis/apps/v1/namespaces/apps/deployments/orders")
         .is_none());
-    // No retry spin: over two seconds the operator sends (almost) nothing.
+    // No retry spin: nothing is scheduled to run again, and what the failed reconcile set off
+    // (its own status write, seen by its watch) is over once a later change on the same watch
+    // has been reconciled.
+    wait("the operator is idle", || op.idle());
+    assert_eq!(
+        op.timed_reruns(),
+        0,
+        "an invalid spec is not tried again until it changes"
+    );
     fake.call("POST", "/_fake/reset-stats", None, "application/json");
-    std::thread::sleep(Duration::from_secs(2));
+    let before = op.reconciles();
+    barrier(&fake, &op, before);
+    assert_eq!(op.timed_reruns(), 0, "nor after the barrier");
     let stats = fake.stats();
-    let requests: u64 = stats["requests"]
-        .as_object()
-        .map_or(0, |m| m.values().filter_map(Value::as_u64).sum());
-    assert!(requests <= 2, "{stats}");
-    assert_eq!(writes(&stats), 0, "{stats}");
+    assert_eq!(
+        op.reconciles(),
+        before + 1,
+        "only the barrier was reconciled: {stats}"
+    );
+    assert_eq!(
+        writes(&stats),
+        1,
+        "no write but the barrier's own annotation: {stats}"
+    );
+}
+
+/// Annotates the `orders` AmqpConnector (a change without a new generation) and waits until
+/// the operator has reconciled it: everything that came earlier on the same watch has been
+/// handled by then.
+fn barrier(fake: &Fake, op: &Operator, reconciles_before: u64) {
+    fake.merge(
+        &format!("{CRS}/orders"),
+        json!({"metadata": {"annotations": {"test.kubemq.io/barrier": reconciles_before.to_string()}}}),
+    );
+    wait("the barrier was reconciled", || {
+        op.reconciles() > reconciles_before && op.idle()
+    });
 }
 
 #[test]
@@ -432,10 +485,10 @@ fn restart_writes_nothing_and_sigterm_stops() {
             .and_then(|cr| condition(&cr, "Ready"))
             .is_some_and(|(s, _)| s == "True")
     });
-    std::thread::sleep(Duration::from_millis(500));
+    wait("the operator is idle", || op.idle());
     op.stop();
     fake.call("POST", "/_fake/reset-stats", None, "application/json");
-    let _op = fake.operator();
+    let op = fake.operator();
     // The new operator lists, watches and re-applies everything; none of it changes anything.
     wait("the restarted operator re-applied the Deployment", || {
         fake.stats()["requests"]["PATCH Deployment"]
@@ -443,7 +496,7 @@ fn restart_writes_nothing_and_sigterm_stops() {
             .unwrap_or(0)
             >= 1
     });
-    std::thread::sleep(Duration::from_millis(500));
+    wait("the restarted operator is idle", || op.idle());
     let stats = fake.stats();
     assert_eq!(writes(&stats), 0, "{stats}");
 }
@@ -471,7 +524,9 @@ fn two_operators_only_the_leader_reconciles() {
             .is_some()
     });
     assert!(a.reconciles() > 0);
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(a.leading());
+    // Its controller starts only once it leads.
+    assert!(!b.leading(), "the standby does not lead");
     assert_eq!(b.reconciles(), 0, "the standby does not reconcile");
     assert_eq!(holder(&fake).as_deref(), Some("op-a"));
 

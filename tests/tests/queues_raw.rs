@@ -328,7 +328,9 @@ fn q_16_drain_while_waiting() {
         producer(&mut p, "tx", 0, "drain", SenderSettleMode::Unsettled);
         p.frame(0, &peer::attach_receiver("rx", 1, "queues/drain"), &[]);
         p.frame(0, &link_flow(1, 0, 5, false), &[]);
-        eventually("a Get waits on the empty queue", || c.store.waiting_gets() > 0);
+        eventually("a Get waits on the empty queue", || {
+            c.store.waiting_gets() > 0
+        });
         p.frame(0, &link_flow(1, 0, 5, true), &[]);
         let got = p.read_until(
             Duration::from_secs(1),
