@@ -89,14 +89,14 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
         tracing::info!(%ns, %name, "paused; not reconciling");
         return Ok(Action::await_change());
     }
-    let result = apply_children(&cr, &ns, &ctx).await;
+    let result = apply_children(&cr, &ns, ctx).await;
     let status = match &result {
         Ok((deployment, hash)) => observed(&cr, deployment.as_ref(), None, Some(hash)),
         Err(Failure::Spec(e)) => observed(&cr, None, Some(("InvalidSpec", e.to_string())), None),
         Err(Failure::Api(e)) => observed(&cr, None, Some(("ApplyFailed", e.to_string())), None),
     };
-    announce(&cr, &status, &ctx).await;
-    write_status(&cr, &ns, status, &ctx).await?;
+    announce(&cr, &status, ctx).await;
+    write_status(&cr, &ns, status, ctx).await?;
     match result {
         Ok(_) => {
             ctx.failures
