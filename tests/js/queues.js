@@ -1,6 +1,8 @@
-// The Queues concept page's scenarios (Q-S1 ... Q-S4) with rhea-promise against the real
-// connector. Usage: node queues.js SCENARIO PORT. Prints PASS and exits 0.
+// rhea and rhea-promise against the real connector: the Queues concept page's scenarios
+// (Q-S1 ... Q-S4) and drain (FLOW-5). Usage: node queues.js SCENARIO PORT. Prints PASS and
+// exits 0.
 "use strict";
+const rhea = require("rhea");
 const { Connection, ReceiverEvents } = require("rhea-promise");
 
 const [scenario, port] = [process.argv[2], Number(process.argv[3])];
@@ -100,7 +102,6 @@ async function q_s3() {
 }
 
 async function q_s4() {
-  const rhea = require("rhea");
   const body = Buffer.alloc(1048576);
   for (let i = 0; i < body.length; i++) { body[i] = (i * 7 + 3) % 256; }
   const conn = await open({ max_frame_size: 4096 });
@@ -113,6 +114,32 @@ async function q_s4() {
   await conn.close();
 }
 
-const scenarios = { q_s1, q_s2, q_s3, q_s4 };
+function drain() {
+  // FLOW-5 with plain rhea: two messages wait, drain with credit 5 → two arrive, then drained.
+  return new Promise((resolve, reject) => {
+    const container = rhea.create_container({ id: "js-drain" });
+    const conn = container.connect({ host: "127.0.0.1", port, reconnect: false });
+    const sender = conn.open_sender("queues/js-drain");
+    let sent = 0, accepted = 0, received = 0;
+    sender.on("sendable", () => { while (sender.sendable() && sent < 2) { sender.send({ body: "d" + sent++ }); } });
+    sender.on("accepted", () => {
+      if (++accepted !== 2) { return; }
+      const receiver = conn.open_receiver({ source: "queues/js-drain", credit_window: 0, autoaccept: true });
+      receiver.on("receiver_open", () => { receiver.drain = true; receiver.add_credit(5); });
+      receiver.on("message", () => { received++; });
+      receiver.on("receiver_drained", () => {
+        try {
+          assert(received === 2, "received " + received + " before drained");
+          assert(receiver.credit === 0, "credit after drain " + receiver.credit);
+          conn.close();
+          resolve();
+        } catch (e) { reject(e); }
+      });
+    });
+    conn.on("error", reject);
+  });
+}
+
+const scenarios = { q_s1, q_s2, q_s3, q_s4, drain };
 scenarios[scenario]().then(() => { clearTimeout(timer); console.log("PASS " + scenario); process.exit(0); })
   .catch((e) => { console.error(e); process.exit(1); });

@@ -1,10 +1,13 @@
-"""The Queues concept page's scenarios (Q-S1 ... Q-S4, Q-32) with python-qpid-proton
-against the real connector on its embedded store. Usage: queues.py SCENARIO URL. Prints PASS."""
+"""python-qpid-proton against the real connector: the Queues concept page's scenarios
+(Q-S1 ... Q-S4, Q-32), then drain, many links, SASL PLAIN and heartbeats.
+Usage: queues.py SCENARIO URL. Prints PASS."""
 import sys
+import time
 import zlib
 
 from proton import Link, Message
-from proton.reactor import AtMostOnce, LinkOption
+from proton.handlers import MessagingHandler
+from proton.reactor import AtMostOnce, Container, LinkOption
 from proton.utils import BlockingConnection, LinkDetached
 
 TIMEOUT = 10
@@ -141,7 +144,118 @@ def killed(url):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Drain(MessagingHandler):
+    """FLOW-5: drain with credit 5 while 2 messages wait: 2 arrive, then credit 0 and drain ends."""
+
+    def __init__(self, url):
+        super().__init__(prefetch=0, auto_accept=True)
+        self.url = url
+        self.sent = 0
+        self.received = 0
+        self.done = False
+        self.receiver = None
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url, container_id="py-drain")
+        self.sender = event.container.create_sender(self.conn, "queues/py-drain")
+
+    def on_sendable(self, event):
+        while event.sender.credit and self.sent < 2:
+            event.sender.send(Message(body="d%d" % self.sent))
+            self.sent += 1
+
+    def on_accepted(self, event):
+        if event.delivery.link.is_sender and self.receiver is None and self.sent == 2:
+            self.receiver = event.container.create_receiver(self.conn, "queues/py-drain")
+
+    def on_link_opened(self, event):
+        if event.link.is_receiver:
+            event.link.drain(5)
+
+    def on_message(self, event):
+        self.received += 1
+
+    def on_link_flow(self, event):
+        link = event.link
+        if link.is_receiver and self.receiver is not None and not link.draining() and self.received == 2:
+            assert link.credit == 0, link.credit
+            self.done = True
+            event.connection.close()
+
+
+def drain(url):
+    h = Drain(url)
+    c = Container(h)
+    c.timeout = TIMEOUT
+    deadline = time.time() + TIMEOUT
+    c.start()
+    while c.process() and time.time() < deadline:
+        if h.done and not c.process():
+            break
+    assert h.done, "drain did not complete (received %d)" % h.received
+
+
+def many_links(url):
+    """200 links on one session (senders and receivers), each used once."""
+    conn = BlockingConnection(url, timeout=TIMEOUT, container_id="py-links")
+    senders = [conn.create_sender("queues/pyl%d" % i) for i in range(100)]
+    receivers = [conn.create_receiver("queues/pyl%d" % i, credit=1) for i in range(100)]
+    for i, s in enumerate(senders):
+        s.send(Message(body=i))
+    for i, r in enumerate(receivers):
+        assert r.receive(timeout=TIMEOUT).body == i
+        r.accept()
+    conn.close()
+
+
+def plain(url):
+    """SASL PLAIN with a username and password (authentication disabled: any password, SASL-4)."""
+    conn = BlockingConnection(url, timeout=TIMEOUT, container_id="py-plain", user="alice", password="secret",
+                              allowed_mechs="PLAIN", allow_insecure_mechs=True)
+    conn.create_sender("queues/py-plain").send(Message(body="authenticated"))
+    r = conn.create_receiver("queues/py-plain", credit=1)
+    assert r.receive(timeout=TIMEOUT).body == "authenticated"
+    r.accept()
+    conn.close()
+
+
+class Heartbeat(MessagingHandler):
+    """CONN-12: with a 1 s idle-time-out and no traffic of its own for 3 s, the client stays
+    connected only because the server sends empty frames at half its interval."""
+
+    def __init__(self, url):
+        super().__init__()
+        self.url = url
+        self.ok = False
+        self.error = None
+
+    def on_start(self, event):
+        self.conn = event.container.connect(self.url, container_id="py-heartbeat", heartbeat=1)
+        event.container.schedule(3.0, self)
+
+    def on_timer_task(self, event):
+        self.sender = event.container.create_sender(self.conn, "queues/py-hb")
+
+    def on_sendable(self, event):
+        if not self.ok:
+            event.sender.send(Message(body="still here"))
+
+    def on_accepted(self, event):
+        self.ok = True
+        event.connection.close()
+
+    def on_transport_error(self, event):
+        self.error = event.transport.condition
+
+
+def heartbeat(url):
+    h = Heartbeat(url)
+    Container(h).run()
+    assert h.ok and h.error is None, h.error
+
+
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
-    {"q_s1": q_s1, "q_s2": q_s2, "q_s3": q_s3, "q_s4": q_s4, "teardown": teardown, "killed": killed}[scenario](url)
+    {"q_s1": q_s1, "q_s2": q_s2, "q_s3": q_s3, "q_s4": q_s4, "teardown": teardown, "killed": killed,
+     "drain": drain, "many_links": many_links, "plain": plain, "heartbeat": heartbeat}[scenario](url)
     print("PASS", scenario)

@@ -1,237 +1,13 @@
-//! Support for the interop tests: a **test-only in-memory node** and a helper that runs the real
-//! connector driver on a loopback port with it.
-//!
-//! The in-memory node is NOT the queues pattern and not a broker: it exists only so that real
-//! AMQP clients can attach, send, receive with credit, drain and settle against the engine and
-//! driver before the queues bridge and the KubeMQ backend exist (issues 3 and 4). Every address
-//! names a FIFO of messages; released or modified messages go back to its front; unsettled
-//! messages of a closed link are returned.
+//! What the interop tests share: the real connector (driver, queues bridge, embedded store) on a
+//! loopback port, on each backend ([`TestConnector`]); the store's gRPC façade ([`TestFacade`]);
+//! and running a client program's scenario against it ([`run_client_script`]).
 
-pub mod raw;
-
-use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use connector::config::Settings;
-use connector::driver::{serve, Handler, HandlerFactory, ServeOptions};
-use connector::engine::{Connection, DeliveryOutcome, EngineConfig, Event, LinkAccept, LinkId};
-use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
-use tokio::sync::mpsc;
-
-/// The shared state of every connection's handler: messages per address and who to wake.
-#[derive(Default)]
-pub struct MemoryNode {
-    inner: Mutex<Nodes>,
-}
-
-#[derive(Default)]
-struct Nodes {
-    queues: HashMap<String, VecDeque<Bytes>>,
-    waiters: Vec<mpsc::UnboundedSender<()>>,
-}
-
-impl MemoryNode {
-    fn push(&self, address: &str, msg: Bytes, front: bool) {
-        let mut n = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let q = n.queues.entry(address.to_string()).or_default();
-        if front {
-            q.push_front(msg);
-        } else {
-            q.push_back(msg);
-        }
-        n.waiters.retain(|w| w.send(()).is_ok());
-    }
-
-    fn pop(&self, address: &str) -> Option<Bytes> {
-        let mut n = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        n.queues.get_mut(address)?.pop_front()
-    }
-
-    /// Messages waiting at `address`.
-    pub fn depth(&self, address: &str) -> usize {
-        let n = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        n.queues.get(address).map_or(0, |q| q.len())
-    }
-
-    fn subscribe(&self) -> mpsc::UnboundedReceiver<()> {
-        let (tx, rx) = mpsc::unbounded_channel();
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .waiters
-            .push(tx);
-        rx
-    }
-}
-
-struct LinkInfo {
-    address: String,
-    server_sends: bool,
-    presettled: bool,
-    drain: bool,
-}
-
-/// One connection's handler on the memory node.
-pub struct NodeHandler {
-    node: Arc<MemoryNode>,
-    credit_window: u32,
-    links: HashMap<LinkId, LinkInfo>,
-    in_flight: HashMap<u64, (String, Bytes)>,
-    next_token: u64,
-    wake: mpsc::UnboundedReceiver<()>,
-}
-
-impl NodeHandler {
-    fn pump(&mut self, conn: &mut Connection, link: LinkId) {
-        let Some(info) = self.links.get(&link) else {
-            return;
-        };
-        if !info.server_sends {
-            return;
-        }
-        while conn.credit(link) > 0 {
-            let Some(msg) = self.node.pop(&info.address) else {
-                break;
-            };
-            self.next_token += 1;
-            let token = self.next_token;
-            let tag = token.to_be_bytes();
-            match conn.send(link, &tag, &msg, info.presettled, token) {
-                Ok(_) => {
-                    if !info.presettled {
-                        self.in_flight.insert(token, (info.address.clone(), msg));
-                    }
-                }
-                Err(_) => {
-                    self.node.push(&info.address, msg, true);
-                    break;
-                }
-            }
-        }
-        if info.drain {
-            let _ = conn.drain_done(link);
-            if let Some(i) = self.links.get_mut(&link) {
-                i.drain = false;
-            }
-        }
-    }
-
-    fn requeue(&mut self, token: u64) {
-        if let Some((addr, msg)) = self.in_flight.remove(&token) {
-            self.node.push(&addr, msg, true);
-        }
-    }
-}
-
-impl Handler for NodeHandler {
-    fn on_event(&mut self, conn: &mut Connection, event: Event) {
-        match event {
-            Event::AttachRequested { link, attach } => {
-                let server_sends = attach.role == Role::Receiver;
-                let address = if server_sends {
-                    attach.source.as_ref().and_then(|s| s.address.clone())
-                } else {
-                    attach.target.as_ref().and_then(|t| match t.as_ref() {
-                        fe2o3_amqp_types::messaging::TargetArchetype::Target(t) => {
-                            t.address.clone()
-                        }
-                    })
-                };
-                self.links.insert(
-                    link,
-                    LinkInfo {
-                        address: address.unwrap_or_default(),
-                        server_sends,
-                        presettled: attach.snd_settle_mode == SenderSettleMode::Settled,
-                        drain: false,
-                    },
-                );
-                let _ = conn.accept_link(
-                    link,
-                    LinkAccept {
-                        credit_window: self.credit_window,
-                    },
-                );
-            }
-            Event::Delivery(d) => {
-                if let Some(info) = self.links.get(&d.link) {
-                    self.node.push(&info.address, d.payload.clone(), false);
-                }
-                let _ = conn.settle(d.link, d.delivery_id, DeliveryState::Accepted(Accepted {}));
-            }
-            Event::Credit { link, drain, .. } => {
-                if let Some(i) = self.links.get_mut(&link) {
-                    i.drain = drain;
-                }
-                self.pump(conn, link);
-            }
-            Event::Settled { token, state, .. } => match state {
-                Some(DeliveryOutcome::Released) | Some(DeliveryOutcome::Modified { .. }) => {
-                    self.requeue(token)
-                }
-                _ => {
-                    self.in_flight.remove(&token);
-                }
-            },
-            Event::LinkClosed {
-                link, unsettled, ..
-            } => {
-                for t in unsettled {
-                    self.requeue(t);
-                }
-                self.links.remove(&link);
-            }
-            // The node pumps on credit alone; frames past a shut window wait in the engine.
-            Event::Opened { .. } | Event::Closed { .. } | Event::WindowOpened => {}
-        }
-    }
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let mut woke = false;
-        while let Poll::Ready(Some(())) = self.wake.poll_recv(cx) {
-            woke = true;
-        }
-        if woke {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
-    }
-
-    fn on_ready(&mut self, conn: &mut Connection) {
-        let ids: Vec<LinkId> = self.links.keys().copied().collect();
-        for id in ids {
-            self.pump(conn, id);
-        }
-    }
-}
-
-/// Makes a [`NodeHandler`] per connection.
-pub struct NodeFactory {
-    /// The shared node.
-    pub node: Arc<MemoryNode>,
-    /// Credit window of produce links.
-    pub credit_window: u32,
-}
-
-impl HandlerFactory for NodeFactory {
-    type Handler = NodeHandler;
-    fn new_handler(&self, _peer: SocketAddr) -> NodeHandler {
-        NodeHandler {
-            node: self.node.clone(),
-            credit_window: self.credit_window,
-            links: HashMap::new(),
-            in_flight: HashMap::new(),
-            next_token: 0,
-            wake: self.node.subscribe(),
-        }
-    }
-}
+use connector::driver::{serve, ServeOptions};
 
 /// A server running on its own runtime thread: the listener is bound before `spawn` returns; a
 /// stop signal ends it, and dropping its runtime cuts every connection.
@@ -290,11 +66,6 @@ impl Drop for ServerThread {
     }
 }
 
-/// Loopback with an ephemeral port.
-fn any_port() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
-
 /// A two-worker runtime for tests.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -344,7 +115,7 @@ impl TestFacade {
         let (store, _) = connector::store::Store::open(dir).expect("store opens");
         let served = store.clone();
         let server = ServerThread::spawn(
-            addr.unwrap_or_else(any_port),
+            addr.unwrap_or(testkit::ANY_LOOPBACK_PORT),
             move |listener, stop| async move {
                 served.start_delay_releaser();
                 let facade = if capture {
@@ -467,11 +238,15 @@ impl TestConnector {
         let dir = tempfile::tempdir().expect("temp dir");
         let metrics = Arc::new(connector::metrics::Metrics::new());
         let m = metrics.clone();
-        let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
-            let backend = connector::backend::grpc::KubemqGrpc::connect(&addr, Default::default())
-                .expect("client");
-            Self::run(settings, backend, m, listener, stop).await;
-        });
+        let server = ServerThread::spawn(
+            testkit::ANY_LOOPBACK_PORT,
+            move |listener, stop| async move {
+                let backend =
+                    connector::backend::grpc::KubemqGrpc::connect(&addr, Default::default())
+                        .expect("client");
+                Self::run(settings, backend, m, listener, stop).await;
+            },
+        );
         TestConnector {
             addr: server.addr,
             store,
@@ -492,7 +267,7 @@ impl TestConnector {
     ) -> TestConnector {
         let metrics = Arc::new(connector::metrics::Metrics::new());
         let m = metrics.clone();
-        let server = ServerThread::spawn(any_port(), move |listener, stop| {
+        let server = ServerThread::spawn(testkit::ANY_LOOPBACK_PORT, move |listener, stop| {
             Self::run(settings, backend, m, listener, stop)
         });
         TestConnector {
@@ -530,6 +305,12 @@ impl TestConnector {
     /// The `amqp://` URL.
     pub fn url(&self) -> String {
         format!("amqp://{}", self.addr)
+    }
+
+    /// Shuts the connector down as SIGTERM would (every connection closed with
+    /// `amqp:connection:forced`) and waits until it has stopped.
+    pub fn shutdown(mut self) {
+        self.server.halt();
     }
 }
 
@@ -599,66 +380,4 @@ pub fn run_client_script_on_both_backends(program: &str, dir: &str, args: &[&str
     TestConnector::each_backend(Settings::default(), |c| {
         run_client_script(program, dir, args, scenario, c.addr);
     });
-}
-
-/// A connector with the memory node, serving on a loopback port in its own runtime thread.
-pub struct TestServer {
-    /// Where clients connect.
-    pub addr: SocketAddr,
-    /// The node, to inspect.
-    pub node: Arc<MemoryNode>,
-    server: ServerThread,
-}
-
-impl TestServer {
-    /// Starts a server with these settings (port is ignored: an ephemeral port is used).
-    pub fn start(settings: Settings) -> TestServer {
-        let cfg: EngineConfig = settings.engine_config_no_auth();
-        Self::start_with(
-            cfg,
-            settings.max_connections,
-            settings.produce_credit_window(),
-        )
-    }
-
-    /// Starts a server with an explicit engine configuration.
-    pub fn start_with(cfg: EngineConfig, max_connections: u32, credit_window: u32) -> TestServer {
-        let node = Arc::new(MemoryNode::default());
-        let factory = Arc::new(NodeFactory {
-            node: node.clone(),
-            credit_window,
-        });
-        let server = ServerThread::spawn(any_port(), move |listener, stop| async move {
-            let opts = ServeOptions {
-                max_connections,
-                shutdown_grace: Duration::from_secs(5),
-                broker_ready: None,
-                count_after_header: false,
-            };
-            serve(listener, Arc::new(cfg), opts, factory, async {
-                let _ = stop.await;
-            })
-            .await;
-        });
-        TestServer {
-            addr: server.addr,
-            node,
-            server,
-        }
-    }
-
-    /// Starts a server with default settings.
-    pub fn start_default() -> TestServer {
-        Self::start(Settings::default())
-    }
-
-    /// Signals shutdown and waits for the server to finish (CLOSE forced, bounded wait).
-    pub fn shutdown(mut self) {
-        self.server.halt();
-    }
-
-    /// The `amqp://` URL of the server.
-    pub fn url(&self) -> String {
-        format!("amqp://{}", self.addr)
-    }
 }

@@ -1,5 +1,7 @@
-//! The Queues concept page's scenarios with the fe2o3-amqp client (crates.io) against the real
-//! connector on both backends (Q-S1 … Q-S4).
+//! The fe2o3-amqp client (crates.io) against the real connector: the Queues concept page's
+//! scenarios on every backend (Q-S1 … Q-S4), then what a client library exercises beyond them
+//! (a 5 MiB message in 512-byte frames, 200 links on one session, 50 connections at once) on the
+//! embedded store.
 
 use std::time::Duration;
 
@@ -190,5 +192,130 @@ fn q_s4_large_message() {
             got
         });
         assert!(got == body, "1 MiB body differs");
+    });
+}
+
+/// A 5 MiB message at max-frame-size 512 goes both ways bit-exactly (XFER-1, XFER-3, CONN-8).
+#[test]
+fn five_mib_at_max_frame_512() {
+    let c = TestConnector::start(Settings::default());
+    let url = c.url();
+    let body: Vec<u8> = (0..5 * 1024 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let sent = body.clone();
+    let got = rt().block_on(async move {
+        let mut conn = Connection::builder()
+            .container_id("fe2o3-big")
+            .max_frame_size(512)
+            .open(url.as_str())
+            .await
+            .unwrap();
+        let mut session = Session::begin(&mut conn).await.unwrap();
+        let mut sender = Sender::attach(&mut session, "tx", "queues/big")
+            .await
+            .unwrap();
+        let outcome = sender
+            .send(Message::builder().data(Binary::from(sent)).build())
+            .await
+            .unwrap();
+        assert!(matches!(outcome, Outcome::Accepted(_)));
+        let mut receiver = Receiver::attach(&mut session, "rx", "queues/big")
+            .await
+            .unwrap();
+        let d = receiver.recv::<Data>().await.unwrap();
+        receiver.accept(&d).await.unwrap();
+        let got = d.body().0.to_vec();
+        receiver.close().await.unwrap();
+        sender.close().await.unwrap();
+        conn.close().await.unwrap();
+        got
+    });
+    assert_eq!(got.len(), body.len());
+    assert!(got == body, "payload differs");
+}
+
+/// 200 links on one session, each sending and then receiving its own message (CFG-7 default 256).
+#[test]
+fn two_hundred_links_one_session() {
+    let c = TestConnector::start(Settings::default());
+    let url = c.url();
+    rt().block_on(async {
+        let mut conn = Connection::open("fe2o3-links", url.as_str()).await.unwrap();
+        let mut session = Session::begin(&mut conn).await.unwrap();
+        let mut senders = Vec::new();
+        for i in 0..100 {
+            senders.push(
+                Sender::attach(&mut session, format!("tx-{i}"), format!("queues/l{i}"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let mut receivers = Vec::new();
+        for i in 0..100 {
+            let r = Receiver::builder()
+                .name(format!("rx-{i}"))
+                .source(format!("queues/l{i}"))
+                .credit_mode(CreditMode::Auto(5))
+                .attach(&mut session)
+                .await
+                .unwrap();
+            receivers.push(r);
+        }
+        for (i, s) in senders.iter_mut().enumerate() {
+            s.send(format!("m{i}")).await.unwrap();
+        }
+        for (i, r) in receivers.iter_mut().enumerate() {
+            let d = r.recv::<String>().await.unwrap();
+            assert_eq!(d.body(), &format!("m{i}"));
+            r.accept(&d).await.unwrap();
+        }
+        for s in senders {
+            s.close().await.unwrap();
+        }
+        for r in receivers {
+            r.close().await.unwrap();
+        }
+        conn.close().await.unwrap();
+    });
+}
+
+/// 50 concurrent connections, each producing and consuming on its own address.
+#[test]
+fn fifty_concurrent_connections() {
+    let c = TestConnector::start(Settings::default());
+    let url = c.url();
+    rt().block_on(async {
+        let mut tasks = Vec::new();
+        for c in 0..50 {
+            let url = url.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut conn = Connection::open(format!("conn-{c}"), url.as_str())
+                    .await
+                    .unwrap();
+                let mut session = Session::begin(&mut conn).await.unwrap();
+                let addr = format!("queues/c{c}");
+                let mut sender = Sender::attach(&mut session, "tx", addr.as_str())
+                    .await
+                    .unwrap();
+                let mut receiver = Receiver::attach(&mut session, "rx", addr.as_str())
+                    .await
+                    .unwrap();
+                for i in 0..10 {
+                    sender.send(format!("{c}-{i}")).await.unwrap();
+                }
+                for i in 0..10 {
+                    let d = receiver.recv::<String>().await.unwrap();
+                    assert_eq!(d.body(), &format!("{c}-{i}"));
+                    receiver.accept(&d).await.unwrap();
+                }
+                sender.close().await.unwrap();
+                receiver.close().await.unwrap();
+                conn.close().await.unwrap();
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
     });
 }

@@ -1,5 +1,5 @@
-//! The Queues concept page's scenarios with rhea-promise (npm) against the real connector on the
-//! embedded store and over gRPC (Q-S1 … Q-S4).
+//! rhea and rhea-promise (npm) against the real connector on every backend: the Queues concept
+//! page's scenarios (Q-S1 … Q-S4) and drain (FLOW-5).
 
 use interop_tests::run_client_script_on_both_backends;
 
@@ -30,4 +30,11 @@ fn q_s3_settle_modes() {
 #[test]
 fn q_s4_large_message() {
     run("q_s4");
+}
+
+/// FLOW-5: with two messages waiting, a drain with credit 5 delivers both, then reports drained
+/// with credit 0.
+#[test]
+fn flow_5_drain() {
+    run("drain");
 }

@@ -15,10 +15,10 @@ use fe2o3_amqp_types::messaging::{
     Accepted, AmqpSequence, AmqpValue, Data, DeliveryState, Modified, Released,
 };
 use fe2o3_amqp_types::performatives::Disposition;
-use interop_tests::raw::{condition, RawPeer, Received};
 use interop_tests::TestConnector;
 use serde_amqp::Value;
 use serde_bytes::ByteBuf;
+use testkit::raw::{condition, RawPeer, Received};
 
 const WAIT: Duration = Duration::from_secs(3);
 

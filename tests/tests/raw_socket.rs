@@ -1,5 +1,6 @@
-//! Raw-socket tests over a real connection to the driver: one per error condition the engine can
-//! trigger, plus idle timeout against a silent peer and shutdown. Each cites its rule.
+//! Raw-socket tests over a real connection to the connector (on its embedded store): one per
+//! error condition the engine can trigger, plus idle timeout against a silent peer and shutdown.
+//! Each cites its rule.
 
 use std::time::Duration;
 
@@ -9,9 +10,9 @@ use connector::engine::peer::{self, begin, open};
 use connector::engine::{HEADER_AMQP, HEADER_SASL};
 use fe2o3_amqp_types::definitions::ReceiverSettleMode;
 use fe2o3_amqp_types::performatives::{Attach, Transfer};
-use interop_tests::raw::{condition, description, RawPeer, Received};
-use interop_tests::TestServer;
+use interop_tests::TestConnector;
 use serde_bytes::ByteBuf;
+use testkit::raw::{condition, description, RawPeer, Received};
 
 const WAIT: Duration = Duration::from_secs(3);
 
@@ -24,7 +25,7 @@ fn transfer(handle: u32, id: u32, tag: &[u8], more: bool) -> Transfer {
 }
 
 /// Header + OPEN (+ BEGIN) on a fresh socket, with the replies consumed.
-fn session(server: &TestServer) -> RawPeer {
+fn session(server: &TestConnector) -> RawPeer {
     let mut p = RawPeer::connect(server.addr);
     p.write(&HEADER_AMQP);
     p.frame(0, &open("raw"), &[]);
@@ -53,7 +54,7 @@ fn expect(p: &mut RawPeer, cond: &str) -> Vec<Received> {
 /// CONN-2: an unsupported header gets our SASL header back and the socket closes.
 #[test]
 fn conn_2_unsupported_header() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = RawPeer::connect(server.addr);
     p.write(b"AMQP\x00\x00\x09\x01");
     let (got, closed) = p.read_all(WAIT);
@@ -67,7 +68,7 @@ fn conn_2_unsupported_header() {
 /// CONN-5: empty container-id → CLOSE `amqp:invalid-field`.
 #[test]
 fn conn_5_invalid_field() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = RawPeer::connect(server.addr);
     p.write(&HEADER_AMQP);
     p.frame(0, &open(""), &[]);
@@ -81,7 +82,7 @@ fn conn_5_invalid_field() {
 /// CONN-13: a second OPEN → CLOSE `amqp:not-allowed`.
 #[test]
 fn conn_13_not_allowed() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     p.frame(0, &open("again"), &[]);
     expect(&mut p, "amqp:not-allowed");
@@ -90,7 +91,7 @@ fn conn_13_not_allowed() {
 /// CONN-18: a corrupt frame → CLOSE `amqp:decode-error`, then the socket closes.
 #[test]
 fn conn_18_decode_error() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     p.write(&[
         0, 0, 0, 23, 2, 0, 0, 0, 0x00, 0x53, 0x15, 0xc0, 0x0a, 0x02, 0x41, 0x43, 0xb0, 0xff, 0xff,
@@ -109,7 +110,7 @@ fn conn_11_idle_timeout_silent_peer() {
         idle_timeout_seconds: 1,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = RawPeer::connect(server.addr);
     p.write(&HEADER_AMQP);
     p.frame(0, &open("silent"), &[]);
@@ -133,7 +134,7 @@ fn conn_15_max_connections() {
         max_connections: 1,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let _first = session(&server);
     let mut p = RawPeer::connect(server.addr);
     p.write(&HEADER_AMQP);
@@ -244,7 +245,7 @@ fn conn_15_16_broker_readiness() {
 /// CONN-16: shutdown closes every connection with `amqp:connection:forced`.
 #[test]
 fn conn_16_shutdown_forced() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     let stopper = std::thread::spawn(move || server.shutdown());
     expect(&mut p, "amqp:connection:forced");
@@ -263,7 +264,7 @@ fn sess_2_session_limit() {
         session_max: 1,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = session(&server);
     p.frame(1, &begin(), &[]);
     expect(&mut p, "amqp:resource-limit-exceeded");
@@ -272,7 +273,7 @@ fn sess_2_session_limit() {
 /// SESS-5: a TRANSFER on an unattached handle → END `amqp:session:errant-link`.
 #[test]
 fn sess_5_errant_link() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     p.frame(0, &transfer(7, 0, b"t", false), b"\x00\x53\x77\x40");
     expect(&mut p, "amqp:session:errant-link");
@@ -286,7 +287,7 @@ fn sess_4_window_violation() {
         max_unsettled_per_link: 5000,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("w", 0), &[]);
     p.read_until(WAIT, |r| {
@@ -299,7 +300,7 @@ fn sess_4_window_violation() {
         let mut t = transfer(0, i, &[(i % 251) as u8], false);
         t.settled = Some(true);
         t.message_format = None;
-        burst.extend(interop_tests::raw::frame_bytes(0, &t, b"\x00\x53\x77\x40"));
+        burst.extend(testkit::raw::frame_bytes(0, &t, b"\x00\x53\x77\x40"));
     }
     assert!(
         burst.len() < 64 * 1024,
@@ -313,7 +314,7 @@ fn sess_4_window_violation() {
 /// LINK-2: `rcv-settle-mode = second` → DETACH `amqp:not-implemented`.
 #[test]
 fn link_2_second_not_implemented() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     let mut a = attach_sender("s", 0);
     a.rcv_settle_mode = ReceiverSettleMode::Second;
@@ -324,7 +325,7 @@ fn link_2_second_not_implemented() {
 /// LINK-2: a duplicate live link name → DETACH `amqp:not-allowed`, `duplicate link name`.
 #[test]
 fn link_2_duplicate_name() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     p.frame(0, &attach_sender("dup", 0), &[]);
     p.frame(0, &attach_sender("dup", 1), &[]);
@@ -342,7 +343,7 @@ fn link_2_link_limit() {
         max_links_per_session: 1,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("a", 0), &[]);
     p.frame(0, &attach_sender("b", 1), &[]);
@@ -357,7 +358,7 @@ fn xfer_2_message_size_exceeded() {
         max_message_size: 100,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("big", 0), &[]);
     p.read_until(WAIT, |r| {
@@ -378,16 +379,15 @@ fn transfer_beyond_credit_not_allowed() {
         max_unsettled_per_link: 1,
         ..Settings::default()
     };
-    let server = TestServer::start(settings);
+    let server = TestConnector::start(settings);
     let mut p = session(&server);
     p.frame(0, &attach_sender("c", 0), &[]);
     p.read_until(WAIT, |r| {
         matches!(r, Received::Frame(_, Performative::Flow(_)))
     });
     // Both in one write: the second arrives before any refill could have been seen.
-    let mut two =
-        interop_tests::raw::frame_bytes(0, &transfer(0, 0, b"a", false), b"\x00\x53\x77\x40");
-    two.extend(interop_tests::raw::frame_bytes(
+    let mut two = testkit::raw::frame_bytes(0, &transfer(0, 0, b"a", false), b"\x00\x53\x77\x40");
+    two.extend(testkit::raw::frame_bytes(
         0,
         &transfer(0, 1, b"b", false),
         b"\x00\x53\x77\x40",
@@ -404,7 +404,7 @@ fn transfer_beyond_credit_not_allowed() {
 /// `link re-attach not supported`.
 #[test]
 fn reattach_not_allowed() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     let mut a = attach_sender("resume", 0);
     let mut unsettled = fe2o3_amqp_types::primitives::OrderedMap::new();
@@ -421,7 +421,7 @@ fn reattach_not_allowed() {
 /// A delivery tag over 32 bytes → DETACH `amqp:invalid-field`.
 #[test]
 fn long_delivery_tag_invalid_field() {
-    let server = TestServer::start_default();
+    let server = TestConnector::start(Settings::default());
     let mut p = session(&server);
     p.frame(0, &attach_sender("tag", 0), &[]);
     p.read_until(WAIT, |r| {

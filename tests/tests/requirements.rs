@@ -189,6 +189,64 @@ fn every_cited_requirement_and_document_is_in_the_repository() {
     );
 }
 
+/// The names of functions (Rust `fn`, Go `func`, Python `def`, Java `void`) in `text`.
+fn function_names(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for keyword in ["fn ", "func ", "def ", "void "] {
+        for (at, _) in text.match_indices(keyword) {
+            let boundary = at == 0 || !text.as_bytes()[at - 1].is_ascii_alphanumeric();
+            let name: String = text[at + keyword.len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if boundary && !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+/// Every test docs/requirements.md names as pinning a requirement exists: a renamed or deleted
+/// test cannot leave a requirement that only looks pinned.
+#[test]
+fn every_pinning_test_named_in_the_requirements_exists() {
+    let mut files = Vec::new();
+    sources(&root(), &mut files);
+    let mut functions = BTreeSet::new();
+    for f in &files {
+        functions.extend(function_names(
+            &std::fs::read_to_string(f).unwrap_or_default(),
+        ));
+    }
+    let text = std::fs::read_to_string(root().join("docs/requirements.md")).expect("requirements");
+    let mut missing: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut named = 0;
+    for row in text
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| ID"))
+    {
+        let cells: Vec<&str> = row.trim_end_matches('|').split(" | ").collect();
+        let (Some(id), Some(pinned)) = (cells.first(), cells.last()) else {
+            continue;
+        };
+        for name in pinned.split('`').skip(1).step_by(2) {
+            named += 1;
+            if !functions.contains(name) {
+                missing
+                    .entry(id.trim_start_matches("| ").to_string())
+                    .or_default()
+                    .push(name.to_string());
+            }
+        }
+    }
+    assert!(named > 300, "only {named} pinning tests named");
+    assert!(
+        missing.is_empty(),
+        "tests named in docs/requirements.md that do not exist: {missing:#?}"
+    );
+}
+
 #[test]
 fn the_scanner_finds_ids_and_documents() {
     assert_eq!(

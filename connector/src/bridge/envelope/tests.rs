@@ -486,6 +486,16 @@ fn markers_round_trip() {
     }
 }
 
+/// OP-ENV-4: `$ts` is Unix seconds with the milliseconds as the fraction, and reads back to the
+/// same millisecond.
+#[test]
+fn op_env_4_timestamp_is_seconds_with_a_fraction() {
+    let t = Value::Timestamp(Timestamp::from_milliseconds(1_700_000_000_123));
+    let j = value_to_json(t.clone());
+    assert_eq!(j, serde_json::json!({"$ts": 1_700_000_000.123}));
+    assert_eq!(value_from_json(&j), t);
+}
+
 proptest::proptest! {
     /// Any bytes into ingress, any text into egress: no panic (every decoder is fuzzed).
     #[test]

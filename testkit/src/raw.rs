@@ -6,9 +6,11 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use connector::engine::codec::{decode_performative, Performative};
-use connector::engine::frame::{split_frame, TYPE_AMQP};
-use connector::engine::peer::{error_of, error_symbol};
+use engine::codec::decode_performative;
+pub use engine::codec::Performative;
+use engine::frame::{split_frame, TYPE_AMQP};
+use engine::peer::{self, error_of, error_symbol};
+use engine::HEADER_AMQP;
 
 /// What the server sent.
 #[derive(Debug)]
@@ -31,11 +33,12 @@ pub struct RawPeer {
 }
 
 impl RawPeer {
-    /// Connects to `addr`.
+    /// Connects to `addr`; nothing is written.
     pub fn connect(addr: SocketAddr) -> RawPeer {
         let stream = TcpStream::connect(addr).expect("connect");
+        // Short, so that reads with a small window return on time.
         stream
-            .set_read_timeout(Some(Duration::from_millis(200)))
+            .set_read_timeout(Some(Duration::from_millis(10)))
             .expect("timeout");
         RawPeer {
             stream,
@@ -52,9 +55,38 @@ impl RawPeer {
             .expect("SO_LINGER");
     }
 
+    /// Connects to `addr` and writes the protocol header, an OPEN (container `container`)
+    /// and a BEGIN on channel 0.
+    pub fn open_session(addr: SocketAddr, container: &str) -> RawPeer {
+        let mut p = RawPeer::connect(addr);
+        p.write(&HEADER_AMQP);
+        p.write(&peer::frame(0, &peer::open(container), &[]));
+        p.write(&peer::frame(0, &peer::begin(), &[]));
+        p
+    }
+
     /// Writes raw bytes.
     pub fn write(&mut self, bytes: &[u8]) {
         self.stream.write_all(bytes).expect("write");
+    }
+
+    /// Writes raw bytes; false once the server has closed the connection.
+    pub fn try_write(&mut self, bytes: &[u8]) -> bool {
+        self.stream.write_all(bytes).is_ok()
+    }
+
+    /// The performatives of the AMQP frames read within `within` (headers, heartbeats and SASL
+    /// frames left out); `None` once the server closed the socket and nothing more came.
+    pub fn performatives(&mut self, within: Duration) -> Option<Vec<Performative>> {
+        let (got, closed) = self.read_all(within);
+        let frames: Vec<Performative> = got
+            .into_iter()
+            .filter_map(|r| match r {
+                Received::Frame(_, p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        (!closed || !frames.is_empty()).then_some(frames)
     }
 
     /// Writes one AMQP frame.
@@ -128,7 +160,7 @@ impl RawPeer {
     }
 }
 
-pub use connector::engine::peer::frame as frame_bytes;
+pub use engine::peer::frame as frame_bytes;
 
 /// The condition symbol carried by a CLOSE, END or DETACH, if any.
 pub fn condition(r: &Received) -> Option<String> {
