@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{free_port, Client};
+use common::free_port;
 use connector::engine::codec::{DeliveryOutcome, Performative};
 use connector::engine::peer;
 use fe2o3_amqp_types::messaging::Data;
@@ -34,7 +34,7 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let mut server = start(dir.path(), port);
-    let mut tx = Client::connect(port);
+    let mut tx = common::connect(port);
     tx.write(&peer::frame(
         0,
         &peer::attach_sender("tx", 0, "queues/drain"),
@@ -45,7 +45,10 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
     let mut sent = false;
     while accepted < 3 {
         assert!(Instant::now() < deadline, "sends not accepted");
-        for (p, _) in tx.read(Duration::from_millis(50)).expect("connected") {
+        for p in tx
+            .performatives(Duration::from_millis(50))
+            .expect("connected")
+        {
             match p {
                 Performative::Flow(f) if f.handle.is_some() && !sent => {
                     for n in 0..3u32 {
@@ -64,7 +67,7 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
             }
         }
     }
-    let mut rx = Client::connect(port);
+    let mut rx = common::connect(port);
     rx.write(&peer::frame(
         0,
         &peer::attach_receiver("rx", 0, "queues/drain"),
@@ -75,10 +78,10 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
     while held < 3 {
         assert!(Instant::now() < deadline, "deliveries did not arrive");
         held += rx
-            .read(Duration::from_millis(50))
+            .performatives(Duration::from_millis(50))
             .expect("connected")
             .iter()
-            .filter(|(p, _)| matches!(p, Performative::Transfer(..)))
+            .filter(|p| matches!(p, Performative::Transfer(..)))
             .count();
     }
     // Never settled. Now stop the process as Kubernetes does.
@@ -90,9 +93,9 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
     assert!(status.success());
     let mut closed = None;
     while closed.is_none() && stopped_at.elapsed() < Duration::from_secs(10) {
-        match rx.read(Duration::from_millis(50)) {
+        match rx.performatives(Duration::from_millis(50)) {
             Some(got) => {
-                closed = got.into_iter().find_map(|(p, _)| match p {
+                closed = got.into_iter().find_map(|p| match p {
                     Performative::Close(c) => Some(c.error.as_ref().map(peer::error_symbol)),
                     _ => None,
                 })
@@ -137,7 +140,7 @@ fn body(n: u32) -> Vec<u8> {
 
 /// Produces until the connection dies; returns the bodies that were answered `accepted`.
 fn produce_until_killed(port: u16) -> HashSet<Vec<u8>> {
-    let mut c = Client::connect(port);
+    let mut c = common::connect(port);
     c.write(&peer::frame(
         0,
         &peer::attach_sender("tx", 0, "queues/crash"),
@@ -148,10 +151,10 @@ fn produce_until_killed(port: u16) -> HashSet<Vec<u8>> {
     let mut next = 0u32;
     let mut bodies = std::collections::HashMap::new();
     loop {
-        let Some(got) = c.read(Duration::from_millis(5)) else {
+        let Some(got) = c.performatives(Duration::from_millis(5)) else {
             return accepted;
         };
-        for (p, _) in got {
+        for p in got {
             match p {
                 Performative::Flow(f) if f.handle.is_some() => {
                     credit = f
@@ -173,7 +176,7 @@ fn produce_until_killed(port: u16) -> HashSet<Vec<u8>> {
         // Keep up to 50 sends in flight.
         while credit > 0 && bodies.len() < 50 {
             let b = body(next);
-            if !c.write(&peer::frame(
+            if !c.try_write(&peer::frame(
                 0,
                 &peer::transfer(0, Some(next), Some(&next.to_be_bytes()), false, false),
                 &b,
@@ -191,7 +194,7 @@ fn produce_until_killed(port: u16) -> HashSet<Vec<u8>> {
 fn consume_all(port: u16, queue: &str) -> Vec<Vec<u8>> {
     // What comes back is a whole AMQP message (header, sections); compare its Data section.
 
-    let mut c = Client::connect(port);
+    let mut c = common::connect(port);
     c.write(&peer::frame(
         0,
         &peer::attach_receiver("rx", 0, &format!("queues/{queue}")),
@@ -205,10 +208,12 @@ fn consume_all(port: u16, queue: &str) -> Vec<Vec<u8>> {
     let mut bodies = Vec::new();
     let mut quiet = 0;
     while quiet < 10 {
-        let got = c.read(Duration::from_millis(100)).expect("connected");
+        let got = c
+            .performatives(Duration::from_millis(100))
+            .expect("connected");
         let mut any = false;
-        for (p, payload) in got {
-            if let Performative::Transfer(t, _) = p {
+        for p in got {
+            if let Performative::Transfer(t, payload) = p {
                 bodies.push(data_of(&payload));
                 any = true;
                 let id = t.delivery_id.unwrap_or(0);

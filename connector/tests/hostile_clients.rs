@@ -16,13 +16,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{free_port, memory_of, start_connector, Client};
+use common::{free_port, memory_of, start_connector};
 use connector::engine::codec::{DeliveryOutcome, Performative};
 use connector::engine::peer;
 use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{Accepted, Data, DeliveryState};
 use fe2o3_amqp_types::performatives::{Disposition, Flow};
 use serde_bytes::ByteBuf;
+use testkit::raw::RawPeer;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -87,14 +88,14 @@ fn data(body: &[u8]) -> Vec<u8> {
 
 /// Reads until `done` says so or `wait` passes; returns everything read.
 fn read_until(
-    c: &mut Client,
+    c: &mut RawPeer,
     wait: Duration,
-    mut done: impl FnMut(&[(Performative, bytes::Bytes)]) -> bool,
-) -> Vec<(Performative, bytes::Bytes)> {
+    mut done: impl FnMut(&[Performative]) -> bool,
+) -> Vec<Performative> {
     let deadline = Instant::now() + wait;
     let mut got = Vec::new();
     while Instant::now() < deadline && !done(&got) {
-        match c.read(Duration::from_millis(20)) {
+        match c.performatives(Duration::from_millis(20)) {
             Some(more) => got.extend(more),
             None => break,
         }
@@ -102,31 +103,31 @@ fn read_until(
     got
 }
 
-fn detach_condition(got: &[(Performative, bytes::Bytes)]) -> Option<String> {
-    got.iter().find_map(|(p, _)| match p {
+fn detach_condition(got: &[Performative]) -> Option<String> {
+    got.iter().find_map(|p| match p {
         Performative::Detach(d) => d.error.as_ref().map(peer::error_symbol),
         _ => None,
     })
 }
 
 /// Attaches a sender on `handle` to `address` and waits for its credit.
-fn attach_sender(c: &mut Client, name: &str, handle: u32, address: &str) {
+fn attach_sender(c: &mut RawPeer, name: &str, handle: u32, address: &str) {
     c.write(&peer::frame(
         0,
         &peer::attach_sender(name, handle, address),
         &[],
     ));
     let got = read_until(c, Duration::from_secs(5), |g| {
-        g.iter().any(|(p, _)| matches!(p, Performative::Flow(f) if f.handle.as_ref().map(|h| h.0) == Some(handle)))
+        g.iter().any(|p| matches!(p, Performative::Flow(f) if f.handle.as_ref().map(|h| h.0) == Some(handle)))
     });
     assert!(
-        got.iter().any(|(p, _)| matches!(p, Performative::Flow(_))),
+        got.iter().any(|p| matches!(p, Performative::Flow(_))),
         "no credit for {name}: {got:?}"
     );
 }
 
 /// Sends `n` small messages unsettled, one at a time; returns how many were accepted.
-fn produce_small(c: &mut Client, handle: u32, first_id: u32, n: u32, tag: &str) -> u32 {
+fn produce_small(c: &mut RawPeer, handle: u32, first_id: u32, n: u32, tag: &str) -> u32 {
     let mut accepted = 0;
     for id in first_id..first_id + n {
         let body = data(format!("{tag}-{id}").as_bytes());
@@ -136,11 +137,10 @@ fn produce_small(c: &mut Client, handle: u32, first_id: u32, n: u32, tag: &str) 
             &body,
         ));
         let got = read_until(c, Duration::from_secs(5), |g| {
-            g.iter().any(
-                |(p, _)| matches!(p, Performative::Disposition(d) if d.first <= id && id <= d.last),
-            )
+            g.iter()
+                .any(|p| matches!(p, Performative::Disposition(d) if d.first <= id && id <= d.last))
         });
-        if got.iter().any(|(p, _)| {
+        if got.iter().any(|p| {
             matches!(p, Performative::Disposition(d) if d.state == Some(DeliveryOutcome::Accepted))
         }) {
             accepted += 1;
@@ -151,7 +151,7 @@ fn produce_small(c: &mut Client, handle: u32, first_id: u32, n: u32, tag: &str) 
 
 /// Consumes `queues/<queue>` with acknowledgement until it is quiet; returns the payloads.
 fn consume_all(port: u16, queue: &str) -> Vec<bytes::Bytes> {
-    let mut c = Client::connect(port);
+    let mut c = common::connect(port);
     c.write(&peer::frame(
         0,
         &peer::attach_receiver("drain", 0, &format!("queues/{queue}")),
@@ -162,8 +162,11 @@ fn consume_all(port: u16, queue: &str) -> Vec<bytes::Bytes> {
     let mut quiet = 0;
     while quiet < 15 {
         let mut any = false;
-        for (p, payload) in c.read(Duration::from_millis(100)).expect("connected") {
-            if let Performative::Transfer(t, _) = p {
+        for p in c
+            .performatives(Duration::from_millis(100))
+            .expect("connected")
+        {
+            if let Performative::Transfer(t, payload) = p {
                 any = true;
                 if t.more {
                     continue; // the tests here read whole messages of one frame
@@ -209,7 +212,7 @@ fn endless_messages_stay_within_the_memory_budgets() {
     );
     let pid = server.id();
     // Warm up: one ordinary exchange, so the baseline includes the store and the runtime.
-    let mut polite = Client::connect(port);
+    let mut polite = common::connect(port);
     attach_sender(&mut polite, "polite", 0, "queues/polite");
     assert_eq!(produce_small(&mut polite, 0, 0, 1, "warm"), 1);
     let baseline = settled_rss(pid);
@@ -218,7 +221,7 @@ fn endless_messages_stay_within_the_memory_budgets() {
     let abusers: Vec<_> = (0..6)
         .map(|n| {
             std::thread::spawn(move || {
-                let mut c = Client::connect(port);
+                let mut c = common::connect(port);
                 let chunk = vec![n as u8; 64 * 1024];
                 let mut conditions = Vec::new();
                 for round in 0..3u32 {
@@ -237,7 +240,7 @@ fn endless_messages_stay_within_the_memory_budgets() {
                     let mut condition = None;
                     'abuse: while condition.is_none() && sent < 100 * MIB {
                         for &h in &handles {
-                            if !c.write(&peer::frame(
+                            if !c.try_write(&peer::frame(
                                 0,
                                 &peer::transfer(h, None, None, false, true),
                                 &chunk,
@@ -248,7 +251,7 @@ fn endless_messages_stay_within_the_memory_budgets() {
                         }
                         if sent % MIB == 0 {
                             condition = c
-                                .read(Duration::from_millis(1))
+                                .performatives(Duration::from_millis(1))
                                 .and_then(|g| detach_condition(&g));
                         }
                     }
@@ -307,7 +310,7 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
     let port = free_port();
     let mut server = start_connector(dir.path(), port, &["--max-frame-size", "1048576"]);
     let pid = server.id();
-    let mut tx = Client::connect(port);
+    let mut tx = common::connect(port);
     attach_sender(&mut tx, "tx", 0, "queues/atmost");
     let big = vec![9u8; 512 * 1024];
     let mut accepted = 0;
@@ -319,7 +322,7 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
     }
     let got = read_until(&mut tx, Duration::from_secs(30), |g| {
         g.iter()
-            .filter_map(|(p, _)| match p {
+            .filter_map(|p| match p {
                 Performative::Disposition(d) => Some(d.last + 1),
                 _ => None,
             })
@@ -328,7 +331,7 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
     });
     assert!(
         got.iter()
-            .any(|(p, _)| matches!(p, Performative::Disposition(d) if d.last + 1 == accepted)),
+            .any(|p| matches!(p, Performative::Disposition(d) if d.last + 1 == accepted)),
         "not all stored: {got:?}"
     );
     drop(tx);
@@ -340,7 +343,7 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
     assert!(
         !early
             .iter()
-            .any(|(p, _)| matches!(p, Performative::Transfer(..))),
+            .any(|p| matches!(p, Performative::Transfer(..))),
         "a transfer beyond the session window"
     );
     let growth = watch.peak().saturating_sub(baseline);
@@ -364,10 +367,12 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
     let mut dup = 0;
     let mut quiet = 0;
     while quiet < 20 {
-        let got = rx.read(Duration::from_millis(100)).expect("connected");
+        let got = rx
+            .performatives(Duration::from_millis(100))
+            .expect("connected");
         quiet = if got.is_empty() { quiet + 1 } else { 0 };
-        for (p, payload) in got {
-            if let Performative::Transfer(..) = p {
+        for p in got {
+            if let Performative::Transfer(_, payload) = p {
                 if !ids.insert(message_id(&payload)) {
                     dup += 1;
                 }
@@ -391,8 +396,8 @@ fn a_presettled_consumer_with_a_shut_window_takes_only_what_it_can_carry() {
 
 /// A consumer of pre-settled deliveries on `queues/atmost` with credit 1000 and a session
 /// incoming window of 0.
-fn shut_window_consumer(port: u16) -> Client {
-    let mut rx = Client::connect_bare(port);
+fn shut_window_consumer(port: u16) -> RawPeer {
+    let mut rx = common::connect_bare(port);
     rx.write(&connector::engine::HEADER_AMQP);
     rx.write(&peer::frame(0, &peer::open("atmost"), &[]));
     let mut b = peer::begin();
@@ -412,7 +417,7 @@ fn shut_window_consumer(port: u16) -> Client {
 const QUEUED: u32 = 120;
 
 /// Sends one unsettled message on handle 0 without waiting for its outcome.
-fn c_send(c: &mut Client, id: u32, payload: &[u8]) {
+fn c_send(c: &mut RawPeer, id: u32, payload: &[u8]) {
     c.write(&peer::frame(
         0,
         &peer::transfer(0, Some(id), Some(&id.to_be_bytes()), false, false),
@@ -437,17 +442,16 @@ fn open_descriptors(pid: u32) -> usize {
 /// What a new client gets for its OPEN: the server's OPEN, or the CLOSE that follows it when the
 /// connection is refused (CONN-15).
 fn open_answer(port: u16) -> Option<Performative> {
-    let mut c = Client::connect_bare(port);
+    let mut c = common::connect_bare(port);
     c.write(&connector::engine::HEADER_AMQP);
     c.write(&peer::frame(0, &peer::open("late"), &[]));
     let mut got = read_until(&mut c, Duration::from_secs(5), |g| {
-        g.iter().any(|(p, _)| matches!(p, Performative::Open(_)))
+        g.iter().any(|p| matches!(p, Performative::Open(_)))
     });
     // A refusal's CLOSE is written right behind the OPEN.
     got.extend(read_until(&mut c, Duration::from_millis(300), |_| false));
     let mut answers = got
         .into_iter()
-        .map(|(p, _)| p)
         .filter(|p| matches!(p, Performative::Open(_) | Performative::Close(_)));
     let open = answers.next();
     answers.next().or(open)
@@ -546,9 +550,9 @@ fn silent_sockets_counted_from_accept_free_their_slots_at_the_timeout() {
 }
 
 /// DETACHes and ENDs with `amqp:resource-limit-exceeded` among `got`.
-fn count_refusals(got: &[(Performative, bytes::Bytes)]) -> usize {
+fn count_refusals(got: &[Performative]) -> usize {
     got.iter()
-        .filter(|(p, _)| {
+        .filter(|p| {
             let error = match p {
                 Performative::Detach(d) => d.error.as_ref(),
                 Performative::End(e) => e.error.as_ref(),
@@ -572,7 +576,7 @@ fn refused_sessions_and_links_hold_no_memory() {
         &["--session-max", "2", "--max-links-per-session", "2"],
     );
     let pid = server.id();
-    let mut c = Client::connect(port);
+    let mut c = common::connect(port);
     attach_sender(&mut c, "live-0", 0, "queues/refused");
     attach_sender(&mut c, "live-1", 1, "queues/refused");
     let baseline = settled_rss(pid);

@@ -12,8 +12,6 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -91,17 +89,9 @@ fn connector_reports_the_rendered_settings() {
     }
 }
 
+/// The status of `GET path` on the loopback `port`, if anything answers.
 fn get(port: u16, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    text.split_whitespace().nth(1)?.parse().ok()
+    testkit::http_get(std::net::SocketAddr::from(([127, 0, 0, 1], port)), path).map(|r| r.status)
 }
 
 #[test]

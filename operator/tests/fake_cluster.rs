@@ -11,7 +11,7 @@
 )]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,13 +22,6 @@ const CRS: &str = "/apis/amqp.kubemq.io/v1alpha1/namespaces/apps/amqpconnectors"
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
 }
 
 /// The fake API server and a kubeconfig pointing at it.
@@ -127,7 +120,7 @@ impl Fake {
     }
 
     fn operator_named(&self, pod: &str) -> Operator {
-        let http = free_port();
+        let http = testkit::free_port();
         let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
             .env("KUBECONFIG", self.dir.join("kubeconfig"))
             .env("POD_NAME", pod)
@@ -159,20 +152,15 @@ struct Operator {
 
 impl Operator {
     fn ready(&self) -> bool {
-        self.get("/readyz").starts_with("HTTP/1.1 200")
+        self.get("/readyz").is_some_and(|r| r.status == 200)
     }
 
-    fn get(&self, path: &str) -> String {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.http)) else {
-            return String::new();
-        };
-        let _ = write!(
-            s,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut text = String::new();
-        let _ = s.read_to_string(&mut text);
-        text
+    fn get(&self, path: &str) -> Option<testkit::Reply> {
+        testkit::http_get(SocketAddr::from(([127, 0, 0, 1], self.http)), path)
+    }
+
+    fn metrics(&self) -> String {
+        self.get("/metrics").map(|r| r.body).unwrap_or_default()
     }
 
     /// Reconciles this operator has started (from its /metrics).
@@ -183,7 +171,7 @@ impl Operator {
     /// Whether every reconcile it started has finished and scheduled its next run: with no
     /// change pending, nothing more happens until the cluster changes.
     fn idle(&self) -> bool {
-        let text = self.get("/metrics");
+        let text = self.metrics();
         let started = metric_in(&text, "amqp_connector_operator_reconciles_total");
         started == metric_in(&text, "amqp_connector_operator_reconciles_done_total")
     }
@@ -199,7 +187,7 @@ impl Operator {
     }
 
     fn metric(&self, name: &str) -> u64 {
-        metric_in(&self.get("/metrics"), name)
+        metric_in(&self.metrics(), name)
     }
 
     fn stop(mut self) {
@@ -233,12 +221,9 @@ impl Drop for Operator {
     }
 }
 
+/// Waits until `done` holds (15 s at most: the operator's retries start at 1 s).
 fn wait(what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !done() {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    testkit::eventually(what, Duration::from_secs(15), done);
 }
 
 fn example() -> Value {

@@ -142,11 +142,7 @@ fn settle(p: &mut RawPeer, first: u32, last: u32, state: Option<DeliveryState>) 
 /// Waits (up to WAIT) until `done` holds: for effects that happen after the frames that caused
 /// them (a settlement reaching the store, a gauge dropping when a socket closes).
 fn eventually(what: &str, done: impl Fn() -> bool) {
-    let until = std::time::Instant::now() + WAIT;
-    while !done() {
-        assert!(std::time::Instant::now() < until, "never happened: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    testkit::eventually(what, WAIT, done);
 }
 
 /// The delivery-count in a delivered message's header.
