@@ -128,9 +128,15 @@ fn every_method() {
         let b3 = ds.get("g", "grpc-test", 1, 1000).await.unwrap();
         assert!(b3.messages.is_empty());
         drop(ds);
-        // Dropping the session returned what it held unsettled.
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(f.store.ready_count("g") + f.store.ready_count("g-other"), 5);
+        // Dropping the session returns what it held unsettled, once the server sees its end.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while f.store.ready_count("g") + f.store.ready_count("g-other") != 5 {
+            assert!(
+                Instant::now() < deadline,
+                "the dropped session's messages did not come back"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     });
 }
 
@@ -251,7 +257,11 @@ fn stream_loss_during_get_fails_fast() {
         let r = ds.get("idle", "grpc-test", 1, 30_000).await;
         (r, t.elapsed(), ds)
     });
-    std::thread::sleep(Duration::from_millis(300));
+    testkit::eventually(
+        "the Get waits at the server",
+        Duration::from_secs(10),
+        || f.store.waiting_gets() == 1,
+    );
     f.stop();
     let (r, took, mut ds) = runtime.block_on(waiter).unwrap();
     assert!(matches!(r, Err(BackendError::Unavailable(_))), "{r:?}");

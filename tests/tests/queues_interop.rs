@@ -75,7 +75,15 @@ fn competing(c: &TestConnector) {
                 per
             }));
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Every receiver attached before the first message, so that all four compete for them.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while c.links_counted() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "receivers not attached"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let mut conn = Connection::open("producer", url.as_str()).await.unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
         let mut tx = Sender::attach(&mut session, "tx", "queues/work")
