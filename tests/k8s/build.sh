@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds the control plane the operator tests run against from the components' Go modules, with
+# this machine's Go: one binary for etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and (through a link of that name) kubectl, all of Kubernetes v1.30.14 (the
+# chart's kubeVersion floor); and kwok, which plays the kubelets. Cached by version and by the
+# hash of this folder's Go files, so a second run builds nothing. Prints the folder of the binaries.
+set -euo pipefail
+cd "$(dirname "$0")"
+K8S=v1.30.14
+TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
+KEY=$(cat go.mod go.sum main.go kwok/go.mod kwok/go.sum build.sh | sha256sum | cut -c1-12)
+OUT="$TOOLS/k8s-$K8S-$KEY"
+if [ ! -x "$OUT/kwok" ]; then
+  echo "== building the Kubernetes $K8S control plane and kwok (once; cached in $OUT)" >&2
+  rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
+  # The release's own version, as its build would stamp it: kubectl, helm and the chart's
+  # kubeVersion check read it from the API server.
+  ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=30 -X $p.gitTreeState=clean"
+  done
+  go build -mod=readonly -trimpath -ldflags "$ld" -o "$OUT.tmp/control-plane" .
+  ln -s control-plane "$OUT.tmp/kubectl"
+  (cd kwok && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$OUT.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
+  # kwok's own stages, from its module: Nodes become Ready and keep a heartbeat, scheduled Pods
+  # become Running and Ready, deleted Pods go.
+  stages=$(cd kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
+  for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+    echo "---"
+    cat "$stages/$f"
+  done > "$OUT.tmp/kwok-stages.yaml"
+  rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+fi
+echo "$OUT"
