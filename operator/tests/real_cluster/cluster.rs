@@ -81,6 +81,13 @@ impl Cluster {
         self.kubectl_as(&self.kubeconfig, args, Some(stdin))
     }
 
+    /// kubectl as the admin with `stdin`; fails the test with its output when it fails.
+    pub fn kubectl_ok_in(&self, args: &[&str], stdin: &str) -> String {
+        let r = self.kubectl_in(args, stdin);
+        assert!(r.ok, "kubectl {args:?}: {}{}", r.stdout, r.stderr);
+        r.stdout
+    }
+
     /// kubectl as the admin; fails the test with its output when it fails.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
         let r = self.kubectl(args);
@@ -140,28 +147,70 @@ impl Cluster {
         path
     }
 
-    /// Starts the operator binary with `args` and `env`, as the user of `kubeconfig`; it is
-    /// stopped when the handle drops.
-    pub fn operator(
-        &self,
-        kubeconfig: &Path,
-        args: &[String],
-        env: &[(String, String)],
-    ) -> Operator {
+    /// Starts the operator binary as the chart's Deployment of `release` in `namespace` runs
+    /// it: its arguments and environment, under its ServiceAccount's token, as pod `pod`;
+    /// `/metrics`, `/livez` and `/readyz` on a free loopback port instead. Returns once it is
+    /// ready; it is stopped when the handle drops.
+    pub fn chart_operator(&self, namespace: &str, release: &str, pod: &str) -> Operator {
+        let d: serde_json::Value = serde_json::from_str(&self.kubectl_ok(&[
+            "-n",
+            namespace,
+            "get",
+            "deployment",
+            release,
+            "-o",
+            "json",
+        ]))
+        .expect("the Deployment as JSON");
+        let template = &d["spec"]["template"]["spec"];
+        let container = &template["containers"][0];
+        let http = testkit::free_port();
+        let args: Vec<String> = container["args"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str())
+            .map(|a| {
+                if a.starts_with("--http-address=") {
+                    format!("--http-address=127.0.0.1:{http}")
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect();
+        let mut env = vec![
+            ("POD_NAME".to_string(), pod.to_string()),
+            ("POD_NAMESPACE".to_string(), namespace.to_string()),
+        ];
+        for e in container["env"].as_array().into_iter().flatten() {
+            if let (Some(k), Some(v)) = (e["name"].as_str(), e["value"].as_str()) {
+                env.push((k.to_string(), v.to_string()));
+            }
+        }
+        let account = template["serviceAccountName"]
+            .as_str()
+            .expect("a ServiceAccount");
+        let kubeconfig = self.service_account_kubeconfig(namespace, account);
         let log = self
             .state
             .path()
-            .join(format!("operator-{}.log", args.len()));
+            .join(format!("operator-{namespace}-{pod}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
             .env("KUBECONFIG", kubeconfig)
-            .env("RUST_LOG", "info")
-            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .envs(env)
             .args(args)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("operator log"))
             .spawn()
             .expect("the operator starts");
-        Operator { child, log }
+        let op = Operator { child, log, http };
+        wait_until(
+            "the operator is ready",
+            Duration::from_secs(30),
+            || op.get("/readyz").is_some_and(|r| r.status == 200),
+            || op.log(),
+        );
+        op
     }
 }
 
@@ -178,12 +227,72 @@ impl Drop for Cluster {
 pub struct Operator {
     child: Child,
     log: PathBuf,
+    http: u16,
 }
 
 impl Operator {
     /// What it logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> Option<testkit::Reply> {
+        testkit::http_get(([127, 0, 0, 1], self.http).into(), path)
+    }
+
+    /// A sample of its /metrics (0 when absent).
+    pub fn metric(&self, name: &str) -> u64 {
+        let text = self.get("/metrics").map(|r| r.body).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Reconciles started.
+    pub fn reconciles(&self) -> u64 {
+        self.metric("amqp_connector_operator_reconciles_total")
+    }
+
+    /// Every reconcile it started has finished and scheduled its next run.
+    pub fn idle(&self) -> bool {
+        let text = self.get("/metrics").map(|r| r.body).unwrap_or_default();
+        let sample = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .map(|v| v.trim().to_string())
+        };
+        let started = sample("amqp_connector_operator_reconciles_total");
+        started.is_some() && started == sample("amqp_connector_operator_reconciles_done_total")
+    }
+
+    /// It holds the Lease and reconciles.
+    pub fn leading(&self) -> bool {
+        self.metric("amqp_connector_operator_leading") == 1
+    }
+
+    /// Sends SIGTERM and waits (10 s at most) for a clean exit.
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                assert!(
+                    status.success(),
+                    "exit after SIGTERM: {status}
+{}",
+                    self.log()
+                );
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "the operator did not stop within 10 s of SIGTERM\n{}",
+            self.log()
+        );
     }
 }
 

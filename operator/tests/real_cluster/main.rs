@@ -24,6 +24,9 @@ use cluster::{wait_until, Cluster};
 use libtest_mimic::{Arguments, Trial};
 use serde_json::Value;
 
+/// One scenario against the shared control plane.
+type Scenario = fn(&Cluster);
+
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -32,15 +35,42 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let names = [
-        "the_crd_is_served_and_explained",
-        "the_examples_are_accepted",
-        "bad_specs_are_refused_with_their_messages",
-        "helm3_cluster_wide_install_reconciles_under_the_charts_rbac",
-        "helm4_install_for_one_namespace_reconciles_there",
+    let scenarios: [(&str, Scenario); 8] = [
+        (
+            "the_crd_is_served_and_explained",
+            the_crd_is_served_and_explained,
+        ),
+        ("the_examples_are_accepted", the_examples_are_accepted),
+        (
+            "bad_specs_are_refused_with_their_messages",
+            bad_specs_are_refused_with_their_messages,
+        ),
+        (
+            "helm3_cluster_wide_install_reconciles_under_the_charts_rbac",
+            helm3_cluster_wide_install_reconciles_under_the_charts_rbac,
+        ),
+        (
+            "helm4_install_for_one_namespace_reconciles_there",
+            helm4_install_for_one_namespace_reconciles_there,
+        ),
+        (
+            "an_unsupported_spec_is_degraded_without_a_hot_loop",
+            an_unsupported_spec_is_degraded_without_a_hot_loop,
+        ),
+        (
+            "a_restarted_operator_writes_nothing_and_sigterm_stops_it",
+            a_restarted_operator_writes_nothing_and_sigterm_stops_it,
+        ),
+        (
+            "two_operators_only_the_leader_reconciles",
+            two_operators_only_the_leader_reconciles,
+        ),
     ];
     if args.list {
-        let trials = names.iter().map(|n| Trial::test(*n, || Ok(()))).collect();
+        let trials = scenarios
+            .iter()
+            .map(|(n, _)| Trial::test(*n, || Ok(())))
+            .collect();
         return libtest_mimic::run(&args, trials).exit_code();
     }
     let cluster = Arc::new(Cluster::start(&root()));
@@ -52,19 +82,11 @@ fn main() -> ExitCode {
         "crd/amqpconnectors.amqp.kubemq.io",
         "--timeout=60s",
     ]);
-    let scenarios: [fn(&Cluster); 5] = [
-        the_crd_is_served_and_explained,
-        the_examples_are_accepted,
-        bad_specs_are_refused_with_their_messages,
-        helm3_cluster_wide_install_reconciles_under_the_charts_rbac,
-        helm4_install_for_one_namespace_reconciles_there,
-    ];
-    let trials = names
-        .iter()
-        .zip(scenarios)
+    let trials = scenarios
+        .into_iter()
         .map(|(name, scenario)| {
             let c = cluster.clone();
-            Trial::test(*name, move || {
+            Trial::test(name, move || {
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&c)))
                     .map_err(|e| panic_text(&e).into())
             })
@@ -173,48 +195,69 @@ fn bad_specs_are_refused_with_their_messages(c: &Cluster) {
     );
 }
 
-/// The operator as the chart's Deployment runs it: its arguments and environment, under its
-/// ServiceAccount's token; /metrics, /livez and /readyz on a free loopback port instead.
-fn chart_operator(c: &Cluster, namespace: &str, release: &str) -> (cluster::Operator, u16) {
-    let d: Value = serde_json::from_str(&c.kubectl_ok(&[
-        "-n",
-        namespace,
-        "get",
-        "deployment",
+/// Installs the chart as `release` into namespace `release` with `helm` and `values`
+/// (`--set` pairs), and starts its operator as pod `<release>-0`.
+fn install(c: &Cluster, helm_var: &str, release: &str, values: &[&str]) -> cluster::Operator {
+    let helm = helm_binary(helm_var);
+    let chart = root().join("helm/amqp-connector-operator");
+    let mut args = vec![
+        "install",
         release,
-        "-o",
-        "json",
-    ]))
-    .unwrap();
-    let pod = &d["spec"]["template"]["spec"];
-    let container = &pod["containers"][0];
-    let http = testkit::free_port();
-    let args: Vec<String> = container["args"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
-        .map(|a| {
-            if a.starts_with("--http-address=") {
-                format!("--http-address=127.0.0.1:{http}")
-            } else {
-                a
-            }
-        })
-        .collect();
-    let mut env = vec![
-        ("POD_NAME".to_string(), format!("{release}-under-test")),
-        ("POD_NAMESPACE".to_string(), namespace.to_string()),
+        chart.to_str().unwrap(),
+        "-n",
+        release,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "120s",
     ];
-    for e in container["env"].as_array().into_iter().flatten() {
-        if let Some(v) = e["value"].as_str() {
-            env.push((e["name"].as_str().unwrap().to_string(), v.to_string()));
-        }
+    for v in values {
+        args.extend(["--set", v]);
     }
-    let account = pod["serviceAccountName"].as_str().unwrap();
-    let kubeconfig = c.service_account_kubeconfig(namespace, account);
-    let op = c.operator(&kubeconfig, &args, &env);
-    (op, http)
+    let r = c.helm(&helm, &args);
+    assert!(r.ok, "helm install: {}{}", r.stdout, r.stderr);
+    c.chart_operator(release, release, &format!("{release}-0"))
+}
+
+/// Uninstalls what [`install`] installed.
+fn uninstall(c: &Cluster, helm_var: &str, release: &str) {
+    let r = c.helm(
+        &helm_binary(helm_var),
+        &["uninstall", release, "-n", release, "--wait"],
+    );
+    assert!(r.ok, "helm uninstall: {}{}", r.stdout, r.stderr);
+}
+
+/// The condition `kind` of an object as (status, reason).
+fn condition(o: &Value, kind: &str) -> Option<(String, String)> {
+    o["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+/// Events about the AmqpConnector `name` in `namespace`: (type, reason, note).
+fn events(c: &Cluster, namespace: &str, name: &str) -> Vec<(String, String, String)> {
+    let list = json(
+        c,
+        &["-n", namespace, "get", "events.events.k8s.io", "-o", "json"],
+    );
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == name && e["regarding"]["kind"] == "AmqpConnector")
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("type"), s("reason"), s("note"))
+        })
+        .collect()
 }
 
 /// The children an AmqpConnector owns, by kind and name.
@@ -236,55 +279,68 @@ fn json(c: &Cluster, args: &[&str]) -> Value {
     serde_json::from_str(&c.kubectl_ok(args)).unwrap()
 }
 
-/// helm 3 installs the chart cluster-wide; the operator, under the chart's RBAC, turns the
-/// example into its children (each owned by the AmqpConnector), kwok makes the pods Ready and
-/// the AmqpConnector reports Ready with the columns README promises; `kubectl scale` goes
-/// through the scale subresource; a tunable change rolls the pods; deleting it leaves the
-/// children to the garbage collector; the chart uninstalls.
-fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
-    let helm = helm_binary("HELM3");
-    let chart = root().join("helm/amqp-connector-operator");
-    let r = c.helm(
-        &helm,
-        &[
-            "install",
-            "aco3",
-            chart.to_str().unwrap(),
-            "-n",
-            "operator-3",
-            "--create-namespace",
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-    );
-    assert!(r.ok, "helm install: {}{}", r.stdout, r.stderr);
-    let (op, http) = chart_operator(c, "operator-3", "aco3");
-    wait_until(
-        "the operator is ready",
-        Duration::from_secs(30),
-        || {
-            testkit::http_get(([127, 0, 0, 1], http).into(), "/readyz")
-                .is_some_and(|r| r.status == 200)
-        },
-        || op.log(),
-    );
-    namespace_with_token(c, "apps");
-    let path = root().join("examples/amqpconnector.yaml");
-    c.kubectl_ok(&["apply", "-n", "apps", "-f", path.to_str().unwrap()]);
+/// The AmqpConnector `name` in `namespace` as JSON.
+fn amqpc(c: &Cluster, namespace: &str, name: &str) -> Value {
+    json(c, &["-n", namespace, "get", "amqpc", name, "-o", "json"])
+}
+
+/// Applies an example, moved into `namespace`, and waits for Ready.
+fn apply_example(c: &Cluster, op: &cluster::Operator, namespace: &str, example: &str, name: &str) {
+    namespace_with_token(c, namespace);
+    let text = std::fs::read_to_string(root().join(example)).unwrap();
+    let mut cr: Value = serde_yaml::from_str(&text).unwrap();
+    cr["metadata"]["namespace"] = namespace.into();
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
     let waited = c.kubectl(&[
         "-n",
-        "apps",
+        namespace,
         "wait",
         "--for=condition=Ready",
-        "amqpc/orders",
+        &format!("amqpc/{name}"),
         "--timeout=120s",
     ]);
     assert!(waited.ok, "{}\noperator log:\n{}", waited.stderr, op.log());
-    let uid = json(c, &["-n", "apps", "get", "amqpc", "orders", "-o", "json"])["metadata"]["uid"]
-        .as_str()
-        .unwrap()
-        .to_string();
+}
+
+/// Deletes the AmqpConnector and waits until the garbage collector has removed its children.
+fn delete_and_collect(c: &Cluster, namespace: &str, name: &str) {
+    c.kubectl_ok(&["-n", namespace, "delete", "amqpc", name, "--wait=true"]);
+    wait_until(
+        "the garbage collector removes every child",
+        Duration::from_secs(60),
+        || children(c, namespace).is_empty(),
+        || format!("{:?}", children(c, namespace)),
+    );
+}
+
+/// helm 3 installs the chart cluster-wide; the operator, under the chart's RBAC, turns the
+/// example into its children (each owned by the AmqpConnector), kwok makes the pods Ready and
+/// the AmqpConnector reports Ready, its endpoint and selector, with an `Applied` Event and the
+/// columns README promises; `kubectl scale` goes through the scale subresource; a tunable change
+/// reaches the configuration and rolls the pods; one replica has no PodDisruptionBudget;
+/// deleting the AmqpConnector leaves the children to the garbage collector; the chart
+/// uninstalls.
+fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
+    let op = install(c, "HELM3", "aco3", &[]);
+    apply_example(c, &op, "apps", "examples/amqpconnector.yaml", "orders");
+    let cr = amqpc(c, "apps", "orders");
+    let uid = cr["metadata"]["uid"].as_str().unwrap().to_string();
+    assert_eq!(cr["status"]["observedGeneration"], 1);
+    assert_eq!(
+        cr["status"]["endpoints"]["amqp"],
+        "amqp://orders.apps.svc:5672"
+    );
+    assert_eq!(
+        cr["status"]["selector"],
+        "app.kubernetes.io/instance=orders,app.kubernetes.io/name=amqp-connector"
+    );
+    let applied = events(c, "apps", "orders");
+    assert!(
+        applied
+            .iter()
+            .any(|(t, r, n)| t == "Normal" && r == "Applied" && n.contains("generation 1")),
+        "{applied:?}"
+    );
     let owned = children(c, "apps");
     for kind in [
         "configmap/orders-config",
@@ -372,6 +428,37 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         || replica_sets() > before,
         || op.log(),
     );
+    let file = json(
+        c,
+        &[
+            "-n",
+            "apps",
+            "get",
+            "configmap",
+            "orders-config",
+            "-o",
+            "json",
+        ],
+    )["data"]["connector.yaml"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(file.contains("GetBatchSize: 64\n"), "{file}");
+    c.kubectl_ok(&["-n", "apps", "scale", "amqpc/orders", "--replicas=1"]);
+    let pdb = || {
+        c.kubectl(&["-n", "apps", "get", "poddisruptionbudget", "orders"])
+            .ok
+    };
+    wait_until(
+        "one replica has no PDB",
+        Duration::from_secs(60),
+        || !pdb(),
+        || op.log(),
+    );
+    c.kubectl_ok(&["-n", "apps", "scale", "amqpc/orders", "--replicas=2"]);
+    wait_until("two have one again", Duration::from_secs(60), pdb, || {
+        op.log()
+    });
     c.kubectl_ok(&[
         "-n",
         "apps",
@@ -381,46 +468,21 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         "--timeout=120s",
     ]);
 
-    c.kubectl_ok(&["-n", "apps", "delete", "amqpc", "orders", "--wait=true"]);
-    wait_until(
-        "the garbage collector removes every child",
-        Duration::from_secs(60),
-        || children(c, "apps").is_empty(),
-        || format!("{:?}", children(c, "apps")),
-    );
+    delete_and_collect(c, "apps", "orders");
     let log = op.log();
     assert!(
         !log.contains("forbidden"),
         "the chart's RBAC lacks something:\n{log}"
     );
     drop(op);
-    let r = c.helm(&helm, &["uninstall", "aco3", "-n", "operator-3", "--wait"]);
-    assert!(r.ok, "helm uninstall: {}{}", r.stdout, r.stderr);
+    uninstall(c, "HELM3", "aco3");
 }
 
 /// helm 4 installs the chart for one namespace (Roles there, no ClusterRole); the operator
 /// reconciles there under that RBAC.
 fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
-    let helm = helm_binary("HELM4");
     namespace_with_token(c, "apps4");
-    let chart = root().join("helm/amqp-connector-operator");
-    let r = c.helm(
-        &helm,
-        &[
-            "install",
-            "aco4",
-            chart.to_str().unwrap(),
-            "-n",
-            "operator-4",
-            "--create-namespace",
-            "--set",
-            "watchNamespaces={apps4}",
-            "--wait",
-            "--timeout",
-            "120s",
-        ],
-    );
-    assert!(r.ok, "helm install: {}{}", r.stdout, r.stderr);
+    let op = install(c, "HELM4", "aco4", &["watchNamespaces={apps4}"]);
     let roles = c.kubectl_ok(&[
         "get",
         "clusterroles",
@@ -430,50 +492,269 @@ fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
         "name",
     ]);
     assert!(
-        !roles.contains("clusterrole.rbac.authorization.k8s.io/aco4\n"),
-        "a namespaced install made a ClusterRole for the operator: {roles}"
+        !roles
+            .lines()
+            .any(|r| r == "clusterrole.rbac.authorization.k8s.io/aco4"),
+        "a namespaced install made the operator a ClusterRole: {roles}"
     );
-    let (op, http) = chart_operator(c, "operator-4", "aco4");
-    wait_until(
-        "the operator is ready",
-        Duration::from_secs(30),
-        || {
-            testkit::http_get(([127, 0, 0, 1], http).into(), "/readyz")
-                .is_some_and(|r| r.status == 200)
-        },
-        || op.log(),
-    );
-    let path = root().join("examples/minimal.yaml");
-    c.kubectl_ok(&["apply", "-n", "apps4", "-f", path.to_str().unwrap()]);
-    let name = json(c, &["-n", "apps4", "get", "amqpc", "-o", "json"])["items"][0]["metadata"]
-        ["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let waited = c.kubectl(&[
-        "-n",
-        "apps4",
-        "wait",
-        "--for=condition=Ready",
-        &format!("amqpc/{name}"),
-        "--timeout=120s",
-    ]);
-    assert!(waited.ok, "{}\noperator log:\n{}", waited.stderr, op.log());
-    c.kubectl_ok(&["-n", "apps4", "delete", "amqpc", &name, "--wait=true"]);
-    wait_until(
-        "the garbage collector removes every child",
-        Duration::from_secs(60),
-        || children(c, "apps4").is_empty(),
-        || format!("{:?}", children(c, "apps4")),
-    );
+    apply_example(c, &op, "apps4", "examples/minimal.yaml", "minimal");
+    delete_and_collect(c, "apps4", "minimal");
     let log = op.log();
     assert!(
         !log.contains("forbidden"),
         "the chart's RBAC lacks something:\n{log}"
     );
     drop(op);
-    let r = c.helm(&helm, &["uninstall", "aco4", "-n", "operator-4", "--wait"]);
-    assert!(r.ok, "helm uninstall: {}{}", r.stdout, r.stderr);
+    uninstall(c, "HELM4", "aco4");
+}
+
+/// A spec this connector version cannot honour is Degraded (`InvalidSpec`) with the fields named
+/// and a Warning Event, nothing is applied, and it is not tried again: no timed re-run is
+/// scheduled, and once a later change on the same watch (an annotation) has been reconciled,
+/// exactly one reconcile ran and the status did not change.
+fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
+    namespace_with_token(c, "apps-invalid");
+    let op = install(c, "HELM3", "aco-invalid", &[]);
+    let mut cr = example();
+    cr["metadata"]["namespace"] = "apps-invalid".into();
+    cr["spec"]["listeners"]["amqps"]["enabled"] = true.into();
+    cr["spec"]["tls"] = serde_json::json!({"secretName": "orders-tls"});
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    wait_until(
+        "Degraded InvalidSpec",
+        Duration::from_secs(60),
+        || {
+            condition(&amqpc(c, "apps-invalid", "orders"), "Degraded")
+                == Some(("True".into(), "InvalidSpec".into()))
+        },
+        || op.log(),
+    );
+    let degraded = amqpc(c, "apps-invalid", "orders");
+    let message = degraded["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        message.contains("spec.listeners.amqps") && message.contains("spec.tls"),
+        "{message}"
+    );
+    wait_until(
+        "a Warning InvalidSpec Event naming spec.tls",
+        Duration::from_secs(30),
+        || {
+            events(c, "apps-invalid", "orders")
+                .iter()
+                .any(|(t, r, n)| t == "Warning" && r == "InvalidSpec" && n.contains("spec.tls"))
+        },
+        || format!("{:?}", events(c, "apps-invalid", "orders")),
+    );
+    assert!(
+        children(c, "apps-invalid").is_empty(),
+        "{:?}",
+        children(c, "apps-invalid")
+    );
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    let timed = op.metric("amqp_connector_operator_timed_reruns_total");
+    let before = op.reconciles();
+    c.kubectl_ok(&[
+        "-n",
+        "apps-invalid",
+        "annotate",
+        "amqpc",
+        "orders",
+        "test.kubemq.io/barrier=1",
+    ]);
+    wait_until(
+        "the barrier was reconciled",
+        Duration::from_secs(30),
+        || op.reconciles() > before && op.idle(),
+        || op.log(),
+    );
+    assert_eq!(
+        op.reconciles(),
+        before + 1,
+        "only the barrier was reconciled"
+    );
+    assert_eq!(
+        op.metric("amqp_connector_operator_timed_reruns_total"),
+        timed,
+        "an invalid spec is not tried again until it changes"
+    );
+    let after = amqpc(c, "apps-invalid", "orders");
+    assert_eq!(
+        after["status"], degraded["status"],
+        "the status did not change"
+    );
+    c.kubectl_ok(&[
+        "-n",
+        "apps-invalid",
+        "delete",
+        "amqpc",
+        "orders",
+        "--wait=true",
+    ]);
+    drop(op);
+    uninstall(c, "HELM3", "aco-invalid");
+}
+
+/// The resourceVersions of the AmqpConnector and its children.
+fn versions(c: &Cluster, namespace: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for kind in [
+        "amqpconnectors",
+        "configmaps",
+        "deployments",
+        "services",
+        "poddisruptionbudgets",
+    ] {
+        let list = json(
+            c,
+            &[
+                "-n",
+                namespace,
+                "get",
+                kind,
+                "-l",
+                "app.kubernetes.io/instance=orders",
+                "-o",
+                "json",
+            ],
+        );
+        for o in list["items"].as_array().into_iter().flatten() {
+            out.push((
+                format!("{kind}/{}", o["metadata"]["name"].as_str().unwrap_or("")),
+                o["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+            ));
+        }
+    }
+    let cr = amqpc(c, namespace, "orders");
+    out.push((
+        "amqpconnector/orders".into(),
+        cr["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+    ));
+    out
+}
+
+/// SIGTERM stops the operator cleanly; the one started after it lists, watches and re-applies
+/// everything, and none of it changes any object (every resourceVersion stays).
+fn a_restarted_operator_writes_nothing_and_sigterm_stops_it(c: &Cluster) {
+    let op = install(c, "HELM3", "aco-restart", &[]);
+    apply_example(
+        c,
+        &op,
+        "apps-restart",
+        "examples/amqpconnector.yaml",
+        "orders",
+    );
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    let before = versions(c, "apps-restart");
+    op.stop();
+    let op = c.chart_operator("aco-restart", "aco-restart", "aco-restart-1");
+    wait_until(
+        "the restarted operator reconciled and is idle",
+        Duration::from_secs(60),
+        || op.reconciles() >= 1 && op.idle(),
+        || op.log(),
+    );
+    assert_eq!(
+        versions(c, "apps-restart"),
+        before,
+        "the restart changed objects"
+    );
+    delete_and_collect(c, "apps-restart", "orders");
+    drop(op);
+    uninstall(c, "HELM3", "aco-restart");
+}
+
+/// The Lease holder of this release's namespace.
+fn holder(c: &Cluster, namespace: &str) -> Option<String> {
+    let r = c.kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "lease",
+        "amqp-connector-operator",
+        "-o",
+        "json",
+    ]);
+    if !r.ok {
+        return None;
+    }
+    let lease: Value = serde_json::from_str(&r.stdout).ok()?;
+    lease["spec"]["holderIdentity"].as_str().map(String::from)
+}
+
+/// Two operators: only the Lease holder reconciles; on SIGTERM it releases the Lease and the
+/// standby takes over and reconciles the next change.
+fn two_operators_only_the_leader_reconciles(c: &Cluster) {
+    let a = install(c, "HELM3", "aco-lease", &[]);
+    wait_until(
+        "the first leads",
+        Duration::from_secs(30),
+        || holder(c, "aco-lease").as_deref() == Some("aco-lease-0"),
+        || a.log(),
+    );
+    let b = c.chart_operator("aco-lease", "aco-lease", "aco-lease-1");
+    apply_example(c, &a, "apps-lease", "examples/amqpconnector.yaml", "orders");
+    assert!(a.reconciles() > 0 && a.leading());
+    // Its controller starts only once it leads.
+    assert!(!b.leading(), "the standby does not lead");
+    assert_eq!(b.reconciles(), 0, "the standby does not reconcile");
+    a.stop();
+    wait_until(
+        "the standby leads",
+        Duration::from_secs(30),
+        || holder(c, "aco-lease").as_deref() == Some("aco-lease-1") && b.leading(),
+        || b.log(),
+    );
+    c.kubectl_ok(&["-n", "apps-lease", "scale", "amqpc/orders", "--replicas=3"]);
+    wait_until(
+        "the new leader reconciles",
+        Duration::from_secs(60),
+        || {
+            json(
+                c,
+                &[
+                    "-n",
+                    "apps-lease",
+                    "get",
+                    "deployment",
+                    "orders",
+                    "-o",
+                    "json",
+                ],
+            )["spec"]["replicas"]
+                == 3
+        },
+        || b.log(),
+    );
+    delete_and_collect(c, "apps-lease", "orders");
+    b.stop();
+    wait_until(
+        "the Lease is free",
+        Duration::from_secs(30),
+        || holder(c, "aco-lease").is_none(),
+        String::new,
+    );
+    uninstall(c, "HELM3", "aco-lease");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
