@@ -136,8 +136,12 @@ fn rerun_after(delay: Duration, ctx: &Context) -> Action {
     Action::requeue(delay)
 }
 
+/// Why children could not be applied.
 enum Failure {
-    Spec(RenderError),
+    /// The spec cannot be applied as it is (it does not render, or the API server refuses what
+    /// it renders): permanent until the spec changes.
+    Spec(String),
+    /// The API failed: transient, retried with backoff.
     Api(Error),
 }
 
@@ -148,7 +152,8 @@ async fn apply_children(
     ns: &str,
     ctx: &Context,
 ) -> Result<(Option<Deployment>, String), Failure> {
-    let d = render::desired(cr).map_err(Failure::Spec)?;
+    let d = render::desired(cr).map_err(|e: RenderError| Failure::Spec(e.to_string()))?;
+    let uid = cr.metadata.uid.clone().unwrap_or_default();
     let client = ctx.client.clone();
     let name = cr.name_any();
     apply(
@@ -167,14 +172,14 @@ async fn apply_children(
         Some(s) => {
             apply(&services, s).await?;
         }
-        None => remove(&services, &format!("{name}-metrics")).await?,
+        None => remove(&services, &format!("{name}-metrics"), &uid).await?,
     }
     let pdbs = Api::<PodDisruptionBudget>::namespaced(client, ns);
     match &d.pdb {
         Some(p) => {
             apply(&pdbs, p).await?;
         }
-        None => remove(&pdbs, &name).await?,
+        None => remove(&pdbs, &name, &uid).await?,
     }
     Ok((Some(deployment), d.config_hash))
 }
@@ -198,16 +203,22 @@ where
         &Patch::Apply(&body),
     )
     .await
-    .map_err(|e| Failure::Api(Error::Api("apply", e)))
+    .map_err(|e| match e {
+        // Invalid (422): what the spec renders is refused, and will be until the spec changes.
+        kube::Error::Api(s) if s.code == 422 => {
+            Failure::Spec(format!("{} {name} refused: {}", K::kind(&()), s.message))
+        }
+        e => Failure::Api(Error::Api("apply", e)),
+    })
 }
 
 /// Deletes a child that is no longer wanted; gone already is fine.
-async fn remove<K>(api: &Api<K>, name: &str) -> Result<(), Failure>
+async fn remove<K>(api: &Api<K>, name: &str, owner_uid: &str) -> Result<(), Failure>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
     match api.get_opt(name).await {
-        Ok(Some(obj)) if is_ours(obj.meta()) => api
+        Ok(Some(obj)) if controlled_by(obj.meta(), owner_uid) => api
             .delete(name, &DeleteParams::default())
             .await
             .map(|_| ())
@@ -221,11 +232,16 @@ where
     }
 }
 
-fn is_ours(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> bool {
-    meta.labels
-        .as_ref()
-        .and_then(|l| l.get("app.kubernetes.io/managed-by"))
-        .is_some_and(|m| m == MANAGER)
+/// Whether the AmqpConnector with `owner_uid` controls the object: labels alone would let one
+/// AmqpConnector delete another's child of the same name (`foo-metrics`, say).
+fn controlled_by(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    owner_uid: &str,
+) -> bool {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .any(|o| o.controller == Some(true) && o.uid == owner_uid)
 }
 
 /// The status this reconcile observed. Conditions keep their transition time while their status

@@ -38,6 +38,9 @@ pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
     shortname = "amqpc",
     category = "kubemq",
     doc = "An AMQP 1.0 connector for a KubeMQ broker: AMQP clients connect to its Service and use KubeMQ queues, events and RPC.",
+    // Children are named `<name>`, `<name>-config` and `<name>-metrics`: DNS-1035 labels of at
+    // most 63 characters.
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]{0,53}[a-z0-9])?$')").message("metadata.name must be a DNS-1035 label (lower case letters, digits and '-', starting with a letter) of at most 55 characters, so that <name>-metrics fits 63"),
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.replicas",
@@ -84,7 +87,11 @@ pub const RESERVED_ENV_PREFIX: &str = "CONNECTORS_AMQP10_";
     validation = Rule::new("!self.listeners.amqp.enabled || !self.listeners.amqps.enabled || self.listeners.amqp.port != self.listeners.amqps.port").message("the amqp and amqps listeners need different ports"),
     validation = Rule::new("!has(self.sasl) || !('EXTERNAL' in self.sasl.mechanisms) || (has(self.tls) && has(self.tls.clientAuth) && self.tls.clientAuth == 'Required')").message("SASL EXTERNAL needs spec.tls.clientAuth: Required"),
     validation = Rule::new("!has(self.service) || !has(self.service.nodePorts) || (has(self.service.type) && self.service.type in ['NodePort', 'LoadBalancer'])").message("service.nodePorts needs service.type NodePort or LoadBalancer"),
-    validation = Rule::new("!has(self.env) || self.env.all(e, !(e.name in ['POD_NAME', 'POD_NAMESPACE']) && !e.name.startsWith('CONNECTORS_AMQP10_'))").message("spec.env may not set POD_NAME, POD_NAMESPACE or CONNECTORS_AMQP10_* (the operator renders those)")
+    validation = Rule::new("!has(self.env) || self.env.all(e, !(e.name in ['POD_NAME', 'POD_NAMESPACE']) && !e.name.startsWith('CONNECTORS_AMQP10_'))").message("spec.env may not set POD_NAME, POD_NAMESPACE or CONNECTORS_AMQP10_* (the operator renders those)"),
+    validation = Rule::new("!has(self.env) || !has(self.logging) || !has(self.logging.level) || !self.env.exists(e, e.name == 'RUST_LOG')").message("set the log level either with spec.logging.level or with RUST_LOG in spec.env, not both"),
+    validation = Rule::new("!has(self.service) || !has(self.service.externalTrafficPolicy) || (has(self.service.type) && self.service.type in ['NodePort', 'LoadBalancer'])").message("service.externalTrafficPolicy needs service.type NodePort or LoadBalancer"),
+    validation = Rule::new("!has(self.service) || (!has(self.service.loadBalancerClass) && !has(self.service.loadBalancerSourceRanges)) || (has(self.service.type) && self.service.type == 'LoadBalancer')").message("service.loadBalancerClass and service.loadBalancerSourceRanges need service.type LoadBalancer"),
+    validation = Rule::new("(!self.listeners.amqp.enabled || self.listeners.amqp.port != (has(self.metrics) ? self.metrics.port : 9090)) && (!self.listeners.amqps.enabled || self.listeners.amqps.port != (has(self.metrics) ? self.metrics.port : 9090))").message("the metrics port (spec.metrics.port, default 9090, also the probes' port) must differ from the listeners' ports")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AmqpConnectorSpec {
@@ -166,9 +173,9 @@ pub struct AmqpConnectorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 253))]
     pub service_account_name: Option<String>,
-    /// Extra environment variables of the connector container.
+    /// Extra environment variables of the connector container (each name once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(max = 64))]
+    #[schemars(schema_with = "env_schema")]
     pub env: Option<Vec<EnvVar>>,
     /// Escape hatch: a partial pod template merged over the one the operator renders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -644,6 +651,20 @@ fn preserve_unknown_fields(_: &mut schemars::SchemaGenerator) -> schemars::Schem
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": true,
     })
+}
+
+/// At most 64 variables as a list-map keyed by `name`: the API server refuses a name given
+/// twice, and server-side apply merges them per name (a CEL rule comparing every pair would
+/// exceed the API server's cost budget).
+fn env_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = g.subschema_for::<Option<Vec<EnvVar>>>();
+    s.insert("maxItems".into(), 64.into());
+    s.insert("x-kubernetes-list-type".into(), "map".into());
+    s.insert(
+        "x-kubernetes-list-map-keys".into(),
+        serde_json::json!(["name"]),
+    );
+    s
 }
 
 /// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.

@@ -36,9 +36,13 @@ struct Args {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "OPERATOR_WATCH_NAMESPACE")]
     watch_namespace: Option<String>,
-    /// Reconcile only while holding the Lease `amqp-connector-operator` (`false`: always).
+    /// Reconcile only while holding the Lease `--lease-name` (`false`: always).
     #[arg(long, env = "OPERATOR_LEADER_ELECTION", default_value_t = true, action = ArgAction::Set)]
     leader_election: bool,
+    /// Name of the Lease; one per installation (the chart uses its release's name), so that two
+    /// installations in one namespace do not wait on each other.
+    #[arg(long, env = "OPERATOR_LEASE_NAME", default_value = MANAGER)]
+    lease_name: String,
     /// Namespace of the Lease: the operator's own.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
@@ -89,7 +93,15 @@ async fn main() -> ExitCode {
             .identity
             .clone()
             .unwrap_or_else(|| format!("operator-{}", std::process::id()));
-        match lead(&client, &args.lease_namespace, &identity, stop.clone()).await {
+        match lead(
+            &client,
+            &args.lease_namespace,
+            &args.lease_name,
+            &identity,
+            stop.clone(),
+        )
+        .await
+        {
             Ok(Some(l)) => lease = Some(l),
             Ok(None) => return ExitCode::SUCCESS,
             Err(e) => {
@@ -156,14 +168,15 @@ type Lease = (
     tokio::task::JoinHandle<kube_lease_manager::Result<kube_lease_manager::LeaseManager>>,
 );
 
-/// Waits until this replica holds the Lease; `None` when stopped first.
+/// Waits until this replica holds the Lease `lease`; `None` when stopped first.
 async fn lead(
     client: &Client,
     namespace: &str,
+    lease: &str,
     identity: &str,
     stop: watch::Receiver<bool>,
 ) -> Result<Option<Lease>, kube_lease_manager::LeaseManagerError> {
-    let manager = LeaseManagerBuilder::new(client.clone(), MANAGER)
+    let manager = LeaseManagerBuilder::new(client.clone(), lease)
         .with_namespace(namespace)
         .with_identity(identity)
         .with_duration(LEASE_SECONDS)

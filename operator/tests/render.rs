@@ -389,3 +389,40 @@ fn every_tunable_reaches_the_connector() {
     assert_ne!(s.max_frame_size, defaults.max_frame_size);
     assert_ne!(s.rpc_max_pending, defaults.rpc_max_pending);
 }
+
+/// A stopping pod keeps serving for a few seconds before SIGTERM, so its endpoints leave the
+/// Services first (within a grace period that also covers the connector's own shutdown); pods
+/// request resources even when the spec sets none; a node drain is not blocked by unready pods;
+/// the AmqpConnector's foreground deletion waits for its children.
+#[test]
+fn pods_stop_gracefully_request_resources_and_drains_pass_unready_pods() {
+    use kubemq_amqp_operator::render::PRE_STOP_SECONDS;
+    let d = desired(&fixture("minimal.yaml")).expect("renders");
+    let pod = d.deployment.spec.expect("spec").template.spec.expect("pod");
+    let c = &pod.containers[0];
+    let sleep = c
+        .lifecycle
+        .as_ref()
+        .and_then(|l| l.pre_stop.as_ref())
+        .and_then(|p| p.sleep.as_ref())
+        .expect("a preStop sleep");
+    assert_eq!(sleep.seconds, PRE_STOP_SECONDS);
+    assert!(pod.termination_grace_period_seconds.expect("grace") >= PRE_STOP_SECONDS + 10);
+    let requests = c
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.as_ref())
+        .expect("default requests");
+    assert!(requests.contains_key("cpu") && requests.contains_key("memory"));
+    let mut two = fixture("minimal.yaml");
+    two.spec.replicas = 2;
+    let d = desired(&two).expect("renders");
+    let pdb = d.pdb.expect("a PDB from two replicas").spec.expect("spec");
+    assert_eq!(
+        pdb.unhealthy_pod_eviction_policy.as_deref(),
+        Some("AlwaysAllow")
+    );
+    for owner in d.deployment.metadata.owner_references.expect("owned") {
+        assert_eq!(owner.block_owner_deletion, Some(true));
+    }
+}

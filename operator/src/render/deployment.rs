@@ -7,10 +7,11 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    SeccompProfile, SecretKeySelector, SecurityContext, TopologySpreadConstraint, Volume,
-    VolumeMount,
+    HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
+    SecurityContext, SleepAction, TopologySpreadConstraint, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -21,6 +22,9 @@ use crate::crd::{AmqpConnectorSpec, LogLevel, PullPolicy};
 pub const CONFIG_HASH_ANNOTATION: &str = "amqp.kubemq.io/config-hash";
 /// The user the connector runs as (the distroless "nonroot" user).
 const RUN_AS: i64 = 65532;
+/// How long a stopping pod keeps serving before SIGTERM: time for its endpoints to be removed
+/// from the Services, so that no new client is sent to a connector that is closing.
+pub const PRE_STOP_SECONDS: i64 = 5;
 
 /// The Deployment `name` for `spec`, with `meta` as its metadata.
 pub fn deployment(
@@ -144,7 +148,16 @@ fn container(spec: &AmqpConnectorSpec) -> Container {
         ]),
         env: Some(env(spec)),
         ports: Some(ports),
-        resources: spec.resources.clone(),
+        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction {
+                    seconds: PRE_STOP_SECONDS,
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         startup_probe: Some(probe("/livez", 1, 30)),
         liveness_probe: Some(probe("/livez", 10, 3)),
         readiness_probe: Some(probe("/readyz", 5, 2)),
@@ -165,6 +178,22 @@ fn container(spec: &AmqpConnectorSpec) -> Container {
             ..VolumeMount::default()
         }]),
         ..Container::default()
+    }
+}
+
+/// Requests when the spec sets no resources: enough for the scheduler to count the pod (about
+/// what an idle connector with a few connections holds), no limits.
+fn default_resources() -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(
+            [
+                ("cpu".to_string(), Quantity("100m".into())),
+                ("memory".to_string(), Quantity("64Mi".into())),
+            ]
+            .into_iter()
+            .collect(),
+        ),
+        ..ResourceRequirements::default()
     }
 }
 

@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use crate::crd::{AmqpConnector, AmqpConnectorSpec};
 
 pub use config::{connector_config, ConnectorConfig, CONFIG_DIR, CONFIG_FILE};
-pub use deployment::{deployment, CONFIG_HASH_ANNOTATION};
+pub use deployment::{deployment, CONFIG_HASH_ANNOTATION, PRE_STOP_SECONDS};
 pub use service::{amqp_service, metrics_service};
 
 /// The field manager of every server-side apply, and the `managed-by` label of every child.
@@ -64,7 +64,9 @@ pub struct Desired {
 
 /// Renders every child of `cr`.
 pub fn desired(cr: &AmqpConnector) -> Result<Desired, RenderError> {
-    let owner = cr.controller_owner_ref(&()).ok_or(RenderError::NoOwner)?;
+    let mut owner = cr.controller_owner_ref(&()).ok_or(RenderError::NoOwner)?;
+    // Foreground deletion of the AmqpConnector waits for its children.
+    owner.block_owner_deletion = Some(true);
     let cfg = connector_config(&cr.spec)?;
     let name = cr.name_any();
     let meta = |suffix: &str| ObjectMeta {
@@ -101,6 +103,8 @@ pub fn desired(cr: &AmqpConnector) -> Result<Desired, RenderError> {
                 match_labels: Some(selector_labels(&name)),
                 ..LabelSelector::default()
             }),
+            // When KubeMQ is down every pod is unready; a node drain must not wait for it.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()

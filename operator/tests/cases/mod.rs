@@ -76,6 +76,36 @@ pub const RULES: &[RuleCase] = &[
         message: "must be host:port",
     },
     RuleCase {
+        name: "rust-log-and-logging-level",
+        change: |s| {
+            s["env"] = json!([{"name": "RUST_LOG", "value": "debug"}]);
+            s["logging"] = json!({"level": "info"});
+        },
+        message: "either with spec.logging.level or with RUST_LOG",
+    },
+    RuleCase {
+        name: "external-traffic-policy-on-cluster-ip",
+        change: |s| s["service"] = json!({"type": "ClusterIP", "externalTrafficPolicy": "Local"}),
+        message: "service.externalTrafficPolicy needs",
+    },
+    RuleCase {
+        name: "load-balancer-class-on-node-port",
+        change: |s| {
+            s["service"] = json!({"type": "NodePort", "loadBalancerClass": "example.com/lb"})
+        },
+        message: "need service.type LoadBalancer",
+    },
+    RuleCase {
+        name: "load-balancer-source-ranges-without-type",
+        change: |s| s["service"] = json!({"loadBalancerSourceRanges": ["10.0.0.0/8"]}),
+        message: "need service.type LoadBalancer",
+    },
+    RuleCase {
+        name: "metrics-port-is-the-amqp-port",
+        change: |s| s["metrics"]["port"] = 5672.into(),
+        message: "the metrics port",
+    },
+    RuleCase {
         name: "service-monitor-interval",
         change: |s| s["metrics"]["serviceMonitor"] = json!({"enabled": true, "interval": "soon"}),
         message: "a duration such as 30s",
@@ -96,8 +126,9 @@ pub struct SchemaCase {
     pub name: &'static str,
     /// The spec's YAML, indented by two spaces after its first line.
     pub spec: &'static str,
-    /// Part of the message of `jsonschema` (tests/python/validate_cr.py).
-    pub jsonschema: &'static str,
+    /// Part of the message of `jsonschema` (tests/python/validate_cr.py); `None` for what only
+    /// the API server checks (list-map keys).
+    pub jsonschema: Option<&'static str>,
     /// Part of the message of the Kubernetes API server.
     pub apiserver: &'static str,
 }
@@ -107,38 +138,44 @@ pub const SCHEMA: &[SchemaCase] = &[
     SchemaCase {
         name: "no-broker",
         spec: "replicas: 1",
-        jsonschema: "'broker' is a required property",
+        jsonschema: Some("'broker' is a required property"),
         apiserver: "spec.broker: Required value",
     },
     SchemaCase {
         name: "unknown-field",
         spec: "broker: {address: 'k:1'}\n  amqp: {bogus: 1}",
-        jsonschema: "'bogus' was unexpected",
+        jsonschema: Some("'bogus' was unexpected"),
         apiserver: "unknown field \"spec.amqp.bogus\"",
     },
     SchemaCase {
         name: "replicas-string",
         spec: "broker: {address: 'k:1'}\n  replicas: two",
-        jsonschema: "is not of type 'integer'",
+        jsonschema: Some("is not of type 'integer'"),
         apiserver: "spec.replicas: Invalid value: \"string\"",
     },
     SchemaCase {
         name: "batch-too-big",
         spec: "broker: {address: 'k:1'}\n  amqp: {getBatchSize: 2000}",
-        jsonschema: "greater than the maximum of 1024",
+        jsonschema: Some("greater than the maximum of 1024"),
         apiserver: "spec.amqp.getBatchSize: Invalid value: 2000",
     },
     SchemaCase {
         name: "bad-pattern",
         spec: "broker: {address: 'k:1'}\n  amqp: {defaultPattern: topics}",
-        jsonschema: "is not one of",
+        jsonschema: Some("is not one of"),
         apiserver: "Unsupported value: \"topics\"",
     },
     SchemaCase {
         name: "frame-too-small",
         spec: "broker: {address: 'k:1'}\n  amqp: {maxFrameSize: 511}",
-        jsonschema: "less than the minimum of 512",
+        jsonschema: Some("less than the minimum of 512"),
         apiserver: "spec.amqp.maxFrameSize: Invalid value: 511",
+    },
+    SchemaCase {
+        name: "duplicate-env-names",
+        spec: "broker: {address: 'k:1'}\n  env: [{name: RUST_BACKTRACE, value: '1'}, {name: RUST_BACKTRACE, value: '0'}]",
+        jsonschema: None,
+        apiserver: "Duplicate value",
     },
 ];
 
@@ -151,3 +188,17 @@ impl SchemaCase {
         )
     }
 }
+
+/// Names the CRD refuses (its children could not be named), and one at the limit it accepts.
+pub const BAD_NAMES: &[&str] = &[
+    "a-name-of-fifty-six-characters-is-one-too-long-for-thisx",
+    "Orders",
+    "1orders",
+    "orders-",
+];
+
+/// The longest name the CRD accepts: 55 characters.
+pub const LONGEST_NAME: &str = "a-name-of-fifty-five-characters-is-just-short-enough-xx";
+
+/// Part of the refusal of a bad name.
+pub const NAME_MESSAGE: &str = "metadata.name must be a DNS-1035 label";

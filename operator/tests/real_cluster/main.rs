@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 8] = [
+    let scenarios: [(&str, Scenario); 11] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -64,6 +64,18 @@ fn main() -> ExitCode {
         (
             "two_operators_only_the_leader_reconciles",
             two_operators_only_the_leader_reconciles,
+        ),
+        (
+            "two_installations_in_one_namespace_each_lead",
+            two_installations_in_one_namespace_each_lead,
+        ),
+        (
+            "a_child_the_api_server_refuses_is_an_invalid_spec",
+            a_child_the_api_server_refuses_is_an_invalid_spec,
+        ),
+        (
+            "another_amqpconnectors_child_of_the_same_name_is_left_alone",
+            another_amqpconnectors_child_of_the_same_name_is_left_alone,
         ),
     ];
     if args.list {
@@ -188,6 +200,23 @@ fn bad_specs_are_refused_with_their_messages(c: &Cluster) {
             wrong.push(format!("{}: ok={} {}", case.name, r.ok, r.stderr));
         }
     }
+    for name in cases::BAD_NAMES {
+        let mut cr = example();
+        cr["metadata"]["name"] = (*name).into();
+        let r = c.kubectl_in(&["apply", "--dry-run=server", "-f", "-"], &cr.to_string());
+        if r.ok || !r.stderr.contains(cases::NAME_MESSAGE) {
+            wrong.push(format!("name {name}: ok={} {}", r.ok, r.stderr));
+        }
+    }
+    let mut longest = example();
+    longest["metadata"]["name"] = cases::LONGEST_NAME.into();
+    let r = c.kubectl_in(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &longest.to_string(),
+    );
+    if !r.ok {
+        wrong.push(format!("the longest name was refused: {}", r.stderr));
+    }
     assert!(
         wrong.is_empty(),
         "not refused as promised:\n{}",
@@ -198,6 +227,17 @@ fn bad_specs_are_refused_with_their_messages(c: &Cluster) {
 /// Installs the chart as `release` into namespace `release` with `helm` and `values`
 /// (`--set` pairs), and starts its operator as pod `<release>-0`.
 fn install(c: &Cluster, helm_var: &str, release: &str, values: &[&str]) -> cluster::Operator {
+    install_in(c, helm_var, release, release, values)
+}
+
+/// [`install`] into `namespace`.
+fn install_in(
+    c: &Cluster,
+    helm_var: &str,
+    release: &str,
+    namespace: &str,
+    values: &[&str],
+) -> cluster::Operator {
     let helm = helm_binary(helm_var);
     let chart = root().join("helm/amqp-connector-operator");
     let mut args = vec![
@@ -205,7 +245,7 @@ fn install(c: &Cluster, helm_var: &str, release: &str, values: &[&str]) -> clust
         release,
         chart.to_str().unwrap(),
         "-n",
-        release,
+        namespace,
         "--create-namespace",
         "--wait",
         "--timeout",
@@ -216,14 +256,19 @@ fn install(c: &Cluster, helm_var: &str, release: &str, values: &[&str]) -> clust
     }
     let r = c.helm(&helm, &args);
     assert!(r.ok, "helm install: {}{}", r.stdout, r.stderr);
-    c.chart_operator(release, release, &format!("{release}-0"))
+    c.chart_operator(namespace, release, &format!("{release}-0"))
 }
 
 /// Uninstalls what [`install`] installed.
 fn uninstall(c: &Cluster, helm_var: &str, release: &str) {
+    uninstall_in(c, helm_var, release, release);
+}
+
+/// [`uninstall`] from `namespace`.
+fn uninstall_in(c: &Cluster, helm_var: &str, release: &str, namespace: &str) {
     let r = c.helm(
         &helm_binary(helm_var),
-        &["uninstall", release, "-n", release, "--wait"],
+        &["uninstall", release, "-n", namespace, "--wait"],
     );
     assert!(r.ok, "helm uninstall: {}{}", r.stdout, r.stderr);
 }
@@ -260,15 +305,18 @@ fn events(c: &Cluster, namespace: &str, name: &str) -> Vec<(String, String, Stri
         .collect()
 }
 
-/// The children an AmqpConnector owns, by kind and name.
-fn children(c: &Cluster, namespace: &str) -> Vec<String> {
+/// The children of the AmqpConnector `name` in `namespace`, as `kind/name`.
+fn children(c: &Cluster, namespace: &str, name: &str) -> Vec<String> {
+    let selector = format!(
+        "app.kubernetes.io/managed-by=amqp-connector-operator,app.kubernetes.io/instance={name}"
+    );
     let out = c.kubectl_ok(&[
         "-n",
         namespace,
         "get",
         "configmaps,deployments,services,poddisruptionbudgets",
         "-l",
-        "app.kubernetes.io/managed-by=amqp-connector-operator",
+        &selector,
         "-o",
         "name",
     ]);
@@ -308,8 +356,8 @@ fn delete_and_collect(c: &Cluster, namespace: &str, name: &str) {
     wait_until(
         "the garbage collector removes every child",
         Duration::from_secs(60),
-        || children(c, namespace).is_empty(),
-        || format!("{:?}", children(c, namespace)),
+        || children(c, namespace, name).is_empty(),
+        || format!("{:?}", children(c, namespace, name)),
     );
 }
 
@@ -341,7 +389,7 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
             .any(|(t, r, n)| t == "Normal" && r == "Applied" && n.contains("generation 1")),
         "{applied:?}"
     );
-    let owned = children(c, "apps");
+    let owned = children(c, "apps", "orders");
     for kind in [
         "configmap/orders-config",
         "deployment.apps/orders",
@@ -551,9 +599,9 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
         || format!("{:?}", events(c, "apps-invalid", "orders")),
     );
     assert!(
-        children(c, "apps-invalid").is_empty(),
+        children(c, "apps-invalid", "orders").is_empty(),
         "{:?}",
-        children(c, "apps-invalid")
+        children(c, "apps-invalid", "orders")
     );
     wait_until(
         "the operator is idle",
@@ -684,17 +732,15 @@ fn a_restarted_operator_writes_nothing_and_sigterm_stops_it(c: &Cluster) {
     uninstall(c, "HELM3", "aco-restart");
 }
 
-/// The Lease holder of this release's namespace.
+/// The holder of the Lease of the release called `namespace` (the chart names the Lease after
+/// its release, in the release's namespace).
 fn holder(c: &Cluster, namespace: &str) -> Option<String> {
-    let r = c.kubectl(&[
-        "-n",
-        namespace,
-        "get",
-        "lease",
-        "amqp-connector-operator",
-        "-o",
-        "json",
-    ]);
+    holder_of(c, namespace, namespace)
+}
+
+/// The holder of Lease `name` in `namespace`.
+fn holder_of(c: &Cluster, namespace: &str, name: &str) -> Option<String> {
+    let r = c.kubectl(&["-n", namespace, "get", "lease", name, "-o", "json"]);
     if !r.ok {
         return None;
     }
@@ -755,6 +801,170 @@ fn two_operators_only_the_leader_reconciles(c: &Cluster) {
         String::new,
     );
     uninstall(c, "HELM3", "aco-lease");
+}
+
+/// Two installations in one namespace, each for its own namespace, each hold their own Lease
+/// and reconcile.
+fn two_installations_in_one_namespace_each_lead(c: &Cluster) {
+    namespace_with_token(c, "apps-a");
+    namespace_with_token(c, "apps-b");
+    let a = install_in(
+        c,
+        "HELM3",
+        "aco-a",
+        "operators",
+        &["watchNamespaces={apps-a}"],
+    );
+    let b = install_in(
+        c,
+        "HELM3",
+        "aco-b",
+        "operators",
+        &["watchNamespaces={apps-b}"],
+    );
+    wait_until(
+        "both lead",
+        Duration::from_secs(30),
+        || a.leading() && b.leading(),
+        || format!("{}\n{}", a.log(), b.log()),
+    );
+    assert_eq!(
+        holder_of(c, "operators", "aco-a").as_deref(),
+        Some("aco-a-0")
+    );
+    assert_eq!(
+        holder_of(c, "operators", "aco-b").as_deref(),
+        Some("aco-b-0")
+    );
+    apply_example(c, &b, "apps-b", "examples/minimal.yaml", "minimal");
+    delete_and_collect(c, "apps-b", "minimal");
+    drop((a, b));
+    uninstall_in(c, "HELM3", "aco-a", "operators");
+    uninstall_in(c, "HELM3", "aco-b", "operators");
+}
+
+/// A spec that passes the CRD but renders a child the API server refuses (an invalid pod
+/// annotation key) is Degraded `InvalidSpec` naming the refusal, and is not retried.
+fn a_child_the_api_server_refuses_is_an_invalid_spec(c: &Cluster) {
+    namespace_with_token(c, "apps-refused");
+    let op = install(c, "HELM3", "aco-refused", &[]);
+    let mut cr = example();
+    cr["metadata"]["namespace"] = "apps-refused".into();
+    cr["spec"]["podAnnotations"] = serde_json::json!({"not a valid key": "x"});
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    wait_until(
+        "Degraded InvalidSpec",
+        Duration::from_secs(60),
+        || {
+            condition(&amqpc(c, "apps-refused", "orders"), "Degraded")
+                == Some(("True".into(), "InvalidSpec".into()))
+        },
+        || op.log(),
+    );
+    let cr = amqpc(c, "apps-refused", "orders");
+    let message = cr["status"]["conditions"].to_string();
+    assert!(message.contains("Deployment orders refused"), "{message}");
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    assert_eq!(
+        op.metric("amqp_connector_operator_reconcile_errors_total"),
+        0,
+        "a refusal is not retried as an API error"
+    );
+    c.kubectl_ok(&[
+        "-n",
+        "apps-refused",
+        "delete",
+        "amqpc",
+        "orders",
+        "--wait=true",
+    ]);
+    drop(op);
+    uninstall(c, "HELM3", "aco-refused");
+}
+
+/// `x-metrics` is one AmqpConnector's AMQP Service and the metrics Service another one called
+/// `x` would have: `x`, with metrics off, removes its metrics Service only if it controls it.
+fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
+    namespace_with_token(c, "apps-names");
+    let op = install(c, "HELM3", "aco-names", &[]);
+    let mut first = example();
+    first["metadata"]["namespace"] = "apps-names".into();
+    first["metadata"]["name"] = "x-metrics".into();
+    first["spec"]["metrics"]["enabled"] = false.into();
+    c.kubectl_ok_in(&["apply", "-f", "-"], &first.to_string());
+    c.kubectl_ok(&[
+        "-n",
+        "apps-names",
+        "wait",
+        "--for=condition=Ready",
+        "amqpc/x-metrics",
+        "--timeout=120s",
+    ]);
+    let uid = |c: &Cluster| {
+        json(
+            c,
+            &[
+                "-n",
+                "apps-names",
+                "get",
+                "service",
+                "x-metrics",
+                "-o",
+                "json",
+            ],
+        )["metadata"]["uid"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    let before = uid(c);
+    let mut second = first.clone();
+    second["metadata"]["name"] = "x".into();
+    c.kubectl_ok_in(&["apply", "-f", "-"], &second.to_string());
+    c.kubectl_ok(&[
+        "-n",
+        "apps-names",
+        "wait",
+        "--for=condition=Ready",
+        "amqpc/x",
+        "--timeout=120s",
+    ]);
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    let service = json(
+        c,
+        &[
+            "-n",
+            "apps-names",
+            "get",
+            "service",
+            "x-metrics",
+            "-o",
+            "json",
+        ],
+    );
+    assert_eq!(
+        service["metadata"]["ownerReferences"][0]["name"], "x-metrics",
+        "{service}"
+    );
+    assert_eq!(
+        uid(c),
+        before,
+        "x-metrics's Service was deleted (and made again)"
+    );
+    delete_and_collect(c, "apps-names", "x");
+    delete_and_collect(c, "apps-names", "x-metrics");
+    drop(op);
+    uninstall(c, "HELM3", "aco-names");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
