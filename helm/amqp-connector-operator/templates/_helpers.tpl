@@ -30,21 +30,29 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 
 {{/* What the operator may do with AmqpConnectors and their children (no Secrets, ever). */}}
 {{- define "aco.rules" -}}
+{{- /* Exactly what the operator asks for (the real-cluster test compares the API server's audit
+log with these): it watches AmqpConnectors and its children, server-side-applies the children
+and its status (create is needed for an apply that creates), deletes only the metrics Service
+and the PDB (ConfigMap and Deployment go with their owner, by the garbage collector), and sets
+blockOwnerDeletion (which needs update on the finalizers). */}}
 - apiGroups: ["amqp.kubemq.io"]
   resources: ["amqpconnectors"]
-  verbs: ["get", "list", "watch", "patch"]
+  verbs: ["list", "watch"]
 - apiGroups: ["amqp.kubemq.io"]
   resources: ["amqpconnectors/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["patch"]
 - apiGroups: ["amqp.kubemq.io"]
   resources: ["amqpconnectors/finalizers"]
   verbs: ["update"]
 - apiGroups: [""]
-  resources: ["configmaps", "services"]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

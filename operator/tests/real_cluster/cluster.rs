@@ -147,6 +147,38 @@ impl Cluster {
         path
     }
 
+    /// What ServiceAccount `namespace/name` asked the API server to do, from its audit log: each
+    /// (API group, resource with subresource, verb) once.
+    pub fn requests_of(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> std::collections::BTreeSet<(String, String, String)> {
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let log = std::fs::read_to_string(self.state.path().join("audit.log")).unwrap_or_default();
+        let mut out = std::collections::BTreeSet::new();
+        for line in log.lines() {
+            let Ok(e) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if e["user"]["username"] != user.as_str() {
+                continue;
+            }
+            let r = &e["objectRef"];
+            let Some(resource) = r["resource"].as_str() else {
+                continue;
+            };
+            let resource = match r["subresource"].as_str() {
+                Some(sub) => format!("{resource}/{sub}"),
+                None => resource.to_string(),
+            };
+            let group = r["apiGroup"].as_str().unwrap_or("").to_string();
+            let verb = e["verb"].as_str().unwrap_or("").to_string();
+            out.insert((group, resource, verb));
+        }
+        out
+    }
+
     /// Starts the operator binary as the chart's Deployment of `release` in `namespace` runs
     /// it: its arguments and environment, under its ServiceAccount's token, as pod `pod`;
     /// `/metrics`, `/livez` and `/readyz` on a free loopback port instead. Returns once it is

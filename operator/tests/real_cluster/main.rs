@@ -15,6 +15,7 @@
 mod cases;
 mod cluster;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -35,7 +36,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 11] = [
+    let scenarios: [(&str, Scenario); 12] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -76,6 +77,10 @@ fn main() -> ExitCode {
         (
             "another_amqpconnectors_child_of_the_same_name_is_left_alone",
             another_amqpconnectors_child_of_the_same_name_is_left_alone,
+        ),
+        (
+            "the_charts_rbac_is_what_the_operator_uses",
+            the_charts_rbac_is_what_the_operator_uses,
         ),
     ];
     if args.list {
@@ -965,6 +970,154 @@ fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
     delete_and_collect(c, "apps-names", "x-metrics");
     drop(op);
     uninstall(c, "HELM3", "aco-names");
+}
+
+/// Every (API group, resource, verb) the chart's ClusterRole and leader-election Role grant the
+/// operator.
+fn granted(c: &Cluster, release: &str) -> BTreeSet<(String, String, String)> {
+    let mut out = BTreeSet::new();
+    for role in [
+        json(c, &["get", "clusterrole", release, "-o", "json"]),
+        json(
+            c,
+            &[
+                "-n",
+                release,
+                "get",
+                "role",
+                &format!("{release}-leader-election"),
+                "-o",
+                "json",
+            ],
+        ),
+    ] {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            let strings = |k: &str| -> Vec<String> {
+                rule[k]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_str().map(String::from))
+                    .collect()
+            };
+            for g in strings("apiGroups") {
+                for r in strings("resources") {
+                    for v in strings("verbs") {
+                        out.insert((g.clone(), r.clone(), v));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The chart grants the operator what it uses and nothing more: during a lifecycle that makes
+/// and removes every kind of child and raises a repeated Warning, its ServiceAccount asked for
+/// every granted (group, resource, verb), except those the API server checks without a request
+/// of that verb (listed with why).
+fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
+    let op = install(c, "HELM3", "aco-rbac", &[]);
+    apply_example(c, &op, "apps-rbac", "examples/amqpconnector.yaml", "orders");
+    c.kubectl_ok(&["-n", "apps-rbac", "scale", "amqpc/orders", "--replicas=1"]);
+    let gone = |kind: &str, name: &str| !c.kubectl(&["-n", "apps-rbac", "get", kind, name]).ok;
+    wait_until(
+        "the PDB is removed",
+        Duration::from_secs(60),
+        || gone("pdb", "orders"),
+        || op.log(),
+    );
+    let patch = |p: &str| {
+        c.kubectl_ok(&[
+            "-n",
+            "apps-rbac",
+            "patch",
+            "amqpc",
+            "orders",
+            "--type=merge",
+            "-p",
+            p,
+        ])
+    };
+    patch(r#"{"spec":{"metrics":{"enabled":false}}}"#);
+    wait_until(
+        "the metrics Service is removed",
+        Duration::from_secs(60),
+        || gone("service", "orders-metrics"),
+        || op.log(),
+    );
+    // The same Warning twice: the second is a repeat of the first Event.
+    let invalid = r#"{"spec":{"listeners":{"amqps":{"enabled":true}},"tls":{"secretName":"t"}}}"#;
+    let valid = r#"{"spec":{"listeners":{"amqps":{"enabled":false}},"tls":null}}"#;
+    for _ in 0..2 {
+        patch(invalid);
+        wait_until(
+            "Degraded InvalidSpec",
+            Duration::from_secs(60),
+            || {
+                condition(&amqpc(c, "apps-rbac", "orders"), "Degraded")
+                    == Some(("True".into(), "InvalidSpec".into()))
+            },
+            || op.log(),
+        );
+        patch(valid);
+        c.kubectl_ok(&[
+            "-n",
+            "apps-rbac",
+            "wait",
+            "--for=condition=Ready",
+            "amqpc/orders",
+            "--timeout=120s",
+        ]);
+    }
+    delete_and_collect(c, "apps-rbac", "orders");
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    let account = json(
+        c,
+        &[
+            "-n",
+            "aco-rbac",
+            "get",
+            "deployment",
+            "aco-rbac",
+            "-o",
+            "json",
+        ],
+    )["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let used = c.requests_of("aco-rbac", &account);
+    let s = |g: &str, r: &str, v: &str| (g.to_string(), r.to_string(), v.to_string());
+    let checked_without_a_request = BTreeSet::from([
+        // Setting blockOwnerDeletion on a child needs the right to update the owner's finalizers.
+        s("amqp.kubemq.io", "amqpconnectors/finalizers", "update"),
+        // A server-side apply that creates its object needs create; its request is a patch.
+        s("", "configmaps", "create"),
+        s("", "services", "create"),
+        s("apps", "deployments", "create"),
+        s("policy", "poddisruptionbudgets", "create"),
+    ]);
+    let unused: Vec<_> = granted(c, "aco-rbac")
+        .into_iter()
+        .filter(|g| !used.contains(g) && !checked_without_a_request.contains(g))
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "granted but never used: {unused:?}\nused: {used:?}"
+    );
+    let log = op.log();
+    assert!(
+        !log.contains("forbidden"),
+        "the chart's RBAC lacks something:\n{log}"
+    );
+    drop(op);
+    uninstall(c, "HELM3", "aco-rbac");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
