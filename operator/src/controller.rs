@@ -244,6 +244,40 @@ fn controlled_by(
         .any(|o| o.controller == Some(true) && o.uid == owner_uid)
 }
 
+/// Why the Deployment's rollout failed, in its own words.
+struct RolloutFailure {
+    reason: String,
+    message: String,
+}
+
+/// A Deployment condition by type.
+fn deployment_condition<'a>(
+    d: &'a Deployment,
+    kind: &str,
+) -> Option<&'a k8s_openapi::api::apps::v1::DeploymentCondition> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == kind)
+}
+
+/// The Deployment cannot make its pods (`ReplicaFailure`: a missing Secret or ServiceAccount,
+/// a quota) or made no progress within its deadline (`ProgressDeadlineExceeded`).
+fn rollout_failure(d: &Deployment) -> Option<RolloutFailure> {
+    let failure = deployment_condition(d, "ReplicaFailure")
+        .filter(|c| c.status == "True")
+        .or_else(|| deployment_condition(d, "Progressing").filter(|c| c.status == "False"))?;
+    Some(RolloutFailure {
+        reason: failure
+            .reason
+            .clone()
+            .unwrap_or_else(|| failure.type_.clone()),
+        message: failure.message.clone().unwrap_or_default(),
+    })
+}
+
 /// The status this reconcile observed. Conditions keep their transition time while their status
 /// does not change, so an unchanged world writes nothing.
 fn observed(
@@ -303,6 +337,7 @@ fn observed(
         }
         None => {
             let all = want > 0 && ready >= want && updated >= want && current;
+            let failed = deployment.and_then(rollout_failure);
             conds.push(cond(
                 "Ready",
                 all,
@@ -313,12 +348,16 @@ fn observed(
                 },
                 format!("{ready}/{want} pods ready"),
             ));
-            conds.push(cond(
-                "Degraded",
-                false,
-                "Reconciled",
-                "the spec is applied".into(),
-            ));
+            conds.push(match &failed {
+                // The Deployment's own reason: pods cannot be made, or no progress in time.
+                Some(f) => cond("Degraded", true, &f.reason, f.message.clone()),
+                None => cond(
+                    "Degraded",
+                    false,
+                    "Reconciled",
+                    "the spec is applied".into(),
+                ),
+            });
             status.replicas = Some(ds.replicas.unwrap_or(0));
             status.ready_replicas = Some(ready);
             status.updated_replicas = Some(updated);
@@ -344,13 +383,25 @@ fn observed(
         },
         format!("{ready} of {want} pods ready"),
     ));
-    let rolling = degraded.is_none() && (!current || updated < want || ready < want);
-    conds.push(cond(
-        "Progressing",
-        rolling,
-        if rolling { "RollingOut" } else { "Complete" },
-        format!("{updated} of {want} pods on the current template"),
-    ));
+    let stalled = deployment
+        .and_then(|d| deployment_condition(d, "Progressing"))
+        .filter(|c| c.status == "False");
+    let rolling =
+        degraded.is_none() && stalled.is_none() && (!current || updated < want || ready < want);
+    conds.push(match stalled {
+        Some(c) => cond(
+            "Progressing",
+            false,
+            c.reason.as_deref().unwrap_or("ProgressDeadlineExceeded"),
+            c.message.clone().unwrap_or_default(),
+        ),
+        None => cond(
+            "Progressing",
+            rolling,
+            if rolling { "RollingOut" } else { "Complete" },
+            format!("{updated} of {want} pods on the current template"),
+        ),
+    });
     status.conditions = Some(conds);
     status.observed_generation = generation;
     status.selector = Some(render::selector_string(&name));
@@ -368,6 +419,24 @@ fn observed(
 /// Publishes an Event for a real change: Normal `Applied` when a new generation of the spec was
 /// applied, Warning with the Degraded reason when the object becomes degraded or its reason or
 /// message changes. Nothing for a reconcile that found everything as it was.
+/// The API server refuses an Event whose note is longer than this many bytes.
+const NOTE_LIMIT: usize = 1024;
+
+/// `note` cut to fit an Event (at a character boundary, ending in `…`), whole when it fits.
+fn fit_note(note: String) -> String {
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let mut end = NOTE_LIMIT - '…'.len_utf8();
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut cut = note;
+    cut.truncate(end);
+    cut.push('…');
+    cut
+}
+
 async fn announce(cr: &AmqpConnector, status: &AmqpConnectorStatus, ctx: &Context) {
     let degraded = |s: Option<&AmqpConnectorStatus>| {
         s.and_then(|s| s.conditions.as_ref())
@@ -381,7 +450,7 @@ async fn announce(cr: &AmqpConnector, status: &AmqpConnectorStatus, ctx: &Contex
         Some(now) if degraded(cr.status.as_ref()) != Some(now.clone()) => Event {
             type_: EventType::Warning,
             reason: now.0,
-            note: Some(now.1),
+            note: Some(fit_note(now.1)),
             action: "Reconcile".into(),
             secondary: None,
         },
@@ -433,4 +502,23 @@ async fn write_status(
     .await
     .map(|_| ())
     .map_err(|e| Error::Api("status", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A long error text still makes a valid Event: cut to the API server's limit at a
+    /// character boundary; a short one is whole.
+    #[test]
+    fn event_notes_fit_the_limit() {
+        assert_eq!(fit_note("short".into()), "short");
+        for filler in ["x", "é", "日本"] {
+            let long = filler.repeat(2000);
+            let note = fit_note(long.clone());
+            assert!(note.len() <= NOTE_LIMIT, "{} bytes", note.len());
+            assert!(note.ends_with('…'));
+            assert!(long.starts_with(note.trim_end_matches('…')));
+        }
+    }
 }

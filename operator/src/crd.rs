@@ -144,6 +144,11 @@ pub struct AmqpConnectorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub termination_grace_period_seconds: Option<i64>,
+    /// Seconds a rollout may go without progress before the AmqpConnector is Degraded
+    /// (`ProgressDeadlineExceeded`, the Deployment's own reason). Default 600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub progress_deadline_seconds: Option<i32>,
     /// Node labels the pods must match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<BTreeMap<String, String>>,

@@ -23,12 +23,28 @@ if [ ! -x "$OUT/kwok" ]; then
   ln -s control-plane "$OUT.tmp/kubectl"
   (cd kwok && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$OUT.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
   # kwok's own stages, from its module: Nodes become Ready and keep a heartbeat, scheduled Pods
-  # become Running and Ready, deleted Pods go.
+  # become Running and Ready, deleted Pods go. Pods whose first container runs the image
+  # never-ready.invalid/connector:0 are never made Ready, which is how the tests hold a rollout.
   stages=$(cd kwok && go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage
   for f in node/fast/node-initialize.yaml node/heartbeat/node-heartbeat.yaml \
     pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
     echo "---"
-    cat "$stages/$f"
+    if [ "$f" = pod/fast/pod-ready.yaml ]; then
+      python3 - "$stages/$f" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+hold = """    matchExpressions:
+    - key: '.spec.containers.[0].image'
+      operator: 'NotIn'
+      values:
+      - 'never-ready.invalid/connector:0'
+"""
+assert text.count("    matchExpressions:\n") == 1, "pod-ready stage changed shape"
+print(text.replace("    matchExpressions:\n", hold, 1), end="")
+PY
+    else
+      cat "$stages/$f"
+    fi
   done > "$OUT.tmp/kwok-stages.yaml"
   rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
 fi

@@ -41,6 +41,7 @@ pub fn deployment(
         metadata: meta,
         spec: Some(DeploymentSpec {
             replicas: Some(spec.replicas),
+            progress_deadline_seconds: spec.progress_deadline_seconds,
             selector: LabelSelector {
                 match_labels: Some(selector_labels(name)),
                 ..LabelSelector::default()

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 12] = [
+    let scenarios: [(&str, Scenario); 14] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -81,6 +81,14 @@ fn main() -> ExitCode {
         (
             "the_charts_rbac_is_what_the_operator_uses",
             the_charts_rbac_is_what_the_operator_uses,
+        ),
+        (
+            "pods_that_cannot_be_made_degrade_with_the_deployments_reason",
+            pods_that_cannot_be_made_degrade_with_the_deployments_reason,
+        ),
+        (
+            "a_rollout_without_progress_degrades_at_its_deadline",
+            a_rollout_without_progress_degrades_at_its_deadline,
         ),
     ];
     if args.list {
@@ -1118,6 +1126,95 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
     );
     drop(op);
     uninstall(c, "HELM3", "aco-rbac");
+}
+
+/// Waits until the AmqpConnector `orders` in `namespace` has condition `kind` with `status`
+/// and `reason`, and returns the AmqpConnector.
+fn wait_for_condition(
+    c: &Cluster,
+    op: &cluster::Operator,
+    namespace: &str,
+    kind: &str,
+    status: &str,
+    reason: &str,
+) -> Value {
+    wait_until(
+        &format!("{kind}={status} ({reason})"),
+        Duration::from_secs(90),
+        || condition(&amqpc(c, namespace, "orders"), kind) == Some((status.into(), reason.into())),
+        || format!("{}\n{}", amqpc(c, namespace, "orders")["status"], op.log()),
+    );
+    amqpc(c, namespace, "orders")
+}
+
+/// A Deployment that cannot make its pods (their ServiceAccount does not exist) makes the
+/// AmqpConnector Degraded with the Deployment's own reason and message, and a Warning Event.
+fn pods_that_cannot_be_made_degrade_with_the_deployments_reason(c: &Cluster) {
+    namespace_with_token(c, "apps-failing");
+    let op = install(c, "HELM3", "aco-failing", &[]);
+    let mut cr = example();
+    cr["metadata"]["namespace"] = "apps-failing".into();
+    cr["spec"]["serviceAccountName"] = "no-such-account".into();
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    let cr = wait_for_condition(c, &op, "apps-failing", "Degraded", "True", "FailedCreate");
+    assert!(
+        cr["status"]["conditions"]
+            .to_string()
+            .contains("no-such-account"),
+        "{}",
+        cr["status"]
+    );
+    wait_until(
+        "a Warning FailedCreate Event",
+        Duration::from_secs(30),
+        || {
+            events(c, "apps-failing", "orders")
+                .iter()
+                .any(|(t, r, _)| t == "Warning" && r == "FailedCreate")
+        },
+        || format!("{:?}", events(c, "apps-failing", "orders")),
+    );
+    delete_and_collect(c, "apps-failing", "orders");
+    drop(op);
+    uninstall(c, "HELM3", "aco-failing");
+}
+
+/// Pods that never become ready (kwok holds the image `never-ready.invalid/connector:0`) keep
+/// the rollout Progressing until the Deployment's progress deadline passes; then the
+/// AmqpConnector is Degraded and not Progressing, with the Deployment's reason
+/// `ProgressDeadlineExceeded`.
+fn a_rollout_without_progress_degrades_at_its_deadline(c: &Cluster) {
+    namespace_with_token(c, "apps-stuck");
+    let op = install(c, "HELM3", "aco-stuck", &[]);
+    let mut cr = example();
+    cr["metadata"]["namespace"] = "apps-stuck".into();
+    cr["spec"]["image"] = "never-ready.invalid/connector:0".into();
+    cr["spec"]["progressDeadlineSeconds"] = 5.into();
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    let rolling = wait_for_condition(c, &op, "apps-stuck", "Progressing", "True", "RollingOut");
+    assert_eq!(
+        condition(&rolling, "Ready").map(|c| c.0).as_deref(),
+        Some("False")
+    );
+    wait_for_condition(
+        c,
+        &op,
+        "apps-stuck",
+        "Degraded",
+        "True",
+        "ProgressDeadlineExceeded",
+    );
+    wait_for_condition(
+        c,
+        &op,
+        "apps-stuck",
+        "Progressing",
+        "False",
+        "ProgressDeadlineExceeded",
+    );
+    delete_and_collect(c, "apps-stuck", "orders");
+    drop(op);
+    uninstall(c, "HELM3", "aco-stuck");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
