@@ -87,6 +87,20 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
     let name = cr.name_any();
     if cr.spec.paused == Some(true) {
         tracing::info!(%ns, %name, "paused; not reconciling");
+        let was_paused = paused_condition(cr.status.as_ref()).is_some();
+        if !was_paused {
+            let event = Event {
+                type_: EventType::Normal,
+                reason: "Paused".into(),
+                note: Some("spec.paused is true: the children are left as they are".into()),
+                action: "Reconcile".into(),
+                secondary: None,
+            };
+            if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
+                tracing::warn!(%ns, %name, error = %e, "cannot publish an event");
+            }
+        }
+        write_status(&cr, &ns, paused_status(&cr), ctx).await?;
         return Ok(Action::await_change());
     }
     let result = apply_children(&cr, &ns, ctx).await;
@@ -242,6 +256,36 @@ fn controlled_by(
         .iter()
         .flatten()
         .any(|o| o.controller == Some(true) && o.uid == owner_uid)
+}
+
+/// The `Paused=True` condition of `status`, if it has one.
+fn paused_condition(status: Option<&AmqpConnectorStatus>) -> Option<&Condition> {
+    status?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Paused" && c.status == "True")
+}
+
+/// The status of a paused object: what was observed before, and `Paused=True` (which the next
+/// unpaused reconcile drops, as it writes the conditions it computes).
+fn paused_status(cr: &AmqpConnector) -> AmqpConnectorStatus {
+    let mut status = cr.status.clone().unwrap_or_default();
+    let since = paused_condition(cr.status.as_ref())
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    conditions.retain(|c| c.type_ != "Paused");
+    conditions.push(Condition {
+        type_: "Paused".into(),
+        status: "True".into(),
+        reason: "Paused".into(),
+        message: "spec.paused is true: the children are left as they are".into(),
+        observed_generation: cr.metadata.generation,
+        last_transition_time: since,
+    });
+    status.conditions = Some(conditions);
+    status
 }
 
 /// Why the Deployment's rollout failed, in its own words.

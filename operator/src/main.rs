@@ -250,8 +250,14 @@ async fn reconcile_until(
     .graceful_shutdown_on(shutdown)
     .run(reconcile, error_policy, ctx)
     .for_each(|r| {
-        if let Err(e) = r {
-            tracing::debug!(error = %e, "reconcile result");
+        match r {
+            // error_policy has logged it, with its retry.
+            Err(e @ kube::runtime::controller::Error::ReconcilerFailed(..)) => {
+                tracing::debug!(error = %e, "reconcile failed")
+            }
+            // The watches and the queue: nothing else would report them.
+            Err(e) => tracing::warn!(error = %e, "controller error"),
+            Ok(_) => {}
         }
         futures::future::ready(())
     })

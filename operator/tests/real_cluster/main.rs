@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 14] = [
+    let scenarios: [(&str, Scenario); 15] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -89,6 +89,10 @@ fn main() -> ExitCode {
         (
             "a_rollout_without_progress_degrades_at_its_deadline",
             a_rollout_without_progress_degrades_at_its_deadline,
+        ),
+        (
+            "a_paused_amqpconnector_says_so_and_leaves_its_children",
+            a_paused_amqpconnector_says_so_and_leaves_its_children,
         ),
     ];
     if args.list {
@@ -1215,6 +1219,88 @@ fn a_rollout_without_progress_degrades_at_its_deadline(c: &Cluster) {
     delete_and_collect(c, "apps-stuck", "orders");
     drop(op);
     uninstall(c, "HELM3", "aco-stuck");
+}
+
+/// `spec.paused: true` sets `Paused=True` with a Normal Event and leaves the children as they
+/// are (a replica change does not reach the Deployment); unpaused, the change is applied and the
+/// condition goes.
+fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
+    let op = install(c, "HELM3", "aco-paused", &[]);
+    apply_example(
+        c,
+        &op,
+        "apps-paused",
+        "examples/amqpconnector.yaml",
+        "orders",
+    );
+    let patch = |p: &str| {
+        c.kubectl_ok(&[
+            "-n",
+            "apps-paused",
+            "patch",
+            "amqpc",
+            "orders",
+            "--type=merge",
+            "-p",
+            p,
+        ])
+    };
+    patch(r#"{"spec":{"paused":true}}"#);
+    wait_for_condition(c, &op, "apps-paused", "Paused", "True", "Paused");
+    wait_until(
+        "a Normal Paused Event",
+        Duration::from_secs(30),
+        || {
+            events(c, "apps-paused", "orders")
+                .iter()
+                .any(|(t, r, _)| t == "Normal" && r == "Paused")
+        },
+        || format!("{:?}", events(c, "apps-paused", "orders")),
+    );
+    let replicas = || {
+        json(
+            c,
+            &[
+                "-n",
+                "apps-paused",
+                "get",
+                "deployment",
+                "orders",
+                "-o",
+                "json",
+            ],
+        )["spec"]["replicas"]
+            .as_i64()
+    };
+    let before = op.reconciles();
+    patch(r#"{"spec":{"replicas":3}}"#);
+    wait_until(
+        "the change was seen",
+        Duration::from_secs(30),
+        || op.reconciles() > before && op.idle(),
+        || op.log(),
+    );
+    assert_eq!(
+        replicas(),
+        Some(2),
+        "a paused AmqpConnector changed its Deployment"
+    );
+    patch(r#"{"spec":{"paused":false}}"#);
+    wait_until(
+        "unpaused, the Deployment follows",
+        Duration::from_secs(60),
+        || replicas() == Some(3),
+        || op.log(),
+    );
+    wait_until(
+        "the Paused condition goes",
+        Duration::from_secs(30),
+        || condition(&amqpc(c, "apps-paused", "orders"), "Paused").is_none(),
+        || amqpc(c, "apps-paused", "orders")["status"].to_string(),
+    );
+    delete_and_collect(c, "apps-paused", "orders");
+    drop(op);
+    uninstall(c, "HELM3", "aco-paused");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
