@@ -113,9 +113,8 @@ fn tempfile_dir() -> PathBuf {
 }
 
 fn example() -> AmqpConnector {
-    let text =
-        std::fs::read_to_string(root().join("examples/amqpconnector.yaml")).expect("example");
-    serde_yaml::from_str(&text).expect("the example deserializes into the Rust type")
+    serde_json::from_value(cases::example("amqpconnector.yaml"))
+        .expect("the example deserializes into the Rust type")
 }
 
 /// Checks that the example passes every rule, and that the case's change makes the rule with

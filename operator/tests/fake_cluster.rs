@@ -10,6 +10,8 @@
     clippy::indexing_slicing
 )]
 
+mod cases;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -164,10 +166,7 @@ fn wait(what: &str, done: impl Fn() -> bool) {
 }
 
 fn example() -> Value {
-    let text =
-        std::fs::read_to_string(root().join("examples/amqpconnector.yaml")).expect("example");
-    let v: Value = serde_yaml::from_str(&text).expect("example");
-    v
+    cases::example("amqpconnector.yaml")
 }
 
 fn condition(cr: &Value, t: &str) -> Option<(String, String)> {

@@ -11,6 +11,8 @@
     clippy::indexing_slicing
 )]
 
+mod cases;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -25,8 +27,8 @@ fn root() -> PathBuf {
 
 /// An example as the API server would hand it over: with a uid and a namespace.
 fn fixture(example: &str) -> AmqpConnector {
-    let text = std::fs::read_to_string(root().join("examples").join(example)).expect("example");
-    let mut cr: AmqpConnector = serde_yaml::from_str(&text).expect("example parses");
+    let mut cr: AmqpConnector =
+        serde_json::from_value(cases::example(example)).expect("example parses");
     cr.metadata.uid = Some("6f1c2b7e-0000-4000-8000-000000000001".into());
     if cr.metadata.namespace.is_none() {
         cr.metadata.namespace = Some("default".into());

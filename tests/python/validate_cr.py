@@ -2,7 +2,8 @@
 field validation would: unknown fields are errors (additionalProperties: false on every object
 that does not preserve unknown fields), `nullable` allows null.
 
-usage: validate_cr.py CRD.yaml CR.yaml...   exit 0 when every CR is valid; prints each error."""
+usage: validate_cr.py CRD.yaml CR.yaml...   exit 0 when every CR is valid; prints each error.
+Documents of other kinds in the files are skipped."""
 import sys
 
 import jsonschema
@@ -42,6 +43,9 @@ def main():
     failed = False
     for path in sys.argv[2:]:
         for doc in yaml.safe_load_all(open(path)):
+            # Other documents of the file (a Namespace, a Secret) are the API server's to check.
+            if doc is None or doc.get("kind") != crd["spec"]["names"]["kind"]:
+                continue
             errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(doc), key=lambda e: list(e.path))
             for e in errors:
                 failed = True

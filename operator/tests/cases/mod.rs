@@ -5,6 +5,19 @@
 
 use serde_json::{json, Value};
 
+/// The AmqpConnector document of `examples/<file>` (the examples also create what they need,
+/// such as a Namespace and a Secret).
+pub fn example(file: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("example");
+    let found = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("a YAML document"))
+        .find(|d| d["kind"] == "AmqpConnector");
+    found.expect("an AmqpConnector document")
+}
+
 /// A change to the example's spec that one CEL rule refuses.
 pub struct RuleCase {
     /// What it breaks.
