@@ -182,10 +182,6 @@ pub struct AmqpConnectorSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "env_schema")]
     pub env: Option<Vec<EnvVar>>,
-    /// Escape hatch: a partial pod template merged over the one the operator renders.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "preserve_unknown_fields")]
-    pub pod_template: Option<serde_json::Value>,
     /// Stop reconciling this object (its children are left as they are).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
@@ -648,14 +644,6 @@ pub struct Endpoints {
     /// `amqps://<service>.<namespace>.svc:<port>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub amqps: Option<String>,
-}
-
-/// An object whose unknown fields the API server keeps (the pod template escape hatch).
-fn preserve_unknown_fields(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({
-        "type": "object",
-        "x-kubernetes-preserve-unknown-fields": true,
-    })
 }
 
 /// At most 64 variables as a list-map keyed by `name`: the API server refuses a name given

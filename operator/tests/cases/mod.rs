@@ -185,6 +185,13 @@ pub const SCHEMA: &[SchemaCase] = &[
         apiserver: "spec.amqp.maxFrameSize: Invalid value: 511",
     },
     SchemaCase {
+        // No partial pod template is merged over the rendered one: the pod's options are fields.
+        name: "pod-template",
+        spec: "broker: {address: 'k:1'}\n  podTemplate: {spec: {hostNetwork: true}}",
+        jsonschema: Some("'podTemplate' was unexpected"),
+        apiserver: "unknown field \"spec.podTemplate\"",
+    },
+    SchemaCase {
         name: "duplicate-env-names",
         spec: "broker: {address: 'k:1'}\n  env: [{name: RUST_BACKTRACE, value: '1'}, {name: RUST_BACKTRACE, value: '0'}]",
         jsonschema: None,

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 15] = [
+    let scenarios: [(&str, Scenario); 16] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -93,6 +93,10 @@ fn main() -> ExitCode {
         (
             "a_paused_amqpconnector_says_so_and_leaves_its_children",
             a_paused_amqpconnector_says_so_and_leaves_its_children,
+        ),
+        (
+            "helm_upgrade_rolls_the_operator_and_keeps_the_connectors",
+            helm_upgrade_rolls_the_operator_and_keeps_the_connectors,
         ),
     ];
     if args.list {
@@ -1333,6 +1337,80 @@ fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
     delete_and_collect(c, "apps-paused", "orders");
     drop(op);
     uninstall(c, "HELM3", "aco-paused");
+}
+
+/// `helm upgrade` changes the operator's Deployment (here its log level); the operator started
+/// from the upgraded Deployment, as its rollout would, takes over the running AmqpConnector
+/// without changing any of its objects.
+fn helm_upgrade_rolls_the_operator_and_keeps_the_connectors(c: &Cluster) {
+    let op = install(c, "HELM4", "aco-upgrade", &[]);
+    apply_example(
+        c,
+        &op,
+        "apps-upgrade",
+        "examples/amqpconnector.yaml",
+        "orders",
+    );
+    wait_until(
+        "the operator is idle",
+        Duration::from_secs(30),
+        || op.idle(),
+        || op.log(),
+    );
+    let before = versions(c, "apps-upgrade");
+    let chart = root().join("helm/amqp-connector-operator");
+    let r = c.helm(
+        &helm_binary("HELM4"),
+        &[
+            "upgrade",
+            "aco-upgrade",
+            chart.to_str().unwrap(),
+            "-n",
+            "aco-upgrade",
+            "--reuse-values",
+            "--set",
+            "logLevel=debug",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    assert!(r.ok, "helm upgrade: {}{}", r.stdout, r.stderr);
+    let d = json(
+        c,
+        &[
+            "-n",
+            "aco-upgrade",
+            "get",
+            "deployment",
+            "aco-upgrade",
+            "-o",
+            "json",
+        ],
+    );
+    assert!(
+        d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .to_string()
+            .contains("\"debug\""),
+        "the upgrade did not reach the Deployment: {}",
+        d["spec"]["template"]
+    );
+    op.stop();
+    let op = c.chart_operator("aco-upgrade", "aco-upgrade", "aco-upgrade-1");
+    wait_until(
+        "the upgraded operator reconciled and is idle",
+        Duration::from_secs(60),
+        || op.reconciles() >= 1 && op.idle(),
+        || op.log(),
+    );
+    assert_eq!(
+        versions(c, "apps-upgrade"),
+        before,
+        "the upgrade changed the connector's objects"
+    );
+    delete_and_collect(c, "apps-upgrade", "orders");
+    drop(op);
+    uninstall(c, "HELM4", "aco-upgrade");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
