@@ -12,6 +12,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease as LeaseObject;
 use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::{watcher, Controller};
@@ -56,6 +57,9 @@ struct Args {
 
 /// Seconds a leader's Lease stays valid without renewal.
 const LEASE_SECONDS: u64 = 15;
+/// How old this replica's last renewal of the Lease may be before it stops reconciling: just
+/// short of the Lease's expiry, after which another replica may take it.
+const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_SECONDS - 1);
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -88,11 +92,11 @@ async fn main() -> ExitCode {
 
     // Standing by until this replica leads (a standby is ready, just not reconciling).
     let mut lease = None;
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("operator-{}", std::process::id()));
     if args.leader_election {
-        let identity = args
-            .identity
-            .clone()
-            .unwrap_or_else(|| format!("operator-{}", std::process::id()));
         match lead(
             &client,
             &args.lease_namespace,
@@ -110,7 +114,14 @@ async fn main() -> ExitCode {
             }
         }
     }
-    let leading = lease.as_ref().map(|(rx, _)| rx.clone());
+    let leading = lease.as_ref().map(|(rx, _)| Leadership {
+        leading: rx.clone(),
+        confirmed: tokio::spawn(until_hold_unconfirmed(
+            Api::namespaced(client.clone(), &args.lease_namespace),
+            args.lease_name.clone(),
+            identity.clone(),
+        )),
+    });
     let leading_gauge = metrics.leading.clone();
     let ctx = Arc::new(Context::new(client.clone(), metrics, args.identity.clone()));
     leading_gauge.set(1);
@@ -195,6 +206,49 @@ async fn lead(
     }
 }
 
+/// What ends this replica's leadership: the lease manager says so, or the task confirming the
+/// hold ([`until_hold_unconfirmed`]) ends.
+struct Leadership {
+    leading: watch::Receiver<bool>,
+    confirmed: tokio::task::JoinHandle<()>,
+}
+
+/// Completes once this replica's hold on Lease `name` cannot be confirmed any more: another
+/// holder is named, or the last renewal seen is older than [`RENEW_DEADLINE`]. The lease manager
+/// keeps reporting leadership while its renewals fail (the API unreachable, the right to renew
+/// gone), and past the Lease's expiry another replica may lead: this one must stop first.
+async fn until_hold_unconfirmed(leases: Api<LeaseObject>, name: String, identity: String) {
+    let mut valid_until = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(RENEW_DEADLINE)
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        match leases.get(&name).await {
+            Ok(l) => {
+                let spec = l.spec.unwrap_or_default();
+                if spec.holder_identity.as_deref() != Some(identity.as_str()) {
+                    tracing::warn!(lease = %name, holder = ?spec.holder_identity, "the Lease names another holder");
+                    return;
+                }
+                // The renewal time is written by this replica's own clock: no skew to allow for.
+                if let Some(renewed) = spec
+                    .renew_time
+                    .and_then(|t| t.0.checked_add(RENEW_DEADLINE).ok())
+                {
+                    valid_until = renewed;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(lease = %name, error = %e, "cannot read the Lease to confirm the hold")
+            }
+        }
+        if k8s_openapi::jiff::Timestamp::now() > valid_until {
+            tracing::warn!(lease = %name, deadline = ?RENEW_DEADLINE, "the hold on the Lease cannot be confirmed: not renewed within the deadline");
+            return;
+        }
+    }
+}
+
 fn api<K>(client: &Client, ns: Option<&str>) -> Api<K>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -225,7 +279,7 @@ async fn reconcile_until(
     ns: Option<&str>,
     ctx: Arc<Context>,
     stop: watch::Receiver<bool>,
-    leading: Option<watch::Receiver<bool>>,
+    leading: Option<Leadership>,
 ) {
     // Only our own children are watched: a smaller cache, and nobody else's objects wake us.
     let ours =
@@ -234,7 +288,8 @@ async fn reconcile_until(
         match leading {
             Some(l) => tokio::select! {
                 _ = until_true(stop) => {}
-                _ = until_false(l) => {}
+                _ = until_false(l.leading) => {}
+                _ = l.confirmed => {}
             },
             None => until_true(stop).await,
         }

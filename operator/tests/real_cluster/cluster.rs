@@ -227,12 +227,14 @@ impl Cluster {
             .state
             .path()
             .join(format!("operator-{namespace}-{pod}.log"));
+        // Its log lines go to standard output; both streams go to one file.
+        let file = std::fs::File::create(&log).expect("operator log");
         let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
             .env("KUBECONFIG", kubeconfig)
             .envs(env)
             .args(args)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("operator log"))
+            .stdout(file.try_clone().expect("operator log"))
+            .stderr(file)
             .spawn()
             .expect("the operator starts");
         let op = Operator { child, log, http };
@@ -298,9 +300,35 @@ impl Operator {
         started.is_some() && started == sample("amqp_connector_operator_reconciles_done_total")
     }
 
+    /// Waits (30 s at most) until it is idle.
+    pub fn wait_idle(&self) {
+        wait_until(
+            "the operator is idle",
+            Duration::from_secs(30),
+            || self.idle(),
+            || self.log(),
+        );
+    }
+
     /// It holds the Lease and reconciles.
     pub fn leading(&self) -> bool {
         self.metric("amqp_connector_operator_leading") == 1
+    }
+
+    /// Waits (`within` at most) for the process to exit on its own; its exit status.
+    pub fn exit_within(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "still running after {within:?}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Sends SIGTERM and waits (10 s at most) for a clean exit.

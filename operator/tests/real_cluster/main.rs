@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 16] = [
+    let scenarios: [(&str, Scenario); 17] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -97,6 +97,10 @@ fn main() -> ExitCode {
         (
             "helm_upgrade_rolls_the_operator_and_keeps_the_connectors",
             helm_upgrade_rolls_the_operator_and_keeps_the_connectors,
+        ),
+        (
+            "a_leader_that_cannot_renew_its_lease_stops",
+            a_leader_that_cannot_renew_its_lease_stops,
         ),
     ];
     if args.list {
@@ -279,6 +283,18 @@ fn install_in(
     c.chart_operator(namespace, release, &format!("{release}-0"))
 }
 
+/// [`install`], then the full example as `orders` in `namespace`, Ready.
+fn install_with_orders(
+    c: &Cluster,
+    helm_var: &str,
+    release: &str,
+    namespace: &str,
+) -> cluster::Operator {
+    let op = install(c, helm_var, release, &[]);
+    apply_example(c, &op, namespace, "examples/amqpconnector.yaml", "orders");
+    op
+}
+
 /// Uninstalls what [`install`] installed.
 fn uninstall(c: &Cluster, helm_var: &str, release: &str) {
     uninstall_in(c, helm_var, release, release);
@@ -389,8 +405,7 @@ fn delete_and_collect(c: &Cluster, namespace: &str, name: &str) {
 /// deleting the AmqpConnector leaves the children to the garbage collector; the chart
 /// uninstalls.
 fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
-    let op = install(c, "HELM3", "aco3", &[]);
-    apply_example(c, &op, "apps", "examples/amqpconnector.yaml", "orders");
+    let op = install_with_orders(c, "HELM3", "aco3", "apps");
     let cr = amqpc(c, "apps", "orders");
     let uid = cr["metadata"]["uid"].as_str().unwrap().to_string();
     assert_eq!(cr["status"]["observedGeneration"], 1);
@@ -514,12 +529,7 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         "orders",
         "test.kubemq.io/nudge=1",
     ]);
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    op.wait_idle();
     let template = json(
         c,
         &["-n", "apps", "get", "deployment", "orders", "-o", "json"],
@@ -621,15 +631,7 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     cr["spec"]["listeners"]["amqps"]["enabled"] = true.into();
     cr["spec"]["tls"] = serde_json::json!({"secretName": "orders-tls"});
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
-    wait_until(
-        "Degraded InvalidSpec",
-        Duration::from_secs(60),
-        || {
-            condition(&amqpc(c, "apps-invalid", "orders"), "Degraded")
-                == Some(("True".into(), "InvalidSpec".into()))
-        },
-        || op.log(),
-    );
+    wait_for_condition(c, &op, "apps-invalid", "Degraded", "True", "InvalidSpec");
     let degraded = amqpc(c, "apps-invalid", "orders");
     let message = degraded["status"]["conditions"]
         .as_array()
@@ -656,12 +658,7 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
         "{:?}",
         children(c, "apps-invalid", "orders")
     );
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    op.wait_idle();
     let timed = op.metric("amqp_connector_operator_timed_reruns_total");
     let before = op.reconciles();
     c.kubectl_ok(&[
@@ -752,20 +749,8 @@ fn versions(c: &Cluster, namespace: &str) -> Vec<(String, String)> {
 /// SIGTERM stops the operator cleanly; the one started after it lists, watches and re-applies
 /// everything, and none of it changes any object (every resourceVersion stays).
 fn a_restarted_operator_writes_nothing_and_sigterm_stops_it(c: &Cluster) {
-    let op = install(c, "HELM3", "aco-restart", &[]);
-    apply_example(
-        c,
-        &op,
-        "apps-restart",
-        "examples/amqpconnector.yaml",
-        "orders",
-    );
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    let op = install_with_orders(c, "HELM3", "aco-restart", "apps-restart");
+    op.wait_idle();
     let before = versions(c, "apps-restart");
     op.stop();
     let op = c.chart_operator("aco-restart", "aco-restart", "aco-restart-1");
@@ -905,24 +890,11 @@ fn a_child_the_api_server_refuses_is_an_invalid_spec(c: &Cluster) {
     cr["metadata"]["namespace"] = "apps-refused".into();
     cr["spec"]["podAnnotations"] = serde_json::json!({"not a valid key": "x"});
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
-    wait_until(
-        "Degraded InvalidSpec",
-        Duration::from_secs(60),
-        || {
-            condition(&amqpc(c, "apps-refused", "orders"), "Degraded")
-                == Some(("True".into(), "InvalidSpec".into()))
-        },
-        || op.log(),
-    );
+    wait_for_condition(c, &op, "apps-refused", "Degraded", "True", "InvalidSpec");
     let cr = amqpc(c, "apps-refused", "orders");
     let message = cr["status"]["conditions"].to_string();
     assert!(message.contains("Deployment orders refused"), "{message}");
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    op.wait_idle();
     assert_eq!(
         op.metric("amqp_connector_operator_reconcile_errors_total"),
         0,
@@ -987,12 +959,7 @@ fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
         "amqpc/x",
         "--timeout=120s",
     ]);
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    op.wait_idle();
     let service = json(
         c,
         &[
@@ -1065,8 +1032,7 @@ fn granted(c: &Cluster, release: &str) -> BTreeSet<(String, String, String)> {
 /// every granted (group, resource, verb), except those the API server checks without a request
 /// of that verb (listed with why).
 fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
-    let op = install(c, "HELM3", "aco-rbac", &[]);
-    apply_example(c, &op, "apps-rbac", "examples/amqpconnector.yaml", "orders");
+    let op = install_with_orders(c, "HELM3", "aco-rbac", "apps-rbac");
     c.kubectl_ok(&["-n", "apps-rbac", "scale", "amqpc/orders", "--replicas=1"]);
     let gone = |kind: &str, name: &str| !c.kubectl(&["-n", "apps-rbac", "get", kind, name]).ok;
     wait_until(
@@ -1099,15 +1065,7 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
     let valid = r#"{"spec":{"listeners":{"amqps":{"enabled":false}},"tls":null}}"#;
     for _ in 0..2 {
         patch(invalid);
-        wait_until(
-            "Degraded InvalidSpec",
-            Duration::from_secs(60),
-            || {
-                condition(&amqpc(c, "apps-rbac", "orders"), "Degraded")
-                    == Some(("True".into(), "InvalidSpec".into()))
-            },
-            || op.log(),
-        );
+        wait_for_condition(c, &op, "apps-rbac", "Degraded", "True", "InvalidSpec");
         patch(valid);
         c.kubectl_ok(&[
             "-n",
@@ -1119,12 +1077,7 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
         ]);
     }
     delete_and_collect(c, "apps-rbac", "orders");
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    op.wait_idle();
     let account = json(
         c,
         &[
@@ -1261,14 +1214,7 @@ fn a_rollout_without_progress_degrades_at_its_deadline(c: &Cluster) {
 /// are (a replica change does not reach the Deployment); unpaused, the change is applied and the
 /// condition goes.
 fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
-    let op = install(c, "HELM3", "aco-paused", &[]);
-    apply_example(
-        c,
-        &op,
-        "apps-paused",
-        "examples/amqpconnector.yaml",
-        "orders",
-    );
+    let op = install_with_orders(c, "HELM3", "aco-paused", "apps-paused");
     let patch = |p: &str| {
         c.kubectl_ok(&[
             "-n",
@@ -1343,20 +1289,8 @@ fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
 /// from the upgraded Deployment, as its rollout would, takes over the running AmqpConnector
 /// without changing any of its objects.
 fn helm_upgrade_rolls_the_operator_and_keeps_the_connectors(c: &Cluster) {
-    let op = install(c, "HELM4", "aco-upgrade", &[]);
-    apply_example(
-        c,
-        &op,
-        "apps-upgrade",
-        "examples/amqpconnector.yaml",
-        "orders",
-    );
-    wait_until(
-        "the operator is idle",
-        Duration::from_secs(30),
-        || op.idle(),
-        || op.log(),
-    );
+    let op = install_with_orders(c, "HELM4", "aco-upgrade", "apps-upgrade");
+    op.wait_idle();
     let before = versions(c, "apps-upgrade");
     let chart = root().join("helm/amqp-connector-operator");
     let r = c.helm(
@@ -1411,6 +1345,32 @@ fn helm_upgrade_rolls_the_operator_and_keeps_the_connectors(c: &Cluster) {
     delete_and_collect(c, "apps-upgrade", "orders");
     drop(op);
     uninstall(c, "HELM4", "aco-upgrade");
+}
+
+/// A leader whose renewals fail (its right to the Lease is taken away) stops before the Lease
+/// expires, instead of reconciling on while another replica may take the Lease: it exits, as
+/// its pod would restart, and says why.
+fn a_leader_that_cannot_renew_its_lease_stops(c: &Cluster) {
+    let mut op = install(c, "HELM3", "aco-deadline", &[]);
+    wait_until(
+        "it leads",
+        Duration::from_secs(30),
+        || op.leading(),
+        || op.log(),
+    );
+    c.kubectl_ok(&[
+        "-n",
+        "aco-deadline",
+        "delete",
+        "rolebinding",
+        "aco-deadline-leader-election",
+    ]);
+    let status = op.exit_within(Duration::from_secs(45));
+    assert!(!status.success(), "it exits as a lost leader: {status}");
+    let log = op.log();
+    assert!(log.contains("cannot be confirmed"), "{log}");
+    drop(op);
+    uninstall(c, "HELM3", "aco-deadline");
 }
 
 /// The helm binary named by `var` (tests/run.sh installs helm 3 and helm 4 and sets them).
