@@ -295,6 +295,26 @@ fn install_with_orders(
     op
 }
 
+/// Ends a scenario: deletes the AmqpConnector `name` in `namespace` (its children go with it),
+/// checks that the operator was never refused by its RBAC, stops it and uninstalls `release`.
+fn finish(
+    c: &Cluster,
+    op: cluster::Operator,
+    helm_var: &str,
+    release: &str,
+    namespace: &str,
+    name: &str,
+) {
+    delete_and_collect(c, namespace, name);
+    let log = op.log();
+    assert!(
+        !log.contains("forbidden"),
+        "the chart's RBAC lacks something:\n{log}"
+    );
+    drop(op);
+    uninstall(c, helm_var, release);
+}
+
 /// Uninstalls what [`install`] installed.
 fn uninstall(c: &Cluster, helm_var: &str, release: &str) {
     uninstall_in(c, helm_var, release, release);
@@ -579,14 +599,7 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         "--timeout=120s",
     ]);
 
-    delete_and_collect(c, "apps", "orders");
-    let log = op.log();
-    assert!(
-        !log.contains("forbidden"),
-        "the chart's RBAC lacks something:\n{log}"
-    );
-    drop(op);
-    uninstall(c, "HELM3", "aco3");
+    finish(c, op, "HELM3", "aco3", "apps", "orders");
 }
 
 /// helm 4 installs the chart for one namespace (Roles there, no ClusterRole); the operator
@@ -609,14 +622,7 @@ fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
         "a namespaced install made the operator a ClusterRole: {roles}"
     );
     apply_example(c, &op, "apps4", "examples/minimal.yaml", "minimal");
-    delete_and_collect(c, "apps4", "minimal");
-    let log = op.log();
-    assert!(
-        !log.contains("forbidden"),
-        "the chart's RBAC lacks something:\n{log}"
-    );
-    drop(op);
-    uninstall(c, "HELM4", "aco4");
+    finish(c, op, "HELM4", "aco4", "apps4", "minimal");
 }
 
 /// A spec this connector version cannot honour is Degraded (`InvalidSpec`) with the fields named
@@ -752,22 +758,34 @@ fn a_restarted_operator_writes_nothing_and_sigterm_stops_it(c: &Cluster) {
     let op = install_with_orders(c, "HELM3", "aco-restart", "apps-restart");
     op.wait_idle();
     let before = versions(c, "apps-restart");
+    let op = take_over(c, op, "aco-restart", "apps-restart", before);
+    finish(c, op, "HELM3", "aco-restart", "apps-restart", "orders");
+}
+
+/// Stops `op` (SIGTERM) and starts the next operator of `release` from its Deployment, as a
+/// rollout would; once it has reconciled and is idle, every object in `namespace` has the
+/// resourceVersion it had in `before`.
+fn take_over(
+    c: &Cluster,
+    op: cluster::Operator,
+    release: &str,
+    namespace: &str,
+    before: Vec<(String, String)>,
+) -> cluster::Operator {
     op.stop();
-    let op = c.chart_operator("aco-restart", "aco-restart", "aco-restart-1");
+    let op = c.chart_operator(release, release, &format!("{release}-1"));
     wait_until(
-        "the restarted operator reconciled and is idle",
+        "the next operator reconciled and is idle",
         Duration::from_secs(60),
         || op.reconciles() >= 1 && op.idle(),
         || op.log(),
     );
     assert_eq!(
-        versions(c, "apps-restart"),
+        versions(c, namespace),
         before,
-        "the restart changed objects"
+        "the take-over changed objects"
     );
-    delete_and_collect(c, "apps-restart", "orders");
-    drop(op);
-    uninstall(c, "HELM3", "aco-restart");
+    op
 }
 
 /// The holder of the Lease of the release called `namespace` (the chart names the Lease after
@@ -982,9 +1000,7 @@ fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
         "x-metrics's Service was deleted (and made again)"
     );
     delete_and_collect(c, "apps-names", "x");
-    delete_and_collect(c, "apps-names", "x-metrics");
-    drop(op);
-    uninstall(c, "HELM3", "aco-names");
+    finish(c, op, "HELM3", "aco-names", "apps-names", "x-metrics");
 }
 
 /// Every (API group, resource, verb) the chart's ClusterRole and leader-election Role grant the
@@ -1167,9 +1183,7 @@ fn pods_that_cannot_be_made_degrade_with_the_deployments_reason(c: &Cluster) {
         },
         || format!("{:?}", events(c, "apps-failing", "orders")),
     );
-    delete_and_collect(c, "apps-failing", "orders");
-    drop(op);
-    uninstall(c, "HELM3", "aco-failing");
+    finish(c, op, "HELM3", "aco-failing", "apps-failing", "orders");
 }
 
 /// Pods that never become ready (kwok holds the image `never-ready.invalid/connector:0`) keep
@@ -1205,9 +1219,7 @@ fn a_rollout_without_progress_degrades_at_its_deadline(c: &Cluster) {
         "False",
         "ProgressDeadlineExceeded",
     );
-    delete_and_collect(c, "apps-stuck", "orders");
-    drop(op);
-    uninstall(c, "HELM3", "aco-stuck");
+    finish(c, op, "HELM3", "aco-stuck", "apps-stuck", "orders");
 }
 
 /// `spec.paused: true` sets `Paused=True` with a Normal Event and leaves the children as they
@@ -1280,9 +1292,7 @@ fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
         || condition(&amqpc(c, "apps-paused", "orders"), "Paused").is_none(),
         || amqpc(c, "apps-paused", "orders")["status"].to_string(),
     );
-    delete_and_collect(c, "apps-paused", "orders");
-    drop(op);
-    uninstall(c, "HELM3", "aco-paused");
+    finish(c, op, "HELM3", "aco-paused", "apps-paused", "orders");
 }
 
 /// `helm upgrade` changes the operator's Deployment (here its log level); the operator started
@@ -1329,22 +1339,8 @@ fn helm_upgrade_rolls_the_operator_and_keeps_the_connectors(c: &Cluster) {
         "the upgrade did not reach the Deployment: {}",
         d["spec"]["template"]
     );
-    op.stop();
-    let op = c.chart_operator("aco-upgrade", "aco-upgrade", "aco-upgrade-1");
-    wait_until(
-        "the upgraded operator reconciled and is idle",
-        Duration::from_secs(60),
-        || op.reconciles() >= 1 && op.idle(),
-        || op.log(),
-    );
-    assert_eq!(
-        versions(c, "apps-upgrade"),
-        before,
-        "the upgrade changed the connector's objects"
-    );
-    delete_and_collect(c, "apps-upgrade", "orders");
-    drop(op);
-    uninstall(c, "HELM4", "aco-upgrade");
+    let op = take_over(c, op, "aco-upgrade", "apps-upgrade", before);
+    finish(c, op, "HELM4", "aco-upgrade", "apps-upgrade", "orders");
 }
 
 /// A leader whose renewals fail (its right to the Lease is taken away) stops before the Lease
