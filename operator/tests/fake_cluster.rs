@@ -169,40 +169,12 @@ fn example() -> Value {
     cases::example("amqpconnector.yaml")
 }
 
-fn condition(cr: &Value, t: &str) -> Option<(String, String)> {
-    cr["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == t)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or("").to_string(),
-                c["reason"].as_str().unwrap_or("").to_string(),
-            )
-        })
-}
-
-/// Changing writes, except the Lease's (leader election renews it by design).
 /// (type, reason, note) of the Events about AmqpConnector `name`.
 fn events(fake: &Fake, name: &str) -> Vec<(String, String, String)> {
     let list = fake
         .get("/apis/events.k8s.io/v1/namespaces/apps/events")
         .unwrap_or(Value::Null);
-    list["items"]
-        .as_array()
-        .map(|items| {
-            items
-                .iter()
-                .filter(|e| {
-                    e["regarding"]["name"] == name && e["regarding"]["kind"] == "AmqpConnector"
-                })
-                .map(|e| {
-                    let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-                    (s("type"), s("reason"), s("note"))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
+    cases::events_about(&list, name)
 }
 
 /// A transient API error: the object shows Degraded (ApplyFailed) while it lasts, the operator
@@ -221,17 +193,17 @@ fn transient_errors_back_off_and_recover() {
     assert_eq!(code, 201, "{v}");
     wait("Degraded while the API fails", || {
         fake.get(&format!("{CRS}/orders"))
-            .and_then(|cr| condition(&cr, "Degraded"))
+            .and_then(|cr| cases::condition(&cr, "Degraded"))
             .is_some_and(|(s, r)| s == "True" && r == "ApplyFailed")
     });
     wait("Ready once the API works again", || {
         fake.get(&format!("{CRS}/orders"))
-            .and_then(|cr| condition(&cr, "Ready"))
+            .and_then(|cr| cases::condition(&cr, "Ready"))
             .is_some_and(|(s, _)| s == "True")
     });
     let cr = fake.get(&format!("{CRS}/orders")).expect("cr");
     assert_eq!(
-        condition(&cr, "Degraded").map(|c| c.0).as_deref(),
+        cases::condition(&cr, "Degraded").map(|c| c.0).as_deref(),
         Some("False")
     );
     // Three failures and the success, plus at most a few reconciles woken by child events.

@@ -1,5 +1,7 @@
-//! Specs the CRD must refuse, each with what it breaks and the message the refusal carries: the
-//! client-side checks (crd.rs) and the real API server (real_cluster) run the same table.
+//! What the operator's test binaries share: the examples' AmqpConnector, reading conditions and
+//! Events, and the specs the CRD must refuse, each with what it breaks and the message the
+//! refusal carries (the client-side checks in crd.rs and the real API server in real_cluster run
+//! the same table).
 
 #![allow(dead_code)] // each test binary uses its own part of it
 
@@ -16,6 +18,34 @@ pub fn example(file: &str) -> Value {
         .map(|d| <Value as serde::Deserialize>::deserialize(d).expect("a YAML document"))
         .find(|d| d["kind"] == "AmqpConnector");
     found.expect("an AmqpConnector document")
+}
+
+/// The condition `kind` of an object as (status, reason).
+pub fn condition(o: &Value, kind: &str) -> Option<(String, String)> {
+    o["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == kind)
+        .map(|c| {
+            (
+                c["status"].as_str().unwrap_or("").to_string(),
+                c["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+/// (type, reason, note) of the events.k8s.io Events in `list` about the AmqpConnector `name`.
+pub fn events_about(list: &Value, name: &str) -> Vec<(String, String, String)> {
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["regarding"]["name"] == name && e["regarding"]["kind"] == "AmqpConnector")
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
+            (s("type"), s("reason"), s("note"))
+        })
+        .collect()
 }
 
 /// A change to the example's spec that one CEL rule refuses.

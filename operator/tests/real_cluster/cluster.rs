@@ -276,11 +276,19 @@ impl Operator {
 
     /// A sample of its /metrics (0 when absent).
     pub fn metric(&self, name: &str) -> u64 {
+        self.metrics().get(name).copied().unwrap_or(0)
+    }
+
+    /// Every sample of its /metrics, by name (one scrape).
+    fn metrics(&self) -> std::collections::BTreeMap<String, u64> {
         let text = self.get("/metrics").map(|r| r.body).unwrap_or_default();
         text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.split_once(' ')?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
     }
 
     /// Reconciles started.
@@ -288,16 +296,12 @@ impl Operator {
         self.metric("amqp_connector_operator_reconciles_total")
     }
 
-    /// Every reconcile it started has finished and scheduled its next run.
+    /// Every reconcile it started has finished and scheduled its next run (both counts read
+    /// from one scrape).
     pub fn idle(&self) -> bool {
-        let text = self.get("/metrics").map(|r| r.body).unwrap_or_default();
-        let sample = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                .map(|v| v.trim().to_string())
-        };
-        let started = sample("amqp_connector_operator_reconciles_total");
-        started.is_some() && started == sample("amqp_connector_operator_reconciles_done_total")
+        let m = self.metrics();
+        let started = m.get("amqp_connector_operator_reconciles_total");
+        started.is_some() && started == m.get("amqp_connector_operator_reconciles_done_total")
     }
 
     /// Waits (30 s at most) until it is idle.

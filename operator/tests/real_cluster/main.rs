@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cases::condition;
 use cluster::{wait_until, Cluster};
 use libtest_mimic::{Arguments, Trial};
 use serde_json::Value;
@@ -329,36 +330,13 @@ fn uninstall_in(c: &Cluster, helm_var: &str, release: &str, namespace: &str) {
     assert!(r.ok, "helm uninstall: {}{}", r.stdout, r.stderr);
 }
 
-/// The condition `kind` of an object as (status, reason).
-fn condition(o: &Value, kind: &str) -> Option<(String, String)> {
-    o["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == kind)
-        .map(|c| {
-            (
-                c["status"].as_str().unwrap_or("").to_string(),
-                c["reason"].as_str().unwrap_or("").to_string(),
-            )
-        })
-}
-
 /// Events about the AmqpConnector `name` in `namespace`: (type, reason, note).
 fn events(c: &Cluster, namespace: &str, name: &str) -> Vec<(String, String, String)> {
     let list = json(
         c,
         &["-n", namespace, "get", "events.events.k8s.io", "-o", "json"],
     );
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|e| e["regarding"]["name"] == name && e["regarding"]["kind"] == "AmqpConnector")
-        .map(|e| {
-            let s = |k: &str| e[k].as_str().unwrap_or("").to_string();
-            (s("type"), s("reason"), s("note"))
-        })
-        .collect()
+    cases::events_about(&list, name)
 }
 
 /// The children of the AmqpConnector `name` in `namespace`, as `kind/name`.
@@ -395,6 +373,12 @@ fn apply_example(c: &Cluster, op: &cluster::Operator, namespace: &str, example: 
     let mut cr = cases::example(file);
     cr["metadata"]["namespace"] = namespace.into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    wait_ready(c, op, namespace, name);
+}
+
+/// `kubectl wait --for=condition=Ready` on the AmqpConnector `name` (120 s at most); a failure
+/// shows the operator's log.
+fn wait_ready(c: &Cluster, op: &cluster::Operator, namespace: &str, name: &str) {
     let waited = c.kubectl(&[
         "-n",
         namespace,
@@ -404,6 +388,21 @@ fn apply_example(c: &Cluster, op: &cluster::Operator, namespace: &str, example: 
         "--timeout=120s",
     ]);
     assert!(waited.ok, "{}\noperator log:\n{}", waited.stderr, op.log());
+}
+
+/// Waits (30 s at most) for an Event of `kind` and `reason` about the AmqpConnector `orders` in
+/// `namespace` whose note contains `note`.
+fn wait_for_event(c: &Cluster, namespace: &str, kind: &str, reason: &str, note: &str) {
+    wait_until(
+        &format!("a {kind} {reason} Event"),
+        Duration::from_secs(30),
+        || {
+            events(c, namespace, "orders")
+                .iter()
+                .any(|(t, r, n)| t == kind && r == reason && n.contains(note))
+        },
+        || format!("{:?}", events(c, namespace, "orders")),
+    );
 }
 
 /// Deletes the AmqpConnector and waits until the garbage collector has removed its children.
@@ -590,14 +589,7 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
     wait_until("two have one again", Duration::from_secs(60), pdb, || {
         op.log()
     });
-    c.kubectl_ok(&[
-        "-n",
-        "apps",
-        "wait",
-        "--for=condition=Ready",
-        "amqpc/orders",
-        "--timeout=120s",
-    ]);
+    wait_ready(c, &op, "apps", "orders");
 
     finish(c, op, "HELM3", "aco3", "apps", "orders");
 }
@@ -649,16 +641,7 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
         message.contains("spec.listeners.amqps") && message.contains("spec.tls"),
         "{message}"
     );
-    wait_until(
-        "a Warning InvalidSpec Event naming spec.tls",
-        Duration::from_secs(30),
-        || {
-            events(c, "apps-invalid", "orders")
-                .iter()
-                .any(|(t, r, n)| t == "Warning" && r == "InvalidSpec" && n.contains("spec.tls"))
-        },
-        || format!("{:?}", events(c, "apps-invalid", "orders")),
-    );
+    wait_for_event(c, "apps-invalid", "Warning", "InvalidSpec", "spec.tls");
     assert!(
         children(c, "apps-invalid", "orders").is_empty(),
         "{:?}",
@@ -940,14 +923,7 @@ fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
     first["metadata"]["name"] = "x-metrics".into();
     first["spec"]["metrics"]["enabled"] = false.into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &first.to_string());
-    c.kubectl_ok(&[
-        "-n",
-        "apps-names",
-        "wait",
-        "--for=condition=Ready",
-        "amqpc/x-metrics",
-        "--timeout=120s",
-    ]);
+    wait_ready(c, &op, "apps-names", "x-metrics");
     let uid = |c: &Cluster| {
         json(
             c,
@@ -969,14 +945,7 @@ fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
     let mut second = first.clone();
     second["metadata"]["name"] = "x".into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &second.to_string());
-    c.kubectl_ok(&[
-        "-n",
-        "apps-names",
-        "wait",
-        "--for=condition=Ready",
-        "amqpc/x",
-        "--timeout=120s",
-    ]);
+    wait_ready(c, &op, "apps-names", "x");
     op.wait_idle();
     let service = json(
         c,
@@ -1083,14 +1052,7 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
         patch(invalid);
         wait_for_condition(c, &op, "apps-rbac", "Degraded", "True", "InvalidSpec");
         patch(valid);
-        c.kubectl_ok(&[
-            "-n",
-            "apps-rbac",
-            "wait",
-            "--for=condition=Ready",
-            "amqpc/orders",
-            "--timeout=120s",
-        ]);
+        wait_ready(c, &op, "apps-rbac", "orders");
     }
     delete_and_collect(c, "apps-rbac", "orders");
     op.wait_idle();
@@ -1173,16 +1135,7 @@ fn pods_that_cannot_be_made_degrade_with_the_deployments_reason(c: &Cluster) {
         "{}",
         cr["status"]
     );
-    wait_until(
-        "a Warning FailedCreate Event",
-        Duration::from_secs(30),
-        || {
-            events(c, "apps-failing", "orders")
-                .iter()
-                .any(|(t, r, _)| t == "Warning" && r == "FailedCreate")
-        },
-        || format!("{:?}", events(c, "apps-failing", "orders")),
-    );
+    wait_for_event(c, "apps-failing", "Warning", "FailedCreate", "");
     finish(c, op, "HELM3", "aco-failing", "apps-failing", "orders");
 }
 
@@ -1241,16 +1194,7 @@ fn a_paused_amqpconnector_says_so_and_leaves_its_children(c: &Cluster) {
     };
     patch(r#"{"spec":{"paused":true}}"#);
     wait_for_condition(c, &op, "apps-paused", "Paused", "True", "Paused");
-    wait_until(
-        "a Normal Paused Event",
-        Duration::from_secs(30),
-        || {
-            events(c, "apps-paused", "orders")
-                .iter()
-                .any(|(t, r, _)| t == "Normal" && r == "Paused")
-        },
-        || format!("{:?}", events(c, "apps-paused", "orders")),
-    );
+    wait_for_event(c, "apps-paused", "Normal", "Paused", "");
     let replicas = || {
         json(
             c,
