@@ -204,6 +204,13 @@ fn example() -> Value {
     cases::example("amqpconnector.yaml")
 }
 
+/// The example, in `namespace`.
+fn example_in(namespace: &str) -> Value {
+    let mut cr = example();
+    cr["metadata"]["namespace"] = namespace.into();
+    cr
+}
+
 /// Every CEL rule and every schema bound refuses its case with the message the CRD promises.
 fn bad_specs_are_refused_with_their_messages(c: &Cluster) {
     namespace_with_token(c, "apps");
@@ -624,8 +631,7 @@ fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
 fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     namespace_with_token(c, "apps-invalid");
     let op = install(c, "HELM3", "aco-invalid", &[]);
-    let mut cr = example();
-    cr["metadata"]["namespace"] = "apps-invalid".into();
+    let mut cr = example_in("apps-invalid");
     cr["spec"]["listeners"]["amqps"]["enabled"] = true.into();
     cr["spec"]["tls"] = serde_json::json!({"secretName": "orders-tls"});
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
@@ -887,8 +893,7 @@ fn two_installations_in_one_namespace_each_lead(c: &Cluster) {
 fn a_child_the_api_server_refuses_is_an_invalid_spec(c: &Cluster) {
     namespace_with_token(c, "apps-refused");
     let op = install(c, "HELM3", "aco-refused", &[]);
-    let mut cr = example();
-    cr["metadata"]["namespace"] = "apps-refused".into();
+    let mut cr = example_in("apps-refused");
     cr["spec"]["podAnnotations"] = serde_json::json!({"not a valid key": "x"});
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
     wait_for_condition(c, &op, "apps-refused", "Degraded", "True", "InvalidSpec");
@@ -918,8 +923,7 @@ fn a_child_the_api_server_refuses_is_an_invalid_spec(c: &Cluster) {
 fn another_amqpconnectors_child_of_the_same_name_is_left_alone(c: &Cluster) {
     namespace_with_token(c, "apps-names");
     let op = install(c, "HELM3", "aco-names", &[]);
-    let mut first = example();
-    first["metadata"]["namespace"] = "apps-names".into();
+    let mut first = example_in("apps-names");
     first["metadata"]["name"] = "x-metrics".into();
     first["spec"]["metrics"]["enabled"] = false.into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &first.to_string());
@@ -1123,8 +1127,7 @@ fn wait_for_condition(
 fn pods_that_cannot_be_made_degrade_with_the_deployments_reason(c: &Cluster) {
     namespace_with_token(c, "apps-failing");
     let op = install(c, "HELM3", "aco-failing", &[]);
-    let mut cr = example();
-    cr["metadata"]["namespace"] = "apps-failing".into();
+    let mut cr = example_in("apps-failing");
     cr["spec"]["serviceAccountName"] = "no-such-account".into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
     let cr = wait_for_condition(c, &op, "apps-failing", "Degraded", "True", "FailedCreate");
@@ -1146,8 +1149,7 @@ fn pods_that_cannot_be_made_degrade_with_the_deployments_reason(c: &Cluster) {
 fn a_rollout_without_progress_degrades_at_its_deadline(c: &Cluster) {
     namespace_with_token(c, "apps-stuck");
     let op = install(c, "HELM3", "aco-stuck", &[]);
-    let mut cr = example();
-    cr["metadata"]["namespace"] = "apps-stuck".into();
+    let mut cr = example_in("apps-stuck");
     cr["spec"]["image"] = "never-ready.invalid/connector:0".into();
     cr["spec"]["progressDeadlineSeconds"] = 5.into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
