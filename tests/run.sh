@@ -57,10 +57,12 @@ echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 (cd tests/java && mvn -q -B compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt)
 
 # The operator's tests against a real control plane: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14, and kwok, built
-# from their Go modules (once; cached by version under $TOOLS).
-echo "== building the Kubernetes control plane (tests/k8s)"
-bash tests/k8s/build.sh >/dev/null
+# kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14 (the chart's floor)
+# and of v1.37.2 (the newest minor served), and kwok, built from their Go modules (once; cached
+# by version under $TOOLS).
+echo "== building the Kubernetes control planes (tests/k8s)"
+bash tests/k8s/build.sh 1.30 >/dev/null
+bash tests/k8s/build.sh 1.37 >/dev/null
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

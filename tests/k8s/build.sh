@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Builds the control plane the operator tests run against from the components' Go modules, with
+# Builds a control plane the operator tests run against from the components' Go modules, with
 # this machine's Go: one binary for etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler and (through a link of that name) kubectl, all of Kubernetes v1.30.14 (the
-# chart's kubeVersion floor); and kwok, which plays the kubelets. Cached by version and by the
-# hash of this folder's Go files, so a second run builds nothing. Prints the folder of the binaries.
+# kube-scheduler and (through a link of that name) kubectl of one Kubernetes release; and kwok,
+# which plays the kubelets. Usage: build.sh [MINOR], MINOR being 1.30 (v1.30.14, the chart's
+# kubeVersion floor; the default) or 1.37 (v1.37.2, the newest minor the Go module proxy serves).
+# Cached by version and by the hash of the Go files that make it, so a second run builds
+# nothing. Prints the folder of the binaries.
 set -euo pipefail
 cd "$(dirname "$0")"
-K8S=v1.30.14
+case "${1:-1.30}" in
+  1.30) K8S=v1.30.14 MODFILE=go.mod ;;
+  1.37) K8S=v1.37.2 MODFILE=go.v1.37.mod ;;
+  *) echo "build.sh: no control plane for Kubernetes ${1:-}" >&2; exit 2 ;;
+esac
+MINOR=${K8S#v1.}
+MINOR=${MINOR%%.*}
 TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
-KEY=$(cat go.mod go.sum main.go kwok/go.mod kwok/go.sum build.sh | sha256sum | cut -c1-12)
+KEY=$(cat "$MODFILE" "${MODFILE%.mod}.sum" main.go kwok/go.mod kwok/go.sum | sha256sum | cut -c1-12)
 OUT="$TOOLS/k8s-$K8S-$KEY"
 if [ ! -x "$OUT/kwok" ]; then
   echo "== building the Kubernetes $K8S control plane and kwok (once; cached in $OUT)" >&2
@@ -17,9 +25,9 @@ if [ ! -x "$OUT/kwok" ]; then
   # kubeVersion check read it from the API server.
   ld="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=30 -X $p.gitTreeState=clean"
+    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean"
   done
-  go build -mod=readonly -trimpath -ldflags "$ld" -o "$OUT.tmp/control-plane" .
+  go build -mod=readonly -modfile "$MODFILE" -trimpath -ldflags "$ld" -o "$OUT.tmp/control-plane" .
   ln -s control-plane "$OUT.tmp/kubectl"
   (cd kwok && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$OUT.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
   # kwok's own stages, from its module: Nodes become Ready and keep a heartbeat, scheduled Pods

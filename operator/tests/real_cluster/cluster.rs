@@ -1,5 +1,5 @@
 //! A real Kubernetes control plane on loopback (tests/k8s: etcd, kube-apiserver,
-//! kube-controller-manager, kube-scheduler of v1.30.14, and kwok playing the kubelet of one
+//! kube-controller-manager, kube-scheduler of one release, and kwok playing the kubelet of one
 //! Node), with kubectl of the same release, helm, and the operator binary run under the
 //! credentials of a ServiceAccount.
 
@@ -39,10 +39,12 @@ impl From<Output> for Run {
 }
 
 impl Cluster {
-    /// Builds the binaries (cached after the first run) and starts the control plane.
-    pub fn start(root: &Path) -> Cluster {
+    /// Builds the binaries of Kubernetes `minor` (cached after the first run) and starts the
+    /// control plane.
+    pub fn start(root: &Path, minor: &str) -> Cluster {
         let built = Command::new("bash")
             .arg(root.join("tests/k8s/build.sh"))
+            .arg(minor)
             .stderr(Stdio::inherit())
             .output()
             .expect("bash runs tests/k8s/build.sh");

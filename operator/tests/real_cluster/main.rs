@@ -1,8 +1,9 @@
 //! The CRD, the chart and the operator against a real Kubernetes control plane (cluster.rs):
 //! real admission (structural schema, CEL rules and their cost limits), real RBAC (the operator
 //! runs under the chart's ServiceAccount), real controllers (Deployments roll out, kwok makes the
-//! pods Ready, the garbage collector removes the children). The scenarios share one control
-//! plane and run one after the other.
+//! pods Ready, the garbage collector removes the children). Every scenario runs against each
+//! Kubernetes minor of `MINORS`; the scenarios of one minor share its control plane and run one
+//! after the other.
 // A test target: unwrap, expect, panic and indexing are how its checks fail.
 #![allow(
     clippy::unwrap_used,
@@ -18,7 +19,7 @@ mod cluster;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cases::condition;
@@ -37,7 +38,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 17] = [
+    let scenarios: [(&str, Scenario); 18] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -54,6 +55,10 @@ fn main() -> ExitCode {
         (
             "helm4_install_for_one_namespace_reconciles_there",
             helm4_install_for_one_namespace_reconciles_there,
+        ),
+        (
+            "users_manage_amqpconnectors_through_the_built_in_roles",
+            users_manage_amqpconnectors_through_the_built_in_roles,
         ),
         (
             "an_unsupported_spec_is_degraded_without_a_hot_loop",
@@ -104,14 +109,72 @@ fn main() -> ExitCode {
             a_leader_that_cannot_renew_its_lease_stops,
         ),
     ];
-    if args.list {
-        let trials = scenarios
-            .iter()
-            .map(|(n, _)| Trial::test(*n, || Ok(())))
-            .collect();
-        return libtest_mimic::run(&args, trials).exit_code();
+    let list = args.list;
+    let trials = MINORS
+        .iter()
+        .flat_map(|minor| {
+            scenarios.iter().map(move |&(name, scenario)| {
+                let name = format!("v{minor}::{name}");
+                if list {
+                    return Trial::test(name, || Ok(()));
+                }
+                Trial::test(name, move || {
+                    let c = CONTROL_PLANE.of(minor)?;
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&c)))
+                        .map_err(|e| panic_text(&e).into())
+                })
+            })
+        })
+        .collect();
+    let conclusion = libtest_mimic::run(&args, trials);
+    CONTROL_PLANE.stop();
+    conclusion.exit_code()
+}
+
+/// The Kubernetes minors every scenario runs against: the chart's `kubeVersion` floor and the
+/// newest minor the Go module proxy serves (tests/k8s/build.sh builds both).
+const MINORS: [&str; 2] = ["1.30", "1.37"];
+
+/// The control plane the running scenario uses: started, with the CRD applied, for the first
+/// scenario of its minor, and stopped when a scenario of another minor starts (scenarios run
+/// one at a time, in order), so only one runs at once.
+static CONTROL_PLANE: ControlPlane = ControlPlane(Mutex::new(None));
+
+struct ControlPlane(Mutex<Option<Started>>);
+
+/// A control plane that was started, or why it could not be (remembered, so that the other
+/// scenarios of that minor fail at once instead of starting it again).
+struct Started {
+    minor: &'static str,
+    cluster: Result<Arc<Cluster>, String>,
+}
+
+impl ControlPlane {
+    fn of(&self, minor: &'static str) -> Result<Arc<Cluster>, libtest_mimic::Failed> {
+        let mut current = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if current.as_ref().map(|s| s.minor) != Some(minor) {
+            // The other minor's processes stop before these start.
+            *current = None;
+            let cluster = std::panic::catch_unwind(|| start(minor))
+                .map(Arc::new)
+                .map_err(|e| format!("the v{minor} control plane: {}", panic_text(&e)));
+            *current = Some(Started { minor, cluster });
+        }
+        match current.as_ref().map(|s| &s.cluster) {
+            Some(Ok(c)) => Ok(c.clone()),
+            Some(Err(e)) => Err(e.clone().into()),
+            None => Err("no control plane".into()),
+        }
     }
-    let cluster = Arc::new(Cluster::start(&root()));
+
+    fn stop(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// Starts the control plane of `minor` and has it serve the CRD.
+fn start(minor: &str) -> Cluster {
+    let cluster = Cluster::start(&root(), minor);
     let crd = root().join("crds/amqpconnector.yaml");
     cluster.kubectl_ok(&["apply", "--server-side", "-f", crd.to_str().unwrap()]);
     cluster.kubectl_ok(&[
@@ -120,19 +183,7 @@ fn main() -> ExitCode {
         "crd/amqpconnectors.amqp.kubemq.io",
         "--timeout=60s",
     ]);
-    let trials = scenarios
-        .into_iter()
-        .map(|(name, scenario)| {
-            let c = cluster.clone();
-            Trial::test(name, move || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| scenario(&c)))
-                    .map_err(|e| panic_text(&e).into())
-            })
-        })
-        .collect();
-    let conclusion = libtest_mimic::run(&args, trials);
-    drop(cluster);
-    conclusion.exit_code()
+    cluster
 }
 
 fn panic_text(e: &Box<dyn std::any::Any + Send>) -> String {
@@ -622,6 +673,113 @@ fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
     );
     apply_example(c, &op, "apps4", "examples/minimal.yaml", "minimal");
     finish(c, op, "HELM4", "aco4", "apps4", "minimal");
+}
+
+/// The chart's user roles aggregate into the built-in ones: a namespace user bound to `edit`
+/// creates, lists (also as `kubectl get kubemq`, the CRD's category), scales and deletes
+/// AmqpConnectors, but cannot write their status, which is the operator's; one bound to `view`
+/// reads them and can change nothing.
+fn users_manage_amqpconnectors_through_the_built_in_roles(c: &Cluster) {
+    let op = install(c, "HELM3", "aco-users", &[]);
+    namespace_with_token(c, "team");
+    for (account, role) in [("dev", "edit"), ("auditor", "view")] {
+        c.kubectl_ok(&["-n", "team", "create", "serviceaccount", account]);
+        c.kubectl_ok(&[
+            "-n",
+            "team",
+            "create",
+            "rolebinding",
+            account,
+            &format!("--clusterrole={role}"),
+            &format!("--serviceaccount=team:{account}"),
+        ]);
+    }
+    let dev = c.service_account_kubeconfig("team", "dev");
+    let auditor = c.service_account_kubeconfig("team", "auditor");
+    let as_user = |who: &Path, args: &[&str]| {
+        let mut all = vec!["-n", "team"];
+        all.extend_from_slice(args);
+        c.kubectl_as(who, &all, None)
+    };
+    let can = |who: &Path, verb: &str, resource: &str| {
+        as_user(who, &["auth", "can-i", verb, resource])
+            .stdout
+            .trim()
+            == "yes"
+    };
+    // The controller manager folds the chart's roles into edit and view a moment after install.
+    wait_until(
+        "edit and view include AmqpConnectors",
+        Duration::from_secs(60),
+        || can(&dev, "create", "amqpconnectors") && can(&auditor, "list", "amqpconnectors"),
+        || c.kubectl_ok(&["get", "clusterrole", "edit", "view", "-o", "yaml"]),
+    );
+
+    let created = c.kubectl_as(
+        &dev,
+        &["apply", "-f", "-"],
+        Some(&example_in("team").to_string()),
+    );
+    assert!(created.ok, "edit creates: {}", created.stderr);
+    wait_ready(c, &op, "team", "orders");
+    for who in [&dev, &auditor] {
+        let listed = as_user(who, &["get", "kubemq", "-o", "name"]);
+        assert!(
+            listed.ok
+                && listed
+                    .stdout
+                    .contains("amqpconnector.amqp.kubemq.io/orders"),
+            "kubectl get kubemq: {}{}",
+            listed.stdout,
+            listed.stderr
+        );
+    }
+    let scaled = as_user(&dev, &["scale", "amqpc/orders", "--replicas=2"]);
+    assert!(scaled.ok, "edit scales: {}", scaled.stderr);
+    assert_eq!(amqpc(c, "team", "orders")["spec"]["replicas"], 2);
+
+    let forge = [
+        "patch",
+        "amqpc",
+        "orders",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"image":"forged"}}"#,
+    ];
+    let forged = as_user(&dev, &forge);
+    assert!(
+        !forged.ok && forged.stderr.contains("forbidden"),
+        "edit writes the operator's status: {}{}",
+        forged.stdout,
+        forged.stderr
+    );
+    for refused in [
+        &["scale", "amqpc/orders", "--replicas=3"][..],
+        &["delete", "amqpc", "orders"],
+        &["label", "amqpc", "orders", "x=y"],
+    ] {
+        let r = as_user(&auditor, refused);
+        assert!(
+            !r.ok && r.stderr.contains("forbidden"),
+            "view may not {refused:?}: {}{}",
+            r.stdout,
+            r.stderr
+        );
+    }
+    let got = as_user(&auditor, &["get", "amqpc", "orders", "-o", "json"]);
+    assert!(got.ok, "view reads: {}", got.stderr);
+
+    let deleted = as_user(&dev, &["delete", "amqpc", "orders", "--wait=true"]);
+    assert!(deleted.ok, "edit deletes: {}", deleted.stderr);
+    wait_until(
+        "the garbage collector removes every child",
+        Duration::from_secs(60),
+        || children(c, "team", "orders").is_empty(),
+        || format!("{:?}", children(c, "team", "orders")),
+    );
+    drop(op);
+    uninstall(c, "HELM3", "aco-users");
 }
 
 /// A spec this connector version cannot honour is Degraded (`InvalidSpec`) with the fields named
