@@ -28,6 +28,7 @@ use tokio::sync::watch;
 #[derive(Debug, Parser)]
 #[command(
     name = "kubemq-amqp-operator",
+    version,
     about = "Operator for AmqpConnector resources"
 )]
 struct Args {
