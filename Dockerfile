@@ -22,10 +22,15 @@ COPY --from=planner /src/recipe.json recipe.json
 RUN cargo chef cook --release --locked --recipe-path recipe.json \
       -p kubemq-amqp-connector -p kubemq-amqp-operator
 COPY . .
+# /out/bin: the binaries without their debug info (the release profile keeps it for profiling;
+# symbols stay, so backtraces name functions). /out/data: an empty folder for the store's volume.
 RUN cargo build --release --locked \
       -p kubemq-amqp-connector --bin kubemq-amqp-connector \
       -p kubemq-amqp-operator --bin kubemq-amqp-operator \
- && mkdir -p /out/data
+ && mkdir -p /out/bin /out/data \
+ && for b in kubemq-amqp-connector kubemq-amqp-operator; do \
+      objcopy --strip-debug "target/release/$b" "/out/bin/$b"; \
+    done
 
 # Final images: distroless (glibc, CA certificates, /etc/passwd with the nonroot user 65532,
 # nsswitch.conf; no shell, no package manager), the binary and nothing else.
@@ -36,7 +41,7 @@ LABEL org.opencontainers.image.title="kubemq-amqp-connector" \
       org.opencontainers.image.source="https://github.com/kubemq-io/kubemq-amqp-connector" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
-COPY --from=builder /src/target/release/kubemq-amqp-connector /usr/local/bin/kubemq-amqp-connector
+COPY --from=builder /out/bin/kubemq-amqp-connector /usr/local/bin/kubemq-amqp-connector
 # The embedded store's DataDir ("data", relative) lands on this volume: the root filesystem can
 # stay read-only.
 COPY --from=builder --chown=65532:65532 /out/data /var/lib/kubemq-amqp
@@ -53,7 +58,7 @@ LABEL org.opencontainers.image.title="kubemq-amqp-operator" \
       org.opencontainers.image.source="https://github.com/kubemq-io/kubemq-amqp-connector" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.version="${VERSION}"
-COPY --from=builder /src/target/release/kubemq-amqp-operator /usr/local/bin/kubemq-amqp-operator
+COPY --from=builder /out/bin/kubemq-amqp-operator /usr/local/bin/kubemq-amqp-operator
 USER 65532:65532
 EXPOSE 8080/tcp
 ENTRYPOINT ["/usr/local/bin/kubemq-amqp-operator"]

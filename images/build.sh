@@ -62,12 +62,14 @@ rpc: files
 EOF
 }
 
-# Copies `binary` to `dest` inside rootfs `r`, with every shared library the dynamic loader
-# resolves for it at the path it resolves it to (glibc's files and dns lookups are built into
+# Copies `binary` without its debug info to `dest` inside rootfs `r`, with every shared library
+# the dynamic loader resolves for it at the path it resolves it to (glibc's files and dns lookups are built into
 # libc.so.6, so nothing is loaded later by name).
 install_binary() { # r binary dest
   local r=$1 bin=$2 dest=$3
-  install -D -m 0755 "$bin" "$r$dest"
+  mkdir -p "$r$(dirname "$dest")"
+  objcopy --strip-debug "$bin" "$r$dest"
+  chmod 0755 "$r$dest"
   ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}' | while read -r lib; do
     mkdir -p "$r$(dirname "$lib")"
     cp -L "$lib" "$r$lib"
@@ -82,8 +84,9 @@ for target in connector operator; do
   base_rootfs "$r"
   while IFS=$'\t' read -r source destination owner; do
     case "$source" in
-      /src/*) install_binary "$r" "$ROOT/${source#/src/}" "$destination" ;;
-      # The builder's /out holds empty folders made to be owned by the image's user.
+      # The builder's /out/bin: release binaries without their debug info.
+      /out/bin/*) install_binary "$r" "$ROOT/target/release/${source#/out/bin/}" "$destination" ;;
+      # The rest of /out: empty folders, made to be owned by the image's user.
       /out/*) mkdir -p "$r$destination" ;;
       *) echo "build.sh: cannot copy $source" >&2; exit 1 ;;
     esac

@@ -202,7 +202,7 @@ fn the_images_are_configured_as_the_dockerfile_declares() {
     }
 }
 
-/// Each image holds its binary, the shared libraries it loads, CA certificates, the users and
+/// Each image holds its binary (symbols kept, debug info dropped), the shared libraries it loads, CA certificates, the users and
 /// name-service files; no shell and no package manager; the connector's volume belongs to its
 /// user.
 #[test]
@@ -212,6 +212,18 @@ fn the_images_hold_the_binary_and_what_it_needs_only() {
         let rootfs = dir.path().join("bundle/rootfs");
         let binary = rootfs.join(format!("usr/local/bin/kubemq-amqp-{target}"));
         assert!(binary.is_file(), "{target}: no binary");
+        let sections = ok(
+            "readelf",
+            Command::new("readelf")
+                .args(["-S", "--wide"])
+                .arg(&binary)
+                .output()
+                .unwrap(),
+        );
+        assert!(
+            sections.contains(".symtab") && !sections.contains(".debug_info"),
+            "{target}: the binary keeps its symbols and drops its debug info\n{sections}"
+        );
         for file in [
             "etc/passwd",
             "etc/group",
