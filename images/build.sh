@@ -18,7 +18,8 @@ VERSION=$(cargo metadata --format-version 1 --no-deps |
 
 if ! command -v umoci >/dev/null; then
   echo "== installing umoci (Debian)" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2 ||
+    { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2; }
 fi
 
 echo "== cargo build --release (connector, operator)" >&2
