@@ -137,6 +137,50 @@ settings! {
     CountConnectionsAfterHeader => count_connections_after_header: bool = false, parse::boolean;
     /// Log line format: text or json.
     LogFormat => log_format: LogFormat = LogFormat::Text, |v| v.parse();
+    /// PEM certificate chain of the TLS listener (leaf first); with `TlsKeyFile` it turns the
+    /// TLS listener on. Re-read when the file changes.
+    TlsCertFile => tls_cert_file: Option<PathBuf> = None, parse::optional_path;
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of `TlsCertFile`'s certificate.
+    TlsKeyFile => tls_key_file: Option<PathBuf> = None, parse::optional_path;
+    /// `tls`: clients authenticate with SASL; `mtls`: they must also present a certificate that
+    /// `TlsClientCaFile` verifies.
+    TlsMode => tls_mode: TlsMode = TlsMode::Tls, |v| v.parse();
+    /// PEM bundle of the CAs that sign client certificates (mtls).
+    TlsClientCaFile => tls_client_ca_file: Option<PathBuf> = None, parse::optional_path;
+}
+
+/// Whether the TLS listener asks clients for a certificate (TLS-3, TLS-4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TlsMode {
+    /// Server authentication only; clients authenticate at the SASL layer (TLS-3).
+    #[default]
+    Tls,
+    /// A client certificate verified against `TlsClientCaFile` is required (TLS-4).
+    Mtls,
+}
+
+impl std::str::FromStr for TlsMode {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v.to_ascii_lowercase().as_str() {
+            "tls" => Ok(TlsMode::Tls),
+            "mtls" => Ok(TlsMode::Mtls),
+            _ => Err(format!("must be tls or mtls, got {v:?}")),
+        }
+    }
+}
+
+/// The files of the TLS listener, when TLS is configured (TLS-1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain.
+    pub cert: PathBuf,
+    /// PEM private key.
+    pub key: PathBuf,
+    /// With a CA bundle: client certificates are required and verified by it (mtls).
+    pub client_ca: Option<PathBuf>,
 }
 
 /// One setting's names.
@@ -232,6 +276,11 @@ mod parse {
         } else {
             Ok(PathBuf::from(v))
         }
+    }
+
+    /// A file path; empty means unset.
+    pub fn optional_path(v: &str) -> Result<Option<PathBuf>, String> {
+        Ok((!v.is_empty()).then(|| PathBuf::from(v)))
     }
 
     /// Any text; empty means unset.
@@ -370,13 +419,47 @@ impl Settings {
         if s.kubemq_address.is_some() && s.serve_kubemq_grpc.is_some() {
             errors.push("ServeKubemqGrpc serves the embedded store, which is not used when KubemqAddress is set".into());
         }
-        if errors.is_empty() && s.port == 0 && s.tls_port == 0 {
-            errors.push("Port and TlsPort are both 0: no listener would be bound".into());
+        match (&s.tls_cert_file, &s.tls_key_file) {
+            (Some(_), None) => errors.push("TlsCertFile is set without TlsKeyFile".into()),
+            (None, Some(_)) => errors.push("TlsKeyFile is set without TlsCertFile".into()),
+            _ => {}
+        }
+        match (s.tls_mode, &s.tls_client_ca_file) {
+            (TlsMode::Mtls, None) => {
+                errors.push("TlsMode mtls needs TlsClientCaFile to verify client certificates".into())
+            }
+            (TlsMode::Tls, Some(_)) => errors.push(
+                "TlsClientCaFile is only used with TlsMode mtls (tls asks clients for no certificate)".into(),
+            ),
+            _ => {}
+        }
+        if errors.is_empty() && s.port == 0 && s.tls_files().is_none() {
+            errors.push(if s.tls_port == 0 {
+                "Port and TlsPort are both 0: no listener would be bound".into()
+            } else {
+                "Port is 0 and TLS is not configured (TlsCertFile, TlsKeyFile): no listener would be bound".into()
+            });
         }
         if errors.is_empty() {
             Ok(s)
         } else {
             Err(ConfigError(errors))
+        }
+    }
+
+    /// The TLS listener's files, when it is to be bound: a certificate and key are configured
+    /// and `TlsPort` is not 0 (TLS-1).
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) if self.tls_port != 0 => Some(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: match self.tls_mode {
+                    TlsMode::Mtls => self.tls_client_ca_file.clone(),
+                    TlsMode::Tls => None,
+                },
+            }),
+            _ => None,
         }
     }
 
@@ -598,6 +681,10 @@ mod tests {
             handshake_timeout_seconds: 2,
             count_connections_after_header: true,
             log_format: LogFormat::Json,
+            tls_cert_file: Some(PathBuf::from("/tls/tls.crt")),
+            tls_key_file: Some(PathBuf::from("/tls/tls.key")),
+            tls_mode: TlsMode::Mtls,
+            tls_client_ca_file: Some(PathBuf::from("/tls/ca.crt")),
         }
     }
 
@@ -796,6 +883,48 @@ mod tests {
         assert!(text.contains("RpcMaxPending must be an integer"));
         let both_zero = Settings::resolve(&[raw(&[("Port", "0"), ("TlsPort", "0")])]).unwrap_err();
         assert!(both_zero.to_string().contains("no listener"));
+    }
+
+    /// TLS-1, TLS-3, TLS-4: the TLS listener is configured by a certificate and key (both or
+    /// neither); mtls needs a client CA and tls takes none; without TLS, Port 0 binds nothing.
+    #[test]
+    fn tls_settings() {
+        let tls = |pairs: &[(&str, &str)]| Settings::resolve(&[raw(pairs)]);
+        let cert = ("TlsCertFile", "/tls/tls.crt");
+        let key = ("TlsKeyFile", "/tls/tls.key");
+        let ca = ("TlsClientCaFile", "/tls/ca.crt");
+        let on = tls(&[cert, key]).unwrap();
+        let files = on.tls_files().unwrap();
+        assert_eq!(files.cert, PathBuf::from("/tls/tls.crt"));
+        assert_eq!(files.client_ca, None);
+        let mutual = tls(&[cert, key, ca, ("TlsMode", "MTLS")]).unwrap();
+        assert_eq!(
+            mutual.tls_files().unwrap().client_ca,
+            Some(PathBuf::from("/tls/ca.crt"))
+        );
+        assert_eq!(Settings::default().tls_files(), None);
+        assert_eq!(
+            tls(&[cert, key, ("TlsPort", "0")]).unwrap().tls_files(),
+            None
+        );
+        assert!(tls(&[cert, key, ("Port", "0")]).is_ok(), "TLS only");
+        for (pairs, says) in [
+            (&[cert][..], "TlsCertFile is set without TlsKeyFile"),
+            (&[key][..], "TlsKeyFile is set without TlsCertFile"),
+            (
+                &[cert, key, ("TlsMode", "mtls")][..],
+                "TlsMode mtls needs TlsClientCaFile",
+            ),
+            (
+                &[cert, key, ca][..],
+                "TlsClientCaFile is only used with TlsMode mtls",
+            ),
+            (&[("TlsMode", "ssl")][..], "TlsMode must be tls or mtls"),
+            (&[("Port", "0")][..], "Port is 0 and TLS is not configured"),
+        ] {
+            let e = tls(pairs).unwrap_err().to_string();
+            assert!(e.contains(says), "{says} in {e}");
+        }
     }
 
     /// The hostile-client limits: memory budgets, the pre-OPEN deadline, when a connection

@@ -1,5 +1,5 @@
-//! The connector binary: reads the settings, binds the plain listener and serves until SIGTERM or
-//! Ctrl-C, then closes every connection with `amqp:connection:forced`.
+//! The connector binary: reads the settings, binds the plain and TLS listeners and serves until
+//! SIGTERM or Ctrl-C, then closes every connection with `amqp:connection:forced`.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -12,7 +12,7 @@ use connector::backend::{readiness, Backend};
 use connector::bridge::queues::Queues;
 use connector::config::Cli;
 use connector::config::Settings;
-use connector::driver::{serve, ServeOptions};
+use connector::driver::{serve, Listeners, ServeOptions, TlsSource};
 use connector::http::Health;
 use connector::metrics::Metrics;
 use connector::store::Store;
@@ -59,23 +59,12 @@ fn main() -> ExitCode {
     rt.block_on(run(settings))
 }
 
-/// Binds the AMQP listener, opens the backend and serves until a shutdown signal.
+/// Binds the AMQP listeners, opens the backend and serves until a shutdown signal.
 async fn run(settings: Settings) -> ExitCode {
-    if settings.port == 0 {
-        tracing::error!(
-            "the plain listener is disabled and TLS is not available in this build yet"
-        );
-        return ExitCode::from(2);
-    }
-    let addr = SocketAddr::new(settings.bind_address, settings.port);
-    let listener = match tokio::net::TcpListener::bind(addr).await {
+    let listener = match bind(&settings).await {
         Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%addr, error = %e, "cannot bind the AMQP listener");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    tracing::info!(%addr, "AMQP 1.0 listener ready");
     // The backend: a KubeMQ over gRPC when an address is given, else the embedded store.
     let Some(kubemq) = settings.kubemq_address.clone() else {
         return run_embedded(listener, settings).await;
@@ -103,8 +92,44 @@ async fn run(settings: Settings) -> ExitCode {
     serve_amqp(listener, &settings, backend).await
 }
 
+/// The plain listener on `Port` (unless 0) and the TLS listener on `TlsPort` when TLS is
+/// configured (TLS-1); a file or address that does not work stops the connector here.
+async fn bind(settings: &Settings) -> Result<Listeners, ExitCode> {
+    let tcp = |port: u16, what: &'static str| async move {
+        let addr = SocketAddr::new(settings.bind_address, port);
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => {
+                tracing::info!(%addr, "{what} listener ready");
+                Ok(l)
+            }
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "cannot bind the {what} listener");
+                Err(ExitCode::FAILURE)
+            }
+        }
+    };
+    let mut listeners = Listeners::default();
+    if settings.port != 0 {
+        listeners.plain = Some(tcp(settings.port, "AMQP 1.0").await?);
+    }
+    if let Some(files) = settings.tls_files() {
+        let source = match TlsSource::load(files) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot use the TLS files");
+                return Err(ExitCode::from(2));
+            }
+        };
+        let mode = if source.mutual() { "mtls" } else { "tls" };
+        let l = tcp(settings.tls_port, "AMQP 1.0 over TLS").await?;
+        tracing::info!(mode, "TLS listener uses TLS 1.2 and 1.3");
+        listeners.tls = Some((l, Arc::new(source)));
+    }
+    Ok(listeners)
+}
+
 /// Runs on the embedded store, optionally serving it as KubeMQ's gRPC API too.
-async fn run_embedded(listener: tokio::net::TcpListener, settings: Settings) -> ExitCode {
+async fn run_embedded(listener: Listeners, settings: Settings) -> ExitCode {
     let store = match Store::open(&settings.data_dir) {
         Ok((store, report)) => {
             tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
@@ -148,7 +173,7 @@ async fn run_embedded(listener: tokio::net::TcpListener, settings: Settings) -> 
 
 /// Serves AMQP with the queues bridge over `backend` until SIGTERM or Ctrl-C.
 async fn serve_amqp<B: Backend + Clone>(
-    listener: tokio::net::TcpListener,
+    listener: Listeners,
     settings: &Settings,
     backend: B,
 ) -> ExitCode {

@@ -1,14 +1,18 @@
 //! One connection's task: socket ⇄ engine ⇄ handler, until the engine says the connection is over.
 
 use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_rustls::server::TlsStream;
 
 use super::Handler;
 use crate::engine::{AmqpError, Connection, EngineConfig, Transport};
@@ -22,12 +26,48 @@ const READ_CHUNK: usize = 256 * 1024;
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
+/// A stream one connection runs over: TCP, or TLS over TCP.
+pub trait Wire: Send + 'static {
+    /// The half the connection task reads.
+    type Read: AsyncRead + Unpin + Send;
+    /// The half it writes.
+    type Write: AsyncWrite + Unpin + Send;
+    /// What the engine is told: TLS changes the headers and SASL mechanisms it accepts.
+    const TRANSPORT: Transport;
+    /// Whether written bytes can wait inside the stream until flushed (TLS records).
+    const BUFFERS_WRITES: bool;
+    /// The two halves, used at once.
+    fn split(self) -> (Self::Read, Self::Write);
+}
+
+impl Wire for TcpStream {
+    type Read = OwnedReadHalf;
+    type Write = OwnedWriteHalf;
+    const TRANSPORT: Transport = Transport::Plain;
+    const BUFFERS_WRITES: bool = false;
+
+    fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
+        self.into_split()
+    }
+}
+
+impl Wire for TlsStream<TcpStream> {
+    type Read = tokio::io::ReadHalf<Self>;
+    type Write = tokio::io::WriteHalf<Self>;
+    const TRANSPORT: Transport = Transport::Tls;
+    const BUFFERS_WRITES: bool = true;
+
+    fn split(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
 /// An accepted socket: the stream, what was already read from it (the protocol header, when the
 /// listener waited for it), and when it was accepted (the handshake deadline counts from then).
 #[derive(Debug)]
-pub struct Accepted {
-    /// The socket.
-    pub stream: TcpStream,
+pub struct Accepted<S> {
+    /// The socket (after its TLS handshake, on the TLS listener).
+    pub stream: S,
     /// Bytes read from it before the connection task took it.
     pub read: BytesMut,
     /// When it was accepted.
@@ -36,8 +76,8 @@ pub struct Accepted {
 
 /// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
 /// `shutdown`, or `broker_ready` turning false, closes it with `amqp:connection:forced` (CONN-16).
-pub async fn run_connection<H: Handler>(
-    socket: Accepted,
+pub async fn run_connection<S: Wire, H: Handler>(
+    socket: Accepted<S>,
     cfg: Arc<EngineConfig>,
     admission: Option<AmqpError>,
     mut handler: H,
@@ -49,10 +89,11 @@ pub async fn run_connection<H: Handler>(
         read: mut rbuf,
         at,
     } = socket;
-    let _ = stream.set_nodelay(true);
-    let (mut rd, mut wr) = stream.into_split();
-    let mut engine = Connection::new(cfg, Transport::Plain, admission, at);
+    let (mut rd, mut wr) = stream.split();
+    let mut engine = Connection::new(cfg, S::TRANSPORT, admission, at);
     let mut wbuf = BytesMut::new();
+    // TLS records written but still inside the TLS stream, waiting for the socket.
+    let mut unflushed = false;
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         return;
@@ -74,10 +115,14 @@ pub async fn run_connection<H: Handler>(
         // round sooner, and the next turn's output starts a fresh buffer instead of being copied
         // behind this one.
         if !wbuf.is_empty() {
-            match wr.try_write(&wbuf) {
-                Ok(n) => wbuf.advance(n),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(_) => engine.transport_lost(),
+            // One attempt, without waiting: a socket that cannot take it now is waited for below.
+            match Pin::new(&mut wr).poll_write(&mut Context::from_waker(Waker::noop()), &wbuf) {
+                Poll::Ready(Ok(n)) => {
+                    wbuf.advance(n);
+                    unflushed = S::BUFFERS_WRITES;
+                }
+                Poll::Ready(Err(_)) => engine.transport_lost(),
+                Poll::Pending => {}
             }
         }
         if engine.is_closed() {
@@ -92,11 +137,11 @@ pub async fn run_connection<H: Handler>(
                 Ok(0) | Err(_) => engine.transport_lost(),
                 Ok(_) => engine.handle_input(Instant::now().into_std(), &mut rbuf),
             },
-            r = wr.write_buf(&mut wbuf), if !wbuf.is_empty() => {
-                if r.is_err() {
-                    engine.transport_lost();
-                }
-            }
+            r = write_or_flush(&mut wr, &mut wbuf), if !wbuf.is_empty() || unflushed => match r {
+                Ok(Written::Some) => unflushed = S::BUFFERS_WRITES,
+                Ok(Written::Flushed) => unflushed = false,
+                Err(_) => engine.transport_lost(),
+            },
             _ = sleep_until_opt(deadline) => engine.handle_timeout(Instant::now().into_std()),
             _ = poll_fn(|cx| handler.poll_ready(cx)) => handler.on_ready(&mut engine),
             r = shutdown.changed(), if !shutting_down => {
@@ -120,10 +165,34 @@ pub async fn run_connection<H: Handler>(
         handler.on_event(&mut engine, ev);
     }
     handler.after_turn(&mut engine);
-    if !wbuf.is_empty() {
-        let _ = tokio::time::timeout(FINAL_FLUSH, wr.write_all(&wbuf)).await;
+    // A client that reads nothing cannot hold the task: the last bytes, the TLS close_notify and
+    // the FIN get FINAL_FLUSH together.
+    let _ = tokio::time::timeout(FINAL_FLUSH, async {
+        wr.write_all(&wbuf).await?;
+        wr.shutdown().await
+    })
+    .await;
+}
+
+/// What [`write_or_flush`] did.
+enum Written {
+    /// Wrote some of the buffer.
+    Some,
+    /// The buffer was empty: flushed what the stream held.
+    Flushed,
+}
+
+/// Writes some of `buf`, or with nothing left to write, flushes the stream (TLS records that
+/// waited for the socket).
+async fn write_or_flush<W: AsyncWrite + Unpin>(
+    wr: &mut W,
+    buf: &mut BytesMut,
+) -> std::io::Result<Written> {
+    if buf.is_empty() {
+        wr.flush().await.map(|()| Written::Flushed)
+    } else {
+        wr.write_buf(buf).await.map(|_| Written::Some)
     }
-    let _ = wr.shutdown().await;
 }
 
 /// The broker's readiness once it changed; never, when nothing reports it.

@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use ops::accept::AcceptBackoff;
 use ops::logs::RateLimited;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
+use super::connection::Wire;
+use super::tls::TlsSource;
 use super::{run_connection, Accepted, HandlerFactory};
 use crate::engine::{AmqpError, Condition, EngineConfig};
 
@@ -47,81 +50,81 @@ pub fn waiting_pool(max_connections: u32) -> usize {
     }
 }
 
-/// Serves AMQP on `listener` until `shutdown` resolves, then closes every connection.
+/// The sockets AMQP is served on.
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// Plain AMQP (`Port`).
+    pub plain: Option<TcpListener>,
+    /// AMQP inside TLS (`TlsPort`), and where its handshakes get their configuration (TLS-1).
+    pub tls: Option<(TcpListener, Arc<TlsSource>)>,
+}
+
+impl From<TcpListener> for Listeners {
+    fn from(plain: TcpListener) -> Self {
+        Listeners {
+            plain: Some(plain),
+            tls: None,
+        }
+    }
+}
+
+/// What every connection task shares.
+struct Shared<F> {
+    gate: Arc<Gate>,
+    cfg: Arc<EngineConfig>,
+    factory: Arc<F>,
+    stop: watch::Receiver<bool>,
+    ready: Option<watch::Receiver<bool>>,
+    count_after_header: bool,
+}
+
+/// Serves AMQP on `listeners` until `shutdown` resolves, then closes every connection.
 pub async fn serve<F: HandlerFactory>(
-    listener: TcpListener,
+    listeners: impl Into<Listeners>,
     cfg: Arc<EngineConfig>,
     opts: ServeOptions,
     factory: Arc<F>,
     shutdown: impl Future<Output = ()>,
 ) {
-    let gate = Arc::new(Gate::new(&opts));
+    let Listeners { plain, tls } = listeners.into();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let shared = Shared {
+        gate: Arc::new(Gate::new(&opts)),
+        cfg,
+        factory,
+        stop: stop_rx,
+        ready: opts.broker_ready.clone(),
+        count_after_header: opts.count_after_header,
+    };
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
-    let mut backoff = AcceptBackoff::new("AMQP");
+    let mut plain_backoff = AcceptBackoff::new("AMQP");
+    let mut tls_backoff = AcceptBackoff::new("AMQPS");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => {
-                        backoff.succeeded();
-                        a
-                    }
-                    Err(e) => {
-                        backoff.failed(&e).await;
-                        continue;
-                    }
+            accepted = accept(plain.as_ref()) => {
+                let Some((stream, peer)) = settle(accepted, &mut plain_backoff).await else {
+                    continue;
                 };
                 next_id += 1;
-                let accepted_at = Instant::now();
                 let span = tracing::info_span!("conn", id = next_id, %peer);
-                let (gate, cfg, factory) = (gate.clone(), cfg.clone(), factory.clone());
-                let (stop, ready) = (stop_rx.clone(), opts.broker_ready.clone());
-                if !opts.count_after_header {
-                    let Some((permit, admission)) = gate.admit(peer) else {
-                        continue;
-                    };
-                    let handler = factory.new_handler(peer);
-                    let socket = Accepted { stream, read: BytesMut::new(), at: accepted_at };
-                    let fut = run_connection(socket, cfg, admission, handler, stop, ready);
-                    tasks.spawn(async move {
-                        tracing::debug!("accepted");
-                        fut.await;
-                        tracing::debug!("finished");
-                        drop(permit);
-                    }.instrument(span));
-                    continue;
-                }
-                let Ok(waiting) = gate.waiting.clone().try_acquire_owned() else {
-                    gate.drops.note(|n| {
-                        tracing::warn!(%peer, dropped = n, "too many connections waiting for their protocol header; dropping");
-                    });
+                spawn_plain(&mut tasks, &shared, stream, peer, span);
+            }
+            accepted = accept(tls.as_ref().map(|(l, _)| l)) => {
+                let Some((stream, peer)) = settle(accepted, &mut tls_backoff).await else {
                     continue;
                 };
-                tasks.spawn(async move {
-                    let Some((stream, header)) = read_header(stream, cfg.handshake_timeout).await else {
-                        tracing::debug!("no protocol header in time; dropped");
-                        return;
-                    };
-                    drop(waiting);
-                    let Some((permit, admission)) = gate.admit(peer) else {
-                        return;
-                    };
-                    tracing::debug!("accepted");
-                    let handler = factory.new_handler(peer);
-                    let socket = Accepted { stream, read: header, at: accepted_at };
-                    run_connection(socket, cfg, admission, handler, stop, ready).await;
-                    tracing::debug!("finished");
-                    drop(permit);
-                }.instrument(span));
+                let Some((_, source)) = tls.as_ref() else { continue };
+                next_id += 1;
+                let span = tracing::info_span!("conn", id = next_id, %peer, tls = true);
+                spawn_tls(&mut tasks, &shared, stream, peer, source.acceptor(), span);
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     }
-    drop(listener);
+    drop((plain, tls));
     tracing::info!(
         connections = tasks.len(),
         "shutting down: closing connections"
@@ -141,11 +144,190 @@ pub async fn serve<F: HandlerFactory>(
     }
 }
 
-/// The first 8 bytes a client sends (its protocol header, checked by the engine), within
-/// `timeout`; `None` when they do not come.
-async fn read_header(mut stream: TcpStream, timeout: Duration) -> Option<(TcpStream, BytesMut)> {
+/// The next connection on `listener`; never, when there is none.
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The accepted socket, or `None` after pausing on a failed accept.
+async fn settle(
+    accepted: std::io::Result<(TcpStream, SocketAddr)>,
+    backoff: &mut AcceptBackoff,
+) -> Option<(TcpStream, SocketAddr)> {
+    match accepted {
+        Ok((stream, peer)) => {
+            backoff.succeeded();
+            let _ = stream.set_nodelay(true);
+            Some((stream, peer))
+        }
+        Err(e) => {
+            backoff.failed(&e).await;
+            None
+        }
+    }
+}
+
+/// Runs a plain connection: admitted at once, or (with `count_after_header`) once its protocol
+/// header came.
+fn spawn_plain<F: HandlerFactory>(
+    tasks: &mut JoinSet<()>,
+    shared: &Shared<F>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    span: tracing::Span,
+) {
+    let at = Instant::now();
+    if !shared.count_after_header {
+        let Some(admitted) = Admitted::now(shared, peer) else {
+            return;
+        };
+        tasks.spawn(admitted.run(stream, BytesMut::new(), at).instrument(span));
+        return;
+    }
+    let Some(waiting) = shared.gate.waiting_place(peer) else {
+        return;
+    };
+    let (shared, deadline) = (shared.clone_parts(), at + shared.cfg.handshake_timeout);
+    tasks.spawn(
+        async move {
+            let Some((stream, header)) = read_header(stream, deadline).await else {
+                tracing::debug!("no protocol header in time; dropped");
+                return;
+            };
+            drop(waiting);
+            let Some(admitted) = Admitted::now(&shared, peer) else {
+                return;
+            };
+            admitted.run(stream, header, at).await;
+        }
+        .instrument(span),
+    );
+}
+
+/// Runs a TLS connection: its handshake, which must finish within the handshake timeout
+/// counted from accept, then the AMQP protocol header inside TLS (TLS-5). Admitted at accept, or
+/// (with `count_after_header`) once the header came.
+fn spawn_tls<F: HandlerFactory>(
+    tasks: &mut JoinSet<()>,
+    shared: &Shared<F>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    span: tracing::Span,
+) {
+    let at = Instant::now();
+    let deadline = at + shared.cfg.handshake_timeout;
+    let early = if shared.count_after_header {
+        match shared.gate.waiting_place(peer) {
+            Some(waiting) => Err(waiting),
+            None => return,
+        }
+    } else {
+        match Admitted::now(shared, peer) {
+            Some(admitted) => Ok(admitted),
+            None => return,
+        }
+    };
+    let shared = shared.clone_parts();
+    tasks.spawn(
+        async move {
+            let tls = match tokio::time::timeout_at(deadline.into(), acceptor.accept(stream)).await
+            {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake not finished in time; dropped");
+                    return;
+                }
+            };
+            let (admitted, stream, header) = match early {
+                Ok(admitted) => (admitted, tls, BytesMut::new()),
+                Err(waiting) => {
+                    let Some((tls, header)) = read_header(tls, deadline).await else {
+                        tracing::debug!("no protocol header in time; dropped");
+                        return;
+                    };
+                    drop(waiting);
+                    let Some(admitted) = Admitted::now(&shared, peer) else {
+                        return;
+                    };
+                    (admitted, tls, header)
+                }
+            };
+            admitted.run(stream, header, at).await;
+        }
+        .instrument(span),
+    );
+}
+
+impl<F: HandlerFactory> Shared<F> {
+    fn clone_parts(&self) -> Shared<F> {
+        Shared {
+            gate: self.gate.clone(),
+            cfg: self.cfg.clone(),
+            factory: self.factory.clone(),
+            stop: self.stop.clone(),
+            ready: self.ready.clone(),
+            count_after_header: self.count_after_header,
+        }
+    }
+}
+
+/// A connection that holds its slot (or a refusal's), with what its task needs.
+struct Admitted<F: HandlerFactory> {
+    permit: OwnedSemaphorePermit,
+    refusal: Option<AmqpError>,
+    handler: F::Handler,
+    cfg: Arc<EngineConfig>,
+    stop: watch::Receiver<bool>,
+    ready: Option<watch::Receiver<bool>>,
+}
+
+impl<F: HandlerFactory> Admitted<F> {
+    /// Admits a connection from `peer` now; `None` when it is to be dropped.
+    fn now(shared: &Shared<F>, peer: SocketAddr) -> Option<Admitted<F>> {
+        let (permit, refusal) = shared.gate.admit(peer)?;
+        Some(Admitted {
+            permit,
+            refusal,
+            handler: shared.factory.new_handler(peer),
+            cfg: shared.cfg.clone(),
+            stop: shared.stop.clone(),
+            ready: shared.ready.clone(),
+        })
+    }
+
+    async fn run<S: Wire>(self, stream: S, read: BytesMut, at: Instant) {
+        tracing::debug!("accepted");
+        let socket = Accepted { stream, read, at };
+        run_connection(
+            socket,
+            self.cfg,
+            self.refusal,
+            self.handler,
+            self.stop,
+            self.ready,
+        )
+        .await;
+        tracing::debug!("finished");
+        drop(self.permit);
+    }
+}
+
+/// The first 8 bytes a client sends (its protocol header, checked by the engine), before
+/// `deadline`; `None` when they do not come.
+async fn read_header<S: AsyncRead + Unpin>(
+    mut stream: S,
+    deadline: Instant,
+) -> Option<(S, BytesMut)> {
     let mut header = [0u8; 8];
-    match tokio::time::timeout(timeout, stream.read_exact(&mut header)).await {
+    match tokio::time::timeout_at(deadline.into(), stream.read_exact(&mut header)).await {
         Ok(Ok(_)) => Some((stream, BytesMut::from(&header[..]))),
         _ => None,
     }
@@ -176,6 +358,18 @@ impl Gate {
             broker_ready: opts.broker_ready.clone(),
             drops: RateLimited::default(),
         }
+    }
+
+    /// A place among the sockets waiting for their protocol header (with
+    /// `count_after_header`); `None` when the pool is full and the socket is to be dropped.
+    fn waiting_place(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
+        let place = self.waiting.clone().try_acquire_owned().ok();
+        if place.is_none() {
+            self.drops.note(|n| {
+                tracing::warn!(%peer, dropped = n, "too many connections waiting for their protocol header; dropping");
+            });
+        }
+        place
     }
 
     /// A slot for a new connection, with the refusal it is to get at OPEN if any (CONN-15); `None`

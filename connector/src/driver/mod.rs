@@ -4,14 +4,16 @@
 
 mod connection;
 mod listener;
+mod tls;
 
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
 use crate::engine::{Connection, Event};
 
-pub use connection::{run_connection, Accepted};
-pub use listener::{serve, ServeOptions};
+pub use connection::{run_connection, Accepted, Wire};
+pub use listener::{serve, Listeners, ServeOptions};
+pub use tls::{TlsError, TlsSource};
 
 /// The application side of one connection: it reacts to engine events by issuing commands on the
 /// engine, and may have background work (backend calls, messages from other connections) that

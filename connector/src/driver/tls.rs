@@ -1,0 +1,195 @@
+//! The TLS listener's server side (TLS-1 … TLS-4): the certificate chain and key from PEM files,
+//! TLS 1.2 at least, and in mtls mode a client certificate required and verified against a CA
+//! bundle. The files are re-read when they change (cert-manager rewrites a Secret in place, and a
+//! mounted Secret changes by a symlink swap), so new connections get a rotated certificate
+//! without a restart; open connections keep the one they were made with.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ops::logs::RateLimited;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::TlsFiles;
+
+/// Why the TLS configuration cannot be used; names the file, never its contents.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The certificate file holds no PEM certificate.
+    #[error("{0}: no PEM certificate in it")]
+    NoCertificate(PathBuf),
+    /// The key file holds no PEM private key.
+    #[error("{0}: no PEM private key in it (PKCS#8, PKCS#1 or SEC1)")]
+    NoKey(PathBuf),
+    /// rustls refused the material (a key that does not match the certificate, a CA that is
+    /// not a certificate, ...).
+    #[error("{path}: {reason}")]
+    Refused {
+        /// The file it is about.
+        path: PathBuf,
+        /// What rustls said.
+        reason: String,
+    },
+}
+
+/// Where new TLS connections get their server configuration: loaded from the files, and loaded
+/// again when one of them has changed.
+pub struct TlsSource {
+    files: TlsFiles,
+    current: Mutex<Loaded>,
+    failed_reloads: RateLimited,
+}
+
+/// A configuration and the state of the files it was made from.
+struct Loaded {
+    stamps: Vec<Option<FileStamp>>,
+    acceptor: TlsAcceptor,
+}
+
+/// What tells that a file changed: the file a path leads to (a symlink swap leads elsewhere),
+/// its size and modification time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl std::fmt::Debug for TlsSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsSource")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TlsSource {
+    /// Loads the files; an error here stops the connector at start.
+    pub fn load(files: TlsFiles) -> Result<TlsSource, TlsError> {
+        let stamps = stamps(&files);
+        let acceptor = TlsAcceptor::from(Arc::new(server_config(&files)?));
+        Ok(TlsSource {
+            files,
+            current: Mutex::new(Loaded { stamps, acceptor }),
+            failed_reloads: RateLimited::default(),
+        })
+    }
+
+    /// Whether client certificates are required (mtls).
+    pub fn mutual(&self) -> bool {
+        self.files.client_ca.is_some()
+    }
+
+    /// The acceptor for a new connection: the current files' configuration. When a file
+    /// changed and the new set does not load (a half-written rotation), the last good one stays
+    /// and the failure is logged.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let now = stamps(&self.files);
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if now != current.stamps {
+            match server_config(&self.files) {
+                Ok(config) => {
+                    tracing::info!(cert = %self.files.cert.display(), "TLS files changed: new connections use them");
+                    current.acceptor = TlsAcceptor::from(Arc::new(config));
+                    current.stamps = now;
+                }
+                Err(e) => self.failed_reloads.note(|n| {
+                    tracing::warn!(error = %e, failures = n, "TLS files changed but do not load; the previous certificate stays in use");
+                }),
+            }
+        }
+        current.acceptor.clone()
+    }
+}
+
+fn stamps(files: &TlsFiles) -> Vec<Option<FileStamp>> {
+    use std::os::unix::fs::MetadataExt;
+    [
+        Some(&files.cert),
+        Some(&files.key),
+        files.client_ca.as_ref(),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|p| {
+        std::fs::metadata(p).ok().map(|m| FileStamp {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            modified: m.modified().ok(),
+        })
+    })
+    .collect()
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(path)?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| TlsError::Refused {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate(path.to_path_buf()));
+    }
+    Ok(certs)
+}
+
+/// The rustls server configuration of `files`: TLS 1.2 and 1.3 with the ring provider; in
+/// mtls mode a verifier that requires a client certificate chaining to the CA bundle.
+fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certificates(&files.cert)?;
+    let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?)
+        .map_err(|_| TlsError::NoKey(files.key.clone()))?;
+    let refused = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: rustls::Error| TlsError::Refused {
+            path,
+            reason: e.to_string(),
+        }
+    };
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(refused(&files.cert))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for cert in certificates(ca)? {
+                roots.add(cert).map_err(refused(ca))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| TlsError::Refused {
+                    path: ca.clone(),
+                    reason: e.to_string(),
+                })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    builder
+        .with_single_cert(chain, key)
+        .map_err(refused(&files.key))
+}
