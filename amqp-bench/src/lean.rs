@@ -27,7 +27,7 @@ use fe2o3_amqp::types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp::types::performatives::{Close, Disposition, End, Flow};
 use fe2o3_amqp::types::primitives::{Binary, Symbol};
 use fe2o3_amqp::types::sasl::{SaslInit, SaslMechanisms, SaslOutcome};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::{record, Args, Seen, Stop, Tally};
@@ -41,10 +41,47 @@ const FIRST_OUTGOING_ID: u32 = 1;
 /// Room left in a frame for the TRANSFER performative ahead of the payload.
 const TRANSFER_OVERHEAD: usize = 64;
 
+/// A byte stream to the connector: TCP, or TLS over TCP for `amqps://`.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Opens the stream for `url`: TLS (verified with the PEM CA bundle `ca`) for `amqps://`.
+async fn open_stream(url: &str, ca: Option<&std::path::Path>) -> Result<Box<dyn Io>, String> {
+    let (_, host) = super::split_url(url);
+    let stream = TcpStream::connect(host)
+        .await
+        .map_err(|e| format!("{host}: {e}"))?;
+    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    if !url.starts_with("amqps://") {
+        return Ok(Box::new(stream));
+    }
+    use rustls::pki_types::pem::PemObject;
+    let ca = ca.ok_or("amqps:// needs --ca")?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| e.to_string())? {
+        roots
+            .add(cert.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h).to_string();
+    let name = rustls::pki_types::ServerName::try_from(name).map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, stream)
+        .await
+        .map_err(|e| format!("TLS: {e}"))?;
+    Ok(Box::new(tls))
+}
+
 /// An open connection with one session: the socket, what has been read and not yet decoded, and
 /// the frames waiting to be written.
 struct Wire {
-    stream: TcpStream,
+    stream: Box<dyn Io>,
     input: BytesMut,
     out: BytesMut,
     /// The server's max-frame-size.
@@ -62,12 +99,13 @@ struct Wire {
 impl Wire {
     /// Connects, authenticates (SASL PLAIN with the URL's credentials, else ANONYMOUS), opens
     /// the connection and begins the session.
-    async fn connect(url: &str, container_id: &str) -> Result<Wire, String> {
-        let (creds, host) = super::split_url(url);
-        let stream = TcpStream::connect(host)
-            .await
-            .map_err(|e| format!("{host}: {e}"))?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+    async fn connect(
+        url: &str,
+        ca: Option<&std::path::Path>,
+        container_id: &str,
+    ) -> Result<Wire, String> {
+        let (creds, _) = super::split_url(url);
+        let stream = open_stream(url, ca).await?;
         let mut w = Wire {
             stream,
             input: BytesMut::with_capacity(1 << 16),
@@ -204,6 +242,8 @@ impl Wire {
                 .write_all(&self.out)
                 .await
                 .map_err(|e| e.to_string())?;
+            // TLS records can wait inside the stream; plain TCP has nothing to flush.
+            self.stream.flush().await.map_err(|e| e.to_string())?;
             self.out.clear();
             self.last_write = Instant::now();
         }
@@ -324,7 +364,12 @@ pub async fn produce(
     started: Instant,
     tally: &Arc<Tally>,
 ) -> Result<(), String> {
-    let mut w = Wire::connect(&args.url, &format!("amqp-bench-producer-{who}")).await?;
+    let mut w = Wire::connect(
+        &args.url,
+        args.ca.as_deref(),
+        &format!("amqp-bench-producer-{who}"),
+    )
+    .await?;
     let mut attach = peer::attach_sender(&format!("producer-{who}"), HANDLE, &args.address);
     if args.presettled {
         attach.snd_settle_mode = SenderSettleMode::Settled;
@@ -470,7 +515,12 @@ pub async fn consume(
     seen: &Arc<Mutex<Seen>>,
     mut stop: Stop,
 ) -> Result<(), String> {
-    let mut w = Wire::connect(&args.url, &format!("amqp-bench-consumer-{who}")).await?;
+    let mut w = Wire::connect(
+        &args.url,
+        args.ca.as_deref(),
+        &format!("amqp-bench-consumer-{who}"),
+    )
+    .await?;
     let attach = peer::attach_receiver(&format!("consumer-{who}"), HANDLE, &args.address);
     write_amqp(&mut w.out, 0, &attach, &[]);
     w.flush().await?;

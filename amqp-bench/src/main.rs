@@ -70,6 +70,10 @@ struct Args {
     /// round), to measure what the connector itself costs.
     #[arg(long)]
     grpc: Option<String>,
+    /// PEM CA bundle that verifies the connector's certificate, for `amqps://` URLs (lean
+    /// client only).
+    #[arg(long)]
+    ca: Option<std::path::PathBuf>,
 }
 
 /// Which AMQP client drives the load.
