@@ -450,12 +450,14 @@ fn observed(
     status.observed_generation = generation;
     status.selector = Some(render::selector_string(&name));
     status.service_name = Some(name.clone());
-    status.endpoints = cr.spec.listeners.amqp.enabled.then(|| Endpoints {
-        amqp: Some(format!(
-            "amqp://{name}.{ns}.svc:{}",
-            cr.spec.listeners.amqp.port
-        )),
-        amqps: None,
+    let listeners = &cr.spec.listeners;
+    let amqps = cr.spec.tls.is_some() && listeners.amqps.enabled;
+    status.endpoints = (listeners.amqp.enabled || amqps).then(|| Endpoints {
+        amqp: listeners
+            .amqp
+            .enabled
+            .then(|| format!("amqp://{name}.{ns}.svc:{}", listeners.amqp.port)),
+        amqps: amqps.then(|| format!("amqps://{name}.{ns}.svc:{}", listeners.amqps.port)),
     });
     status
 }

@@ -168,9 +168,25 @@ fn cel_external_needs_required_client_auth() {
     rule_case(cases::rule("external-without-required-client-auth"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["sasl"] = serde_json::json!({"mechanisms": ["EXTERNAL"]});
-    ok["spec"]["tls"] = serde_json::json!({"secretName": "t", "clientAuth": "Required"});
+    ok["spec"]["tls"] = serde_json::json!({"secretName": "t", "clientAuth": "Required", "clientCa": {"secretName": "ca"}});
     let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
     assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
+}
+
+#[test]
+fn cel_client_ca_goes_with_client_auth() {
+    rule_case(cases::rule("client-auth-without-client-ca"));
+    rule_case(cases::rule("client-ca-without-client-auth"));
+    for tls in [
+        serde_json::json!({"secretName": "t"}),
+        serde_json::json!({"secretName": "t", "clientAuth": "None"}),
+        serde_json::json!({"secretName": "t", "clientAuth": "Required", "clientCa": {"secretName": "ca"}}),
+    ] {
+        let mut ok = serde_json::to_value(example()).expect("to JSON");
+        ok["spec"]["tls"] = tls;
+        let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
+        assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
+    }
 }
 
 #[test]

@@ -256,15 +256,26 @@ fn pods_are_restricted_and_tokenless() {
 
 #[test]
 fn unsupported_fields_are_refused_by_name() {
+    use kubemq_amqp_operator::crd::{ClientAuth, SecretName, ServerTls, TlsVersion};
     let mut cr = fixture("amqpconnector.yaml");
     cr.spec.listeners.amqps.enabled = true;
-    cr.spec.tls = Some(kubemq_amqp_operator::crd::ServerTls {
+    cr.spec.tls = Some(ServerTls {
         secret_name: "tls".into(),
-        ..Default::default()
+        client_auth: Some(ClientAuth::Optional),
+        client_ca: Some(SecretName {
+            secret_name: "ca".into(),
+        }),
+        min_version: Some(TlsVersion::V13),
     });
     match desired(&cr) {
         Err(RenderError::Unsupported(f)) => {
-            assert_eq!(f, ["spec.listeners.amqps", "spec.tls"])
+            assert_eq!(
+                f,
+                [
+                    "spec.tls.clientAuth: Optional",
+                    "spec.tls.minVersion: \"1.3\""
+                ]
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -282,6 +293,111 @@ fn unsupported_fields_are_refused_by_name() {
         Err(RenderError::Unsupported(f)) => assert_eq!(f, ["spec.metrics.serviceMonitor"]),
         other => panic!("{other:?}"),
     }
+}
+
+/// TLS-1, TLS-3, TLS-4: the amqps listener mounts the TLS Secrets read-only (their files
+/// readable by the pod's group only), opens the amqps port on the pod and the Service, and the
+/// connector reads its TLS settings from the rendered file: mtls with the client CA when
+/// `clientAuth: Required`, tls without.
+#[test]
+fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
+    use connector::config::{read_yaml, Settings, TlsMode};
+    use kubemq_amqp_operator::crd::{ClientAuth, SecretName, ServerTls};
+    let mut cr = fixture("amqpconnector.yaml");
+    cr.spec.listeners.amqps.enabled = true;
+    cr.spec.tls = Some(ServerTls {
+        secret_name: "orders-tls".into(),
+        client_auth: Some(ClientAuth::Required),
+        client_ca: Some(SecretName {
+            secret_name: "clients-ca".into(),
+        }),
+        min_version: None,
+    });
+    let d = desired(&cr).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    let files = s.tls_files().expect("TLS is on");
+    assert_eq!(s.tls_port, 5671);
+    assert_eq!(s.tls_mode, TlsMode::Mtls);
+    assert_eq!(files.cert.to_str(), Some("/etc/kubemq-amqp/tls/tls.crt"));
+    assert_eq!(files.key.to_str(), Some("/etc/kubemq-amqp/tls/tls.key"));
+    assert_eq!(
+        files.client_ca.as_deref().and_then(|p| p.to_str()),
+        Some("/etc/kubemq-amqp/client-ca/ca.crt")
+    );
+    let pod = d
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod");
+    let volumes = pod.volumes.as_ref().expect("volumes");
+    for (volume, secret) in [("tls", "orders-tls"), ("client-ca", "clients-ca")] {
+        let v = volumes.iter().find(|v| v.name == volume).expect(volume);
+        let s = v.secret.as_ref().expect("a Secret volume");
+        assert_eq!(s.secret_name.as_deref(), Some(secret));
+        assert_eq!(s.default_mode, Some(0o440));
+    }
+    assert_eq!(
+        pod.security_context.as_ref().and_then(|c| c.fs_group),
+        Some(65532)
+    );
+    let c = &pod.containers[0];
+    let mounts = c.volume_mounts.as_ref().expect("mounts");
+    for (volume, path) in [
+        ("tls", "/etc/kubemq-amqp/tls"),
+        ("client-ca", "/etc/kubemq-amqp/client-ca"),
+    ] {
+        let m = mounts.iter().find(|m| m.name == volume).expect(volume);
+        assert_eq!((m.mount_path.as_str(), m.read_only), (path, Some(true)));
+    }
+    let ports = c.ports.as_ref().expect("ports");
+    assert!(ports
+        .iter()
+        .any(|p| p.name.as_deref() == Some("amqps") && p.container_port == 5671));
+    let service_ports = d
+        .service
+        .spec
+        .as_ref()
+        .and_then(|s| s.ports.as_ref())
+        .expect("ports");
+    let amqps = service_ports
+        .iter()
+        .find(|p| p.name.as_deref() == Some("amqps"))
+        .expect("the Service's amqps port");
+    assert_eq!(
+        (amqps.port, amqps.app_protocol.as_deref()),
+        (5671, Some("amqps"))
+    );
+
+    // Plain tls: no client CA anywhere.
+    let tls = cr.spec.tls.as_mut().expect("tls");
+    tls.client_auth = None;
+    tls.client_ca = None;
+    let d = desired(&cr).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    assert_eq!(s.tls_mode, TlsMode::Tls);
+    assert_eq!(s.tls_files().expect("TLS is on").client_ca, None);
+    let pod = d
+        .deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod");
+    assert!(!pod
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .any(|v| v.name == "client-ca"));
+
+    // The listener off: nothing of TLS is rendered, even with spec.tls.
+    cr.spec.listeners.amqps.enabled = false;
+    let d = desired(&cr).expect("renders");
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    assert_eq!(s.tls_files(), None);
 }
 
 /// The rendered file, read by the connector's own parser, gives exactly the spec's settings and

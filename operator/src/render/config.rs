@@ -9,12 +9,16 @@ use sha2::{Digest, Sha256};
 use super::RenderError;
 use serde_yaml::Value;
 
-use crate::crd::{AmqpConnectorSpec, AmqpTunables, LogFormat};
+use crate::crd::{AmqpConnectorSpec, AmqpTunables, ClientAuth, LogFormat, TlsVersion};
 
 /// Where the pod mounts the ConfigMap, and the file in it.
 pub const CONFIG_DIR: &str = "/etc/kubemq-amqp";
 /// The file name inside [`CONFIG_DIR`] and the ConfigMap key.
 pub const CONFIG_FILE: &str = "connector.yaml";
+/// Where the pod mounts the `spec.tls.secretName` Secret (`tls.crt`, `tls.key`).
+pub const TLS_DIR: &str = "/etc/kubemq-amqp/tls";
+/// Where the pod mounts the `spec.tls.clientCa` Secret (`ca.crt`).
+pub const CLIENT_CA_DIR: &str = "/etc/kubemq-amqp/client-ca";
 
 /// The rendered file and its hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,7 +44,31 @@ pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, Ren
         0
     };
     m.insert("Port".into(), Value::from(port));
-    m.insert("TlsPort".into(), Value::from(0));
+    match super::amqps(spec) {
+        // The Secrets are mounted where these paths point; the connector reads the files again
+        // when the kubelet swaps in a renewed certificate.
+        Some(tls) => {
+            m.insert("TlsPort".into(), Value::from(spec.listeners.amqps.port));
+            m.insert(
+                "TlsCertFile".into(),
+                Value::from(format!("{TLS_DIR}/tls.crt")),
+            );
+            m.insert(
+                "TlsKeyFile".into(),
+                Value::from(format!("{TLS_DIR}/tls.key")),
+            );
+            if tls.client_ca.is_some() {
+                m.insert("TlsMode".into(), Value::from("mtls"));
+                m.insert(
+                    "TlsClientCaFile".into(),
+                    Value::from(format!("{CLIENT_CA_DIR}/ca.crt")),
+                );
+            }
+        }
+        None => {
+            m.insert("TlsPort".into(), Value::from(0));
+        }
+    }
     // Probes need /livez and /readyz even when nobody scrapes /metrics.
     m.insert(
         "HttpAddress".into(),
@@ -95,11 +123,13 @@ fn tunables(a: &AmqpTunables) -> Result<BTreeMap<String, Value>, RenderError> {
 /// Spec fields the connector cannot honour yet, by path.
 fn unsupported(spec: &AmqpConnectorSpec) -> Result<(), RenderError> {
     let mut fields = Vec::new();
-    if spec.listeners.amqps.enabled {
-        fields.push("spec.listeners.amqps");
-    }
-    if spec.tls.is_some() {
-        fields.push("spec.tls");
+    if let Some(tls) = &spec.tls {
+        if tls.client_auth == Some(ClientAuth::Optional) {
+            fields.push("spec.tls.clientAuth: Optional");
+        }
+        if tls.min_version == Some(TlsVersion::V13) {
+            fields.push("spec.tls.minVersion: \"1.3\"");
+        }
     }
     if spec.sasl.is_some() {
         fields.push("spec.sasl");

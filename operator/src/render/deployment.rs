@@ -9,13 +9,17 @@ use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, Lifecycle, LifecycleHandler, ObjectFieldSelector, PodSecurityContext, PodSpec,
     PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretKeySelector,
-    SecurityContext, SleepAction, TopologySpreadConstraint, Volume, VolumeMount,
+    SecretVolumeSource, SecurityContext, SleepAction, TopologySpreadConstraint, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{http_port, selector_labels, ConnectorConfig, CONFIG_DIR, CONFIG_FILE, DEFAULT_IMAGE};
+use super::{
+    http_port, selector_labels, ConnectorConfig, CLIENT_CA_DIR, CONFIG_DIR, CONFIG_FILE,
+    DEFAULT_IMAGE, TLS_DIR,
+};
 use crate::crd::{AmqpConnectorSpec, LogLevel, PullPolicy};
 
 /// Pod template annotation carrying the configuration hash.
@@ -90,6 +94,8 @@ fn pod(name: &str, spec: &AmqpConnectorSpec) -> PodSpec {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS),
             run_as_group: Some(RUN_AS),
+            // The TLS Secrets' files (mode 0440) belong to this group.
+            fs_group: Some(RUN_AS),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".into(),
                 ..SeccompProfile::default()
@@ -103,16 +109,56 @@ fn pod(name: &str, spec: &AmqpConnectorSpec) -> PodSpec {
         affinity: spec.affinity.clone(),
         topology_spread_constraints: spread,
         priority_class_name: spec.priority_class_name.clone(),
-        volumes: Some(vec![Volume {
-            name: "config".into(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: format!("{name}-config"),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        }]),
+        volumes: Some(volumes(name, spec)),
         ..PodSpec::default()
     }
+}
+
+/// The configuration, and with the `amqps` listener the TLS Secrets (mounted, never read by
+/// the operator; a missing one keeps the pods from starting, which the Deployment reports).
+fn volumes(name: &str, spec: &AmqpConnectorSpec) -> Vec<Volume> {
+    let secret = |volume: &str, secret: &str| Volume {
+        name: volume.into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.into()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut v = vec![Volume {
+        name: "config".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: format!("{name}-config"),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    if let Some(tls) = super::amqps(spec) {
+        v.push(secret("tls", &tls.secret_name));
+        if let Some(ca) = &tls.client_ca {
+            v.push(secret("client-ca", &ca.secret_name));
+        }
+    }
+    v
+}
+
+/// Where [`volumes`] are mounted, all read-only.
+fn volume_mounts(spec: &AmqpConnectorSpec) -> Vec<VolumeMount> {
+    let mount = |name: &str, path: &str| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    };
+    let mut m = vec![mount("config", CONFIG_DIR)];
+    if let Some(tls) = super::amqps(spec) {
+        m.push(mount("tls", TLS_DIR));
+        if tls.client_ca.is_some() {
+            m.push(mount("client-ca", CLIENT_CA_DIR));
+        }
+    }
+    m
 }
 
 fn container(spec: &AmqpConnectorSpec) -> Container {
@@ -120,6 +166,9 @@ fn container(spec: &AmqpConnectorSpec) -> Container {
     let mut ports = Vec::new();
     if spec.listeners.amqp.enabled {
         ports.push(port("amqp", spec.listeners.amqp.port));
+    }
+    if super::amqps(spec).is_some() {
+        ports.push(port("amqps", spec.listeners.amqps.port));
     }
     ports.push(port("http", http));
     let probe = |path: &str, period: i32, failures: i32| Probe {
@@ -172,12 +221,7 @@ fn container(spec: &AmqpConnectorSpec) -> Container {
             }),
             ..SecurityContext::default()
         }),
-        volume_mounts: Some(vec![VolumeMount {
-            name: "config".into(),
-            mount_path: CONFIG_DIR.into(),
-            read_only: Some(true),
-            ..VolumeMount::default()
-        }]),
+        volume_mounts: Some(volume_mounts(spec)),
         ..Container::default()
     }
 }

@@ -17,7 +17,9 @@ use kube::{Resource, ResourceExt};
 
 use crate::crd::{AmqpConnector, AmqpConnectorSpec};
 
-pub use config::{connector_config, ConnectorConfig, CONFIG_DIR, CONFIG_FILE};
+pub use config::{
+    connector_config, ConnectorConfig, CLIENT_CA_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR,
+};
 pub use deployment::{deployment, CONFIG_HASH_ANNOTATION, PRE_STOP_SECONDS};
 pub use service::{amqp_service, metrics_service};
 
@@ -149,6 +151,11 @@ pub fn selector_string(name: &str) -> String {
 
 fn metrics_enabled(spec: &AmqpConnectorSpec) -> bool {
     spec.metrics.as_ref().is_none_or(|m| m.enabled)
+}
+
+/// The TLS settings of the `amqps` listener, when it is on (the CRD makes it need them).
+fn amqps(spec: &AmqpConnectorSpec) -> Option<&crate::crd::ServerTls> {
+    spec.tls.as_ref().filter(|_| spec.listeners.amqps.enabled)
 }
 
 /// The port of `/metrics`, `/livez` and `/readyz`.

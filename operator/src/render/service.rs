@@ -28,6 +28,16 @@ pub fn amqp_service(name: &str, spec: &AmqpConnectorSpec, mut meta: ObjectMeta) 
             node_port: opts.node_ports.as_ref().and_then(|n| n.amqp),
         });
     }
+    if super::amqps(spec).is_some() {
+        ports.push(ServicePort {
+            name: Some("amqps".into()),
+            port: spec.listeners.amqps.port,
+            target_port: Some(IntOrString::String("amqps".into())),
+            app_protocol: Some("amqps".into()),
+            protocol: Some("TCP".into()),
+            node_port: opts.node_ports.as_ref().and_then(|n| n.amqps),
+        });
+    }
     let type_ = opts.type_.map(|t| {
         match t {
             ServiceType::ClusterIP => "ClusterIP",

@@ -71,6 +71,16 @@ pub const RULES: &[RuleCase] = &[
         message: "the amqps listener needs spec.tls",
     },
     RuleCase {
+        name: "client-auth-without-client-ca",
+        change: |s| s["tls"] = json!({"secretName": "t", "clientAuth": "Required"}),
+        message: "spec.tls.clientCa and spec.tls.clientAuth Required (or Optional) go together",
+    },
+    RuleCase {
+        name: "client-ca-without-client-auth",
+        change: |s| s["tls"] = json!({"secretName": "t", "clientCa": {"secretName": "ca"}}),
+        message: "spec.tls.clientCa and spec.tls.clientAuth Required (or Optional) go together",
+    },
+    RuleCase {
         name: "same-listener-ports",
         change: |s| {
             s["tls"] = json!({"secretName": "t"});
