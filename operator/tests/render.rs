@@ -254,19 +254,38 @@ fn pods_are_restricted_and_tokenless() {
     assert!(token.value.is_none(), "the operator never reads the Secret");
 }
 
-#[test]
-fn unsupported_fields_are_refused_by_name() {
-    use kubemq_amqp_operator::crd::{ClientAuth, SecretName, ServerTls, TlsVersion};
+/// The example with the amqps listener on, its certificate in Secret `orders-tls`, client
+/// certificates as `client_auth` says (verified by Secret `clients-ca`) and TLS from
+/// `min_version`.
+fn with_amqps(
+    client_auth: Option<kubemq_amqp_operator::crd::ClientAuth>,
+    min_version: Option<kubemq_amqp_operator::crd::TlsVersion>,
+) -> AmqpConnector {
+    use kubemq_amqp_operator::crd::{SecretName, ServerTls};
     let mut cr = fixture("amqpconnector.yaml");
     cr.spec.listeners.amqps.enabled = true;
     cr.spec.tls = Some(ServerTls {
-        secret_name: "tls".into(),
-        client_auth: Some(ClientAuth::Optional),
-        client_ca: Some(SecretName {
-            secret_name: "ca".into(),
+        secret_name: "orders-tls".into(),
+        client_ca: client_auth.map(|_| SecretName {
+            secret_name: "clients-ca".into(),
         }),
-        min_version: Some(TlsVersion::V13),
+        client_auth,
+        min_version,
     });
+    cr
+}
+
+/// The connector's settings from the rendered file, read by the connector's own parser.
+fn connector_settings(d: &Desired) -> connector::config::Settings {
+    use connector::config::{read_yaml, Settings};
+    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid")
+}
+
+#[test]
+fn unsupported_fields_are_refused_by_name() {
+    use kubemq_amqp_operator::crd::{ClientAuth, TlsVersion};
+    let cr = with_amqps(Some(ClientAuth::Optional), Some(TlsVersion::V13));
     match desired(&cr) {
         Err(RenderError::Unsupported(f)) => {
             assert_eq!(
@@ -301,21 +320,11 @@ fn unsupported_fields_are_refused_by_name() {
 /// `clientAuth: Required`, tls without.
 #[test]
 fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
-    use connector::config::{read_yaml, Settings, TlsMode};
-    use kubemq_amqp_operator::crd::{ClientAuth, SecretName, ServerTls};
-    let mut cr = fixture("amqpconnector.yaml");
-    cr.spec.listeners.amqps.enabled = true;
-    cr.spec.tls = Some(ServerTls {
-        secret_name: "orders-tls".into(),
-        client_auth: Some(ClientAuth::Required),
-        client_ca: Some(SecretName {
-            secret_name: "clients-ca".into(),
-        }),
-        min_version: None,
-    });
+    use connector::config::TlsMode;
+    use kubemq_amqp_operator::crd::ClientAuth;
+    let mut cr = with_amqps(Some(ClientAuth::Required), None);
     let d = desired(&cr).expect("renders");
-    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
-    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    let s = connector_settings(&d);
     let files = s.tls_files().expect("TLS is on");
     assert_eq!(s.tls_port, 5671);
     assert_eq!(s.tls_mode, TlsMode::Mtls);
@@ -375,8 +384,7 @@ fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
     tls.client_auth = None;
     tls.client_ca = None;
     let d = desired(&cr).expect("renders");
-    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
-    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
+    let s = connector_settings(&d);
     assert_eq!(s.tls_mode, TlsMode::Tls);
     assert_eq!(s.tls_files().expect("TLS is on").client_ca, None);
     let pod = d
@@ -394,10 +402,10 @@ fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
 
     // The listener off: nothing of TLS is rendered, even with spec.tls.
     cr.spec.listeners.amqps.enabled = false;
-    let d = desired(&cr).expect("renders");
-    let text = &d.config_map.data.as_ref().expect("data")[CONFIG_FILE];
-    let s = Settings::resolve(&[read_yaml(text).expect("the connector reads it")]).expect("valid");
-    assert_eq!(s.tls_files(), None);
+    assert_eq!(
+        connector_settings(&desired(&cr).expect("renders")).tls_files(),
+        None
+    );
 }
 
 /// The rendered file, read by the connector's own parser, gives exactly the spec's settings and

@@ -274,35 +274,30 @@ fn the_images_hold_the_binary_and_what_it_needs_only() {
 /// user, in its volume.
 #[test]
 fn the_connector_image_serves_amqp_from_a_chroot() {
-    let dir = unpack("connector");
     let facade = root().join("target/release/kubemq-amqp-connector");
-    let out = Command::new("unshare")
-        .arg("-n")
-        .arg("python3")
-        .arg(root().join("tests/python/image_run.py"))
-        .arg("connector")
-        .arg(dir.path().join("bundle"))
-        .arg(facade)
-        .output()
-        .expect("unshare runs");
-    let printed = ok("image_run.py connector", out);
-    assert!(printed.trim_end().ends_with("PASS"), "{printed}");
+    run_image("connector", facade.to_str().unwrap());
 }
 
 /// The operator image's entrypoint prints its version.
 #[test]
 fn the_operator_image_prints_its_version() {
-    let dir = unpack("operator");
+    run_image("operator", VERSION);
+}
+
+/// Unpacks image `target` and runs tests/python/image_run.py's check of it, with `arg`, in a
+/// private network namespace.
+fn run_image(target: &str, arg: &str) {
+    let dir = unpack(target);
     let out = Command::new("unshare")
         .arg("-n")
         .arg("python3")
         .arg(root().join("tests/python/image_run.py"))
-        .arg("operator")
+        .arg(target)
         .arg(dir.path().join("bundle"))
-        .arg(VERSION)
+        .arg(arg)
         .output()
         .expect("unshare runs");
-    let printed = ok("image_run.py operator", out);
+    let printed = ok(&format!("image_run.py {target}"), out);
     assert!(printed.trim_end().ends_with("PASS"), "{printed}");
 }
 

@@ -170,8 +170,7 @@ async fn settle(
     }
 }
 
-/// Runs a plain connection: admitted at once, or (with `count_after_header`) once its protocol
-/// header came.
+/// Runs a plain connection.
 fn spawn_plain<F: HandlerFactory>(
     tasks: &mut JoinSet<()>,
     shared: &Shared<F>,
@@ -179,37 +178,11 @@ fn spawn_plain<F: HandlerFactory>(
     peer: SocketAddr,
     span: tracing::Span,
 ) {
-    let at = Instant::now();
-    if !shared.count_after_header {
-        let Some(admitted) = Admitted::now(shared, peer) else {
-            return;
-        };
-        tasks.spawn(admitted.run(stream, BytesMut::new(), at).instrument(span));
-        return;
-    }
-    let Some(waiting) = shared.gate.waiting_place(peer) else {
-        return;
-    };
-    let (shared, deadline) = (shared.clone_parts(), at + shared.cfg.handshake_timeout);
-    tasks.spawn(
-        async move {
-            let Some((stream, header)) = read_header(stream, deadline).await else {
-                tracing::debug!("no protocol header in time; dropped");
-                return;
-            };
-            drop(waiting);
-            let Some(admitted) = Admitted::now(&shared, peer) else {
-                return;
-            };
-            admitted.run(stream, header, at).await;
-        }
-        .instrument(span),
-    );
+    spawn(tasks, shared, peer, span, |_| async move { Some(stream) });
 }
 
-/// Runs a TLS connection: its handshake, which must finish within the handshake timeout
-/// counted from accept, then the AMQP protocol header inside TLS (TLS-5). Admitted at accept, or
-/// (with `count_after_header`) once the header came.
+/// Runs a TLS connection: its handshake first, which must finish before the handshake deadline,
+/// then the AMQP protocol header inside TLS (TLS-5).
 fn spawn_tls<F: HandlerFactory>(
     tasks: &mut JoinSet<()>,
     shared: &Shared<F>,
@@ -218,6 +191,36 @@ fn spawn_tls<F: HandlerFactory>(
     acceptor: TlsAcceptor,
     span: tracing::Span,
 ) {
+    spawn(tasks, shared, peer, span, |deadline| async move {
+        match tokio::time::timeout_at(deadline.into(), acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => Some(tls),
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "TLS handshake failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!("TLS handshake not finished in time; dropped");
+                None
+            }
+        }
+    });
+}
+
+/// Runs one connection whose stream `open` makes (given the handshake deadline, counted from
+/// accept): admitted at accept, or with `count_after_header` once its protocol header came,
+/// holding a waiting place until then.
+fn spawn<F, S, O, Fut>(
+    tasks: &mut JoinSet<()>,
+    shared: &Shared<F>,
+    peer: SocketAddr,
+    span: tracing::Span,
+    open: O,
+) where
+    F: HandlerFactory,
+    S: Wire + AsyncRead + Unpin,
+    O: FnOnce(Instant) -> Fut,
+    Fut: Future<Output = Option<S>> + Send + 'static,
+{
     let at = Instant::now();
     let deadline = at + shared.cfg.handshake_timeout;
     let early = if shared.count_after_header {
@@ -231,25 +234,17 @@ fn spawn_tls<F: HandlerFactory>(
             None => return,
         }
     };
+    let opening = open(deadline);
     let shared = shared.clone_parts();
     tasks.spawn(
         async move {
-            let tls = match tokio::time::timeout_at(deadline.into(), acceptor.accept(stream)).await
-            {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!("TLS handshake not finished in time; dropped");
-                    return;
-                }
+            let Some(stream) = opening.await else {
+                return;
             };
             let (admitted, stream, header) = match early {
-                Ok(admitted) => (admitted, tls, BytesMut::new()),
+                Ok(admitted) => (admitted, stream, BytesMut::new()),
                 Err(waiting) => {
-                    let Some((tls, header)) = read_header(tls, deadline).await else {
+                    let Some((stream, header)) = read_header(stream, deadline).await else {
                         tracing::debug!("no protocol header in time; dropped");
                         return;
                     };
@@ -257,7 +252,7 @@ fn spawn_tls<F: HandlerFactory>(
                     let Some(admitted) = Admitted::now(&shared, peer) else {
                         return;
                     };
-                    (admitted, tls, header)
+                    (admitted, stream, header)
                 }
             };
             admitted.run(stream, header, at).await;
