@@ -137,6 +137,15 @@ fn no_uid_no_children() {
 }
 
 /// The pod template's metadata of the rendered Deployment.
+/// The pod spec of the Deployment's template.
+fn pod_spec(d: &Desired) -> &k8s_openapi::api::core::v1::PodSpec {
+    d.deployment
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("pod spec")
+}
+
 fn pod_meta(d: &Desired) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
     d.deployment
         .spec
@@ -334,12 +343,7 @@ fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
         files.client_ca.as_deref().and_then(|p| p.to_str()),
         Some("/etc/kubemq-amqp/client-ca/ca.crt")
     );
-    let pod = d
-        .deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod");
+    let pod = pod_spec(&d);
     let volumes = pod.volumes.as_ref().expect("volumes");
     for (volume, secret) in [("tls", "orders-tls"), ("client-ca", "clients-ca")] {
         let v = volumes.iter().find(|v| v.name == volume).expect(volume);
@@ -387,12 +391,7 @@ fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
     let s = connector_settings(&d);
     assert_eq!(s.tls_mode, TlsMode::Tls);
     assert_eq!(s.tls_files().expect("TLS is on").client_ca, None);
-    let pod = d
-        .deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .expect("pod");
+    let pod = pod_spec(&d);
     assert!(!pod
         .volumes
         .as_ref()
