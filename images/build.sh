@@ -10,6 +10,7 @@
 # 65532) and umoci (Debian's package; installed here when missing). Prints OUT_DIR; the layouts
 # are OUT_DIR/kubemq-amqp-connector and OUT_DIR/kubemq-amqp-operator.
 set -euo pipefail
+[ "$(id -u)" = 0 ] || { echo "images/build.sh needs root: its files belong to 0 and 65532" >&2; exit 1; }
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 OUT=$(realpath -m "${1:-target/images}")
