@@ -14,7 +14,6 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 use tracing::Instrument;
 
 use super::connection::Wire;
@@ -70,7 +69,7 @@ impl From<TcpListener> for Listeners {
 
 /// What every connection task shares.
 struct Shared<F> {
-    gate: Arc<Gate>,
+    gate: Gate,
     cfg: Arc<EngineConfig>,
     factory: Arc<F>,
     stop: watch::Receiver<bool>,
@@ -88,14 +87,14 @@ pub async fn serve<F: HandlerFactory>(
 ) {
     let Listeners { plain, tls } = listeners.into();
     let (stop_tx, stop_rx) = watch::channel(false);
-    let shared = Shared {
-        gate: Arc::new(Gate::new(&opts)),
+    let shared = Arc::new(Shared {
+        gate: Gate::new(&opts),
         cfg,
         factory,
         stop: stop_rx,
         ready: opts.broker_ready.clone(),
         count_after_header: opts.count_after_header,
-    };
+    });
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
     let mut plain_backoff = AcceptBackoff::new("AMQP");
@@ -119,7 +118,7 @@ pub async fn serve<F: HandlerFactory>(
                 let Some((_, source)) = tls.as_ref() else { continue };
                 next_id += 1;
                 let span = tracing::info_span!("conn", id = next_id, %peer, tls = true);
-                spawn_tls(&mut tasks, &shared, stream, peer, source.acceptor(), span);
+                spawn_tls(&mut tasks, &shared, stream, peer, source.clone(), span);
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -173,7 +172,7 @@ async fn settle(
 /// Runs a plain connection.
 fn spawn_plain<F: HandlerFactory>(
     tasks: &mut JoinSet<()>,
-    shared: &Shared<F>,
+    shared: &Arc<Shared<F>>,
     stream: TcpStream,
     peer: SocketAddr,
     span: tracing::Span,
@@ -181,17 +180,19 @@ fn spawn_plain<F: HandlerFactory>(
     spawn(tasks, shared, peer, span, |_| async move { Some(stream) });
 }
 
-/// Runs a TLS connection: its handshake first, which must finish before the handshake deadline,
-/// then the AMQP protocol header inside TLS (TLS-5).
+/// Runs a TLS connection: its handshake first, with the TLS files as they are now (looked at in
+/// the connection's task, not the accept loop), which must finish before the handshake
+/// deadline, then the AMQP protocol header inside TLS (TLS-5).
 fn spawn_tls<F: HandlerFactory>(
     tasks: &mut JoinSet<()>,
-    shared: &Shared<F>,
+    shared: &Arc<Shared<F>>,
     stream: TcpStream,
     peer: SocketAddr,
-    acceptor: TlsAcceptor,
+    source: Arc<TlsSource>,
     span: tracing::Span,
 ) {
     spawn(tasks, shared, peer, span, |deadline| async move {
+        let acceptor = source.acceptor();
         match tokio::time::timeout_at(deadline.into(), acceptor.accept(stream)).await {
             Ok(Ok(tls)) => Some(tls),
             Ok(Err(e)) => {
@@ -211,7 +212,7 @@ fn spawn_tls<F: HandlerFactory>(
 /// holding a waiting place until then.
 fn spawn<F, S, O, Fut>(
     tasks: &mut JoinSet<()>,
-    shared: &Shared<F>,
+    shared: &Arc<Shared<F>>,
     peer: SocketAddr,
     span: tracing::Span,
     open: O,
@@ -235,7 +236,7 @@ fn spawn<F, S, O, Fut>(
         }
     };
     let opening = open(deadline);
-    let shared = shared.clone_parts();
+    let shared = shared.clone();
     tasks.spawn(
         async move {
             let Some(stream) = opening.await else {
@@ -259,19 +260,6 @@ fn spawn<F, S, O, Fut>(
         }
         .instrument(span),
     );
-}
-
-impl<F: HandlerFactory> Shared<F> {
-    fn clone_parts(&self) -> Shared<F> {
-        Shared {
-            gate: self.gate.clone(),
-            cfg: self.cfg.clone(),
-            factory: self.factory.clone(),
-            stop: self.stop.clone(),
-            ready: self.ready.clone(),
-            count_after_header: self.count_after_header,
-        }
-    }
 }
 
 /// A connection that holds its slot (or a refusal's), with what its task needs.
