@@ -297,6 +297,31 @@ fn tls_certificate_rotation_reaches_new_connections() {
     );
 }
 
+/// Files that stop loading (a certificate caught half-written, then a certificate that does not
+/// match the old key) leave the last good certificate in use; once the set loads again, new
+/// connections get it.
+#[test]
+fn tls_files_that_stop_loading_keep_the_last_good_certificate() {
+    let pki = Pki::new("test CA");
+    pki.issue("first", "127.0.0.1", 31, false, false);
+    pki.issue("second", "127.0.0.1", 32, false, false);
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::copy(pki.path("first.pem"), &cert).unwrap();
+    std::fs::copy(pki.path("first.key"), &key).unwrap();
+    let c = Tls::start(&cert, &key, &[]);
+    let ca = pki.path("ca.pem");
+    let serial = |n: &str| c.python("serial", &[&ca, Path::new(n)]);
+    serial("31");
+    std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\nMIIB").unwrap();
+    serial("31");
+    serial("31");
+    std::fs::copy(pki.path("second.pem"), &cert).unwrap();
+    serial("31");
+    std::fs::copy(pki.path("second.key"), &key).unwrap();
+    serial("32");
+}
+
 /// A TLS handshake that does not finish within the handshake timeout is closed: a socket that
 /// says nothing, and one that stops in the middle of its ClientHello.
 #[test]

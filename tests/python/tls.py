@@ -9,6 +9,7 @@ Usage: tls.py SCENARIO PORT CA [CERT KEY] [more]. Prints PASS SCENARIO.
               header comes back (mtls without a certificate, or with CERT KEY the server does
               not accept)
   untrusted   a client trusting only CA (not the server's issuer) refuses the server
+  serial      N: the server presents the certificate with serial N
   rotation    OLD NEW: a connection made now sees certificate serial OLD; after a line on
               stdin (the test rotates the files) a new one sees NEW, and the first connection,
               still open, keeps working"""
@@ -149,6 +150,11 @@ def serial(port, ctx):
     return n
 
 
+def serial_is(port, ca, n):
+    got = serial(port, context(ca))
+    check(got == int(n), "serial %d, expected %s" % (got, n))
+
+
 def rotation(port, ca, old, new):
     c = connection(port, ca, name="before-rotation")
     send_receive(c, "tls-rotation", ["before"])
@@ -176,5 +182,6 @@ if __name__ == "__main__":
         "refused": refused,
         "untrusted": untrusted,
         "rotation": rotation,
+        "serial": serial_is,
     }[scenario](port, ca, *rest)
     print("PASS " + scenario)

@@ -7,7 +7,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use ops::logs::RateLimited;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
@@ -49,12 +48,12 @@ pub enum TlsError {
 pub struct TlsSource {
     files: TlsFiles,
     current: Mutex<Loaded>,
-    failed_reloads: RateLimited,
 }
 
-/// A configuration and the state of the files it was made from.
+/// The configuration in use, and the state of the files when they were last loaded (or failed
+/// to load: the same broken files are not parsed again for every connection).
 struct Loaded {
-    stamps: Vec<Option<FileStamp>>,
+    tried: Vec<Option<FileStamp>>,
     acceptor: TlsAcceptor,
 }
 
@@ -79,12 +78,11 @@ impl std::fmt::Debug for TlsSource {
 impl TlsSource {
     /// Loads the files; an error here stops the connector at start.
     pub fn load(files: TlsFiles) -> Result<TlsSource, TlsError> {
-        let stamps = stamps(&files);
+        let tried = stamps(&files);
         let acceptor = TlsAcceptor::from(Arc::new(server_config(&files)?));
         Ok(TlsSource {
             files,
-            current: Mutex::new(Loaded { stamps, acceptor }),
-            failed_reloads: RateLimited::default(),
+            current: Mutex::new(Loaded { tried, acceptor }),
         })
     }
 
@@ -95,21 +93,21 @@ impl TlsSource {
 
     /// The acceptor for a new connection: the current files' configuration. When a file
     /// changed and the new set does not load (a half-written rotation), the last good one stays
-    /// and the failure is logged.
+    /// and the failure is logged once; the next change is tried again.
     pub fn acceptor(&self) -> TlsAcceptor {
         let now = stamps(&self.files);
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
-        if now != current.stamps {
+        if now != current.tried {
             match server_config(&self.files) {
                 Ok(config) => {
                     tracing::info!(cert = %self.files.cert.display(), "TLS files changed: new connections use them");
                     current.acceptor = TlsAcceptor::from(Arc::new(config));
-                    current.stamps = now;
                 }
-                Err(e) => self.failed_reloads.note(|n| {
-                    tracing::warn!(error = %e, failures = n, "TLS files changed but do not load; the previous certificate stays in use");
-                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "TLS files changed but do not load; the previous certificate stays in use")
+                }
             }
+            current.tried = now;
         }
         current.acceptor.clone()
     }
