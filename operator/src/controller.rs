@@ -451,7 +451,7 @@ fn observed(
     status.selector = Some(render::selector_string(&name));
     status.service_name = Some(name.clone());
     let listeners = &cr.spec.listeners;
-    let amqps = cr.spec.tls.is_some() && listeners.amqps.enabled;
+    let amqps = render::amqps(&cr.spec).is_some();
     status.endpoints = (listeners.amqp.enabled || amqps).then(|| Endpoints {
         amqp: listeners
             .amqp

@@ -154,7 +154,7 @@ fn metrics_enabled(spec: &AmqpConnectorSpec) -> bool {
 }
 
 /// The TLS settings of the `amqps` listener, when it is on (the CRD makes it need them).
-fn amqps(spec: &AmqpConnectorSpec) -> Option<&crate::crd::ServerTls> {
+pub fn amqps(spec: &AmqpConnectorSpec) -> Option<&crate::crd::ServerTls> {
     spec.tls.as_ref().filter(|_| spec.listeners.amqps.enabled)
 }
 

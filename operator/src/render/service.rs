@@ -17,26 +17,29 @@ pub fn amqp_service(name: &str, spec: &AmqpConnectorSpec, mut meta: ObjectMeta) 
         meta.labels = Some(labels);
     }
     meta.annotations = opts.annotations.clone();
+    // Each listener's port is named for its protocol: the container port it targets and its
+    // appProtocol carry the same name.
+    let listener = |name: &str, port: i32, node_port: Option<i32>| ServicePort {
+        name: Some(name.into()),
+        port,
+        target_port: Some(IntOrString::String(name.into())),
+        app_protocol: Some(name.into()),
+        protocol: Some("TCP".into()),
+        node_port,
+    };
+    let node_ports = opts.node_ports.as_ref();
     let mut ports = Vec::new();
     if spec.listeners.amqp.enabled {
-        ports.push(ServicePort {
-            name: Some("amqp".into()),
-            port: spec.listeners.amqp.port,
-            target_port: Some(IntOrString::String("amqp".into())),
-            app_protocol: Some("amqp".into()),
-            protocol: Some("TCP".into()),
-            node_port: opts.node_ports.as_ref().and_then(|n| n.amqp),
-        });
+        let amqp = &spec.listeners.amqp;
+        ports.push(listener("amqp", amqp.port, node_ports.and_then(|n| n.amqp)));
     }
     if super::amqps(spec).is_some() {
-        ports.push(ServicePort {
-            name: Some("amqps".into()),
-            port: spec.listeners.amqps.port,
-            target_port: Some(IntOrString::String("amqps".into())),
-            app_protocol: Some("amqps".into()),
-            protocol: Some("TCP".into()),
-            node_port: opts.node_ports.as_ref().and_then(|n| n.amqps),
-        });
+        let amqps = &spec.listeners.amqps;
+        ports.push(listener(
+            "amqps",
+            amqps.port,
+            node_ports.and_then(|n| n.amqps),
+        ));
     }
     let type_ = opts.type_.map(|t| {
         match t {
