@@ -55,23 +55,10 @@ async fn open_stream(url: &str, ca: Option<&std::path::Path>) -> Result<Box<dyn 
     if !url.starts_with("amqps://") {
         return Ok(Box::new(stream));
     }
-    use rustls::pki_types::pem::PemObject;
-    let ca = ca.ok_or("amqps:// needs --ca")?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).map_err(|e| e.to_string())? {
-        roots
-            .add(cert.map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?;
-    }
-    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = testkit::tls::client_config(ca.ok_or("amqps:// needs --ca")?)?;
     let name = host.rsplit_once(':').map_or(host, |(h, _)| h).to_string();
     let name = rustls::pki_types::ServerName::try_from(name).map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    let tls = tokio_rustls::TlsConnector::from(config)
         .connect(name, stream)
         .await
         .map_err(|e| format!("TLS: {e}"))?;

@@ -1,8 +1,9 @@
 //! What the workspace's tests share, in one place: a free loopback port, a blocking HTTP GET for
-//! the `/livez` `/readyz` `/metrics` endpoints, waiting until a condition holds, and a
-//! raw-socket AMQP peer for what no client library can express.
+//! the `/livez` `/readyz` `/metrics` endpoints, waiting until a condition holds, a raw-socket
+//! AMQP peer for what no client library can express, and a TLS client configuration.
 
 pub mod raw;
+pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};

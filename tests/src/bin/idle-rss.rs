@@ -26,22 +26,6 @@ fn rss_kib(pid: u32) -> u64 {
 trait Io: Read + Write {}
 impl<T: Read + Write> Io for T {}
 
-fn tls_client(ca: &str) -> Arc<rustls::ClientConfig> {
-    use rustls::pki_types::pem::PemObject;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).expect("CA file") {
-        roots.add(cert.expect("a CA certificate")).expect("CA");
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Arc::new(
-        rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("TLS versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    )
-}
-
 fn handshake(port: u16, tls: Option<&Arc<rustls::ClientConfig>>, i: usize) -> Box<dyn Io> {
     let tcp = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     tcp.set_read_timeout(Some(Duration::from_secs(5)))
@@ -101,7 +85,7 @@ fn main() {
         Some([cert, key, ca]) => {
             cmd.args(["--port", "0", "--tls-port", &port.to_string()])
                 .args(["--tls-cert-file", cert, "--tls-key-file", key]);
-            Some(tls_client(ca))
+            Some(testkit::tls::client_config(std::path::Path::new(ca)).expect("the CA file"))
         }
         Some(_) => unreachable!("get(3..6) is three files"),
     };
