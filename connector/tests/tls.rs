@@ -121,6 +121,15 @@ impl Tls {
     }
 }
 
+/// A CA and the connector serving a certificate it issued (`server`, serial 10, for 127.0.0.1
+/// and localhost), started with `extra` flags.
+fn served(extra: &[&str]) -> (Pki, Tls) {
+    let pki = Pki::new("test CA");
+    pki.issue("server", "127.0.0.1", 10, false, false);
+    let c = Tls::start(&pki.path("server.pem"), &pki.path("server.key"), extra);
+    (pki, c)
+}
+
 impl Drop for Tls {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -168,9 +177,7 @@ fn tls_1_listener_only_when_configured() {
 /// certificate verified, with its host name), and the AMQP header is answered inside TLS.
 #[test]
 fn tls_3_5_proton_and_rhea_over_tls() {
-    let pki = Pki::new("test CA");
-    pki.issue("server", "127.0.0.1", 10, false, false);
-    let c = Tls::start(&pki.path("server.pem"), &pki.path("server.key"), &[]);
+    let (pki, c) = served(&[]);
     let ca = pki.path("ca.pem");
     c.python("proton", &[&ca]);
     c.python("header", &[&ca]);
@@ -181,19 +188,15 @@ fn tls_3_5_proton_and_rhea_over_tls() {
 /// the configured one.
 #[test]
 fn tls_client_of_another_ca_refuses_the_server() {
-    let pki = Pki::new("test CA");
-    pki.issue("server", "127.0.0.1", 10, false, false);
+    let (_pki, c) = served(&[]);
     let other = Pki::new("another CA");
-    let c = Tls::start(&pki.path("server.pem"), &pki.path("server.key"), &[]);
     c.python("untrusted", &[&other.path("ca.pem")]);
 }
 
 /// TLS-2: TLS 1.2 is accepted, TLS 1.1 refused.
 #[test]
 fn tls_2_minimum_version() {
-    let pki = Pki::new("test CA");
-    pki.issue("server", "127.0.0.1", 10, false, false);
-    let c = Tls::start(&pki.path("server.pem"), &pki.path("server.key"), &[]);
+    let (pki, c) = served(&[]);
     let ca = pki.path("ca.pem");
     c.python("tls12", &[&ca]);
     c.python("tls11", &[&ca]);
@@ -326,13 +329,7 @@ fn tls_files_that_stop_loading_keep_the_last_good_certificate() {
 /// says nothing, and one that stops in the middle of its ClientHello.
 #[test]
 fn tls_handshake_must_finish_within_the_handshake_timeout() {
-    let pki = Pki::new("test CA");
-    pki.issue("server", "127.0.0.1", 10, false, false);
-    let c = Tls::start(
-        &pki.path("server.pem"),
-        &pki.path("server.key"),
-        &["--handshake-timeout-seconds", "1"],
-    );
+    let (_pki, c) = served(&["--handshake-timeout-seconds", "1"]);
     // A TLS record header announcing a 512-byte handshake message, then silence.
     for opening in [&b""[..], &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01][..]] {
         let mut s = TcpStream::connect(("127.0.0.1", c.port)).unwrap();

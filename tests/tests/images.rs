@@ -364,36 +364,25 @@ fn every_version_string_agrees() {
 #[test]
 fn the_chart_packages_with_the_crate_version() {
     let helm = std::env::var_os("HELM3").expect("HELM3 names helm 3 (tests/run.sh sets it)");
+    let run = |args: &[&std::ffi::OsStr]| {
+        let out = Command::new(&helm).args(args).output().unwrap();
+        ok(&format!("helm {:?}", args.first()), out)
+    };
     let dir = tempfile::tempdir().unwrap();
-    let out = Command::new(&helm)
-        .args(["package"])
-        .arg(root().join("helm/amqp-connector-operator"))
-        .arg("-d")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    ok("helm package", out);
+    let chart = root().join("helm/amqp-connector-operator");
+    run(&[
+        "package".as_ref(),
+        chart.as_os_str(),
+        "-d".as_ref(),
+        dir.path().as_os_str(),
+    ]);
     let tgz = dir
         .path()
         .join(format!("amqp-connector-operator-{VERSION}.tgz"));
     assert!(tgz.is_file(), "no {}", tgz.display());
-    let shown = ok(
-        "helm show chart",
-        Command::new(&helm)
-            .args(["show", "chart"])
-            .arg(&tgz)
-            .output()
-            .unwrap(),
-    );
+    let shown = run(&["show".as_ref(), "chart".as_ref(), tgz.as_os_str()]);
     assert_eq!(yaml_field(&shown, "appVersion"), VERSION);
-    let rendered = ok(
-        "helm template",
-        Command::new(&helm)
-            .args(["template", "op"])
-            .arg(&tgz)
-            .output()
-            .unwrap(),
-    );
+    let rendered = run(&["template".as_ref(), "op".as_ref(), tgz.as_os_str()]);
     let want = format!("ghcr.io/kubemq-io/kubemq-amqp-operator:{VERSION}");
     assert!(
         rendered.lines().any(|l| {
