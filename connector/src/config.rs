@@ -6,12 +6,12 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::engine::{Authenticator, EngineConfig, NoAuth, ProcessBudget};
+use crate::auth::jwt::SignatureType;
+use crate::engine::{AuthPolicy, EngineConfig, ProcessBudget};
 pub use ops::logs::LogFormat;
 
 /// Declares every setting once: its key (the YAML name, from which the environment variable and
@@ -41,6 +41,7 @@ macro_rules! settings {
         pub const SETTINGS: &[Setting] = &[$(Setting {
             key: stringify!($key),
             help: concat!($($doc),+),
+            secret: settings!(@hidden $($hidden)?),
         },)+];
 
         impl Settings {
@@ -147,6 +148,23 @@ settings! {
     TlsMode => tls_mode: TlsMode = TlsMode::Tls, |v| v.parse();
     /// PEM bundle of the CAs that sign client certificates (mtls).
     TlsClientCaFile => tls_client_ca_file: Option<PathBuf> = None, parse::optional_path;
+    /// Clients must authenticate: SASL PLAIN with a KubeMQ JWT as the password, or EXTERNAL
+    /// with a client certificate on mtls; ANONYMOUS and connections without SASL are refused.
+    Authentication => authentication: bool = false, parse::boolean;
+    /// Signature type of the JWTs, as KubeMQ's `jwtConfig.signatureType`: HS256, HS384, HS512,
+    /// RS256, RS384, RS512, ES256 or ES384.
+    JwtSignatureType => jwt_signature_type: Option<SignatureType> = None,
+        |v| if v.is_empty() { Ok(None) } else { v.parse().map(Some) };
+    /// File holding the JWT verification key: the HMAC secret (its bytes as they are) or a PEM
+    /// public key or certificate. Read at start-up.
+    JwtKeyFile => jwt_key_file: Option<PathBuf> = None, parse::optional_path;
+    /// The JWT verification key itself, instead of `JwtKeyFile`; never printed.
+    JwtKey(secret) => jwt_key: Option<String> = None, parse::optional_text;
+    /// KubeMQ's access control list (JSON, or base64 of it) deciding Read and Write per
+    /// ClientID and channel; needs `Authentication`. Unset: every authenticated client may do
+    /// everything.
+    AuthorizationPolicyFile => authorization_policy_file: Option<PathBuf> = None,
+        parse::optional_path;
 }
 
 /// Whether the TLS listener asks clients for a certificate (TLS-3, TLS-4).
@@ -190,6 +208,8 @@ pub struct Setting {
     pub key: &'static str,
     /// What it does, for `--help`.
     pub help: &'static str,
+    /// Left out of `--print-config`.
+    pub secret: bool,
 }
 
 impl Setting {
@@ -433,6 +453,7 @@ impl Settings {
             ),
             _ => {}
         }
+        errors.extend(s.auth_problems());
         if errors.is_empty() && s.port == 0 && s.tls_files().is_none() {
             errors.push(if s.tls_port == 0 {
                 "Port and TlsPort are both 0: no listener would be bound".into()
@@ -445,6 +466,39 @@ impl Settings {
         } else {
             Err(ConfigError(errors))
         }
+    }
+
+    /// What is wrong with the authentication settings: with `Authentication`, a signature type
+    /// and exactly one key; without it, none of the settings that only it uses (AUTHZ-1).
+    fn auth_problems(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        let key_given = self.jwt_key.is_some() || self.jwt_key_file.is_some();
+        if self.authentication {
+            if self.jwt_signature_type.is_none() {
+                errors.push("Authentication needs JwtSignatureType".into());
+            }
+            match (&self.jwt_key, &self.jwt_key_file) {
+                (None, None) => errors.push("Authentication needs JwtKeyFile or JwtKey".into()),
+                (Some(_), Some(_)) => {
+                    errors.push("JwtKey and JwtKeyFile are both set; give one".into())
+                }
+                _ => {}
+            }
+        } else {
+            for (set, name) in [
+                (self.jwt_signature_type.is_some(), "JwtSignatureType"),
+                (key_given, "JwtKeyFile/JwtKey"),
+                (
+                    self.authorization_policy_file.is_some(),
+                    "AuthorizationPolicyFile",
+                ),
+            ] {
+                if set {
+                    errors.push(format!("{name} is only used with Authentication true"));
+                }
+            }
+        }
+        errors
     }
 
     /// The TLS listener's files, when it is to be bound: a certificate and key are configured
@@ -468,8 +522,8 @@ impl Settings {
         self.max_unsettled_per_link.clamp(1, 1_048_576)
     }
 
-    /// The engine's limits, with the SASL policy to use.
-    pub fn engine_config(&self, authenticator: Arc<dyn Authenticator>) -> EngineConfig {
+    /// The engine's limits, with how clients authenticate.
+    pub fn engine_config(&self, auth: AuthPolicy) -> EngineConfig {
         EngineConfig {
             max_frame_size: self.max_frame_size,
             max_message_size: self.max_message_size,
@@ -479,7 +533,7 @@ impl Settings {
                 .then(|| Duration::from_secs(u64::from(self.idle_timeout_seconds))),
             handshake_timeout: Duration::from_secs(u64::from(self.handshake_timeout_seconds)),
             close_timeout: Duration::from_secs(2),
-            authenticator,
+            auth,
             connection_memory: self.max_connection_memory,
             process_memory: ProcessBudget::new(self.max_process_memory),
         }
@@ -487,7 +541,7 @@ impl Settings {
 
     /// The engine's limits with authentication disabled.
     pub fn engine_config_no_auth(&self) -> EngineConfig {
-        self.engine_config(Arc::new(NoAuth))
+        self.engine_config(AuthPolicy::Disabled)
     }
 }
 
@@ -685,7 +739,22 @@ mod tests {
             tls_key_file: Some(PathBuf::from("/tls/tls.key")),
             tls_mode: TlsMode::Mtls,
             tls_client_ca_file: Some(PathBuf::from("/tls/ca.crt")),
+            authentication: true,
+            jwt_signature_type: Some(SignatureType::RS384),
+            jwt_key_file: Some(PathBuf::from("/jwt/key.pem")),
+            jwt_key: None,
+            authorization_policy_file: Some(PathBuf::from("/policy/acl.json")),
         }
+    }
+
+    /// The value of a secret setting, which `--print-config` leaves out.
+    fn secret_value(s: &Settings, key: &str) -> String {
+        match key {
+            "KubemqToken" => s.kubemq_token.clone(),
+            "JwtKey" => s.jwt_key.clone(),
+            other => panic!("{other} is not a secret setting"),
+        }
+        .unwrap_or_default()
     }
 
     /// The settings as `--print-config` writes them, each value as text, by key.
@@ -699,17 +768,19 @@ mod tests {
     fn round_trip(want: &Settings) -> BTreeMap<String, String> {
         let mut text = printed(want);
         let keys: Vec<&str> = text.keys().map(String::as_str).collect();
-        let mut all: Vec<&str> = SETTINGS.iter().map(|s| s.key).collect();
-        all.retain(|k| *k != "KubemqToken");
+        let mut all: Vec<&str> = SETTINGS
+            .iter()
+            .filter(|s| !s.secret)
+            .map(|s| s.key)
+            .collect();
         all.sort_unstable();
         assert_eq!(
             keys, all,
-            "--print-config prints every setting but the secret"
+            "--print-config prints every setting but the secrets"
         );
-        text.insert(
-            "KubemqToken".into(),
-            want.kubemq_token.clone().unwrap_or_default(),
-        );
+        for s in SETTINGS.iter().filter(|s| s.secret) {
+            text.insert(s.key.into(), secret_value(want, s.key));
+        }
         let yaml: String = text.iter().map(|(k, v)| format!("{k}: '{v}'\n")).collect();
         let from_file = Settings::resolve(&[read_yaml(&yaml).unwrap()]).unwrap();
         assert_eq!(&from_file, want, "file");
@@ -743,8 +814,15 @@ mod tests {
             serve_kubemq_grpc: Some(SocketAddr::from(([127, 0, 0, 1], 50000))),
             ..all_changed()
         };
+        // The JWT key given inline instead of from a file.
+        let inline_key = Settings {
+            jwt_key: Some("hmac-secret".into()),
+            jwt_key_file: None,
+            ..all_changed()
+        };
         let a = round_trip(&over_kubemq);
         let b = round_trip(&embedded);
+        round_trip(&inline_key);
         let defaults = printed(&Settings::default());
         // Enable: false drops every other setting; cfg_18_disabled_skips_validation reads it.
         for (k, v) in defaults.iter().filter(|(k, _)| *k != "Enable") {
@@ -753,6 +831,58 @@ mod tests {
                 "{k} is left at its default: not tested"
             );
         }
+    }
+
+    /// SASL-3, AUTHZ-1: authentication needs a signature type and exactly one key; the JWT and
+    /// policy settings are refused without it.
+    #[test]
+    fn sasl_3_authentication_settings() {
+        let on = |extra: &[(&str, &str)]| {
+            let mut raw = RawValues::from([("Authentication".to_string(), "true".to_string())]);
+            raw.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+            Settings::resolve(&[raw])
+        };
+        let s = on(&[("JwtSignatureType", "hs256"), ("JwtKey", "k")]).unwrap();
+        assert_eq!(s.jwt_signature_type, Some(SignatureType::HS256));
+        let e = on(&[]).unwrap_err().0;
+        assert!(
+            e.contains(&"Authentication needs JwtSignatureType".to_string()),
+            "{e:?}"
+        );
+        assert!(
+            e.contains(&"Authentication needs JwtKeyFile or JwtKey".to_string()),
+            "{e:?}"
+        );
+        let e = on(&[
+            ("JwtSignatureType", "HS256"),
+            ("JwtKey", "k"),
+            ("JwtKeyFile", "/k"),
+        ])
+        .unwrap_err()
+        .0;
+        assert_eq!(e, ["JwtKey and JwtKeyFile are both set; give one"]);
+        let e = on(&[("JwtSignatureType", "ES512"), ("JwtKey", "k")])
+            .unwrap_err()
+            .0;
+        assert!(
+            e[0].starts_with("JwtSignatureType ES512 is not supported"),
+            "{e:?}"
+        );
+        let off = RawValues::from([
+            ("JwtSignatureType".to_string(), "HS256".to_string()),
+            (
+                "AuthorizationPolicyFile".to_string(),
+                "/acl.json".to_string(),
+            ),
+        ]);
+        let e = Settings::resolve(&[off]).unwrap_err().0;
+        assert_eq!(
+            e,
+            [
+                "JwtSignatureType is only used with Authentication true",
+                "AuthorizationPolicyFile is only used with Authentication true"
+            ]
+        );
     }
 
     /// The derived names follow the key, word by word.
@@ -792,7 +922,7 @@ mod tests {
                 serde_yaml::Value::Null => "unset".to_string(),
                 v => format!("`{}`", serde_yaml::to_string(v).unwrap().trim()),
             };
-            if s.key == "KubemqToken" {
+            if s.secret {
                 assert!(row[3].starts_with("unset"), "{}", s.key);
             } else {
                 assert!(

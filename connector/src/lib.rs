@@ -4,6 +4,7 @@
 //! `kubemq-amqp-engine`, re-exported here); [`driver`] runs it on tokio sockets; [`config`] reads
 //! the connector's settings.
 
+pub mod auth;
 pub mod backend;
 pub mod bridge;
 pub mod config;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use connector::auth::Security;
 use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
 use connector::backend::{readiness, Backend};
@@ -61,13 +62,27 @@ fn main() -> ExitCode {
 
 /// Binds the AMQP listeners, opens the backend and serves until a shutdown signal.
 async fn run(settings: Settings) -> ExitCode {
+    let security = match Security::load(&settings).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot use the authentication settings");
+            return ExitCode::from(2);
+        }
+    };
+    if settings.authentication {
+        tracing::info!(
+            signature = ?settings.jwt_signature_type,
+            policy = settings.authorization_policy_file.is_some(),
+            "clients authenticate with KubeMQ JWTs (SASL PLAIN) or client certificates (EXTERNAL)"
+        );
+    }
     let listener = match bind(&settings).await {
         Ok(l) => l,
         Err(code) => return code,
     };
     // The backend: a KubeMQ over gRPC when an address is given, else the embedded store.
     let Some(kubemq) = settings.kubemq_address.clone() else {
-        return run_embedded(listener, settings).await;
+        return run_embedded(listener, settings, security).await;
     };
     let opts = GrpcOptions {
         token: settings.kubemq_token.clone(),
@@ -89,7 +104,7 @@ async fn run(settings: Settings) -> ExitCode {
             Err(e) => tracing::warn!(address = %kubemq, error = %e, "KubeMQ not reachable yet"),
         }
     });
-    serve_amqp(listener, &settings, backend).await
+    serve_amqp(listener, &settings, security, backend).await
 }
 
 /// The plain listener on `Port` (unless 0) and the TLS listener on `TlsPort` when TLS is
@@ -129,7 +144,7 @@ async fn bind(settings: &Settings) -> Result<Listeners, ExitCode> {
 }
 
 /// Runs on the embedded store, optionally serving it as KubeMQ's gRPC API too.
-async fn run_embedded(listener: Listeners, settings: Settings) -> ExitCode {
+async fn run_embedded(listener: Listeners, settings: Settings, security: Security) -> ExitCode {
     let store = match Store::open(&settings.data_dir) {
         Ok((store, report)) => {
             tracing::info!(dir = %settings.data_dir.display(), ready = report.ready, delayed = report.delayed, dropped = report.dropped.len(), "embedded store open");
@@ -162,7 +177,7 @@ async fn run_embedded(listener: Listeners, settings: Settings) -> ExitCode {
         },
         None => None,
     };
-    let code = serve_amqp(listener, &settings, Embedded::new(store.clone())).await;
+    let code = serve_amqp(listener, &settings, security, Embedded::new(store.clone())).await;
     let _ = stop_tx.send(true);
     if let Some(g) = grpc {
         let _ = g.await;
@@ -175,6 +190,7 @@ async fn run_embedded(listener: Listeners, settings: Settings) -> ExitCode {
 async fn serve_amqp<B: Backend + Clone>(
     listener: Listeners,
     settings: &Settings,
+    security: Security,
     backend: B,
 ) -> ExitCode {
     let metrics = Arc::new(Metrics::new());
@@ -199,7 +215,7 @@ async fn serve_amqp<B: Backend + Clone>(
             }
         }
     }
-    let cfg = Arc::new(settings.engine_config_no_auth());
+    let cfg = Arc::new(settings.engine_config(security.auth));
     let opts = ServeOptions {
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
@@ -210,7 +226,7 @@ async fn serve_amqp<B: Backend + Clone>(
         listener,
         cfg,
         opts,
-        Arc::new(Queues::new(backend, settings, metrics)),
+        Arc::new(Queues::new(backend, settings, metrics, security.access)),
         shutdown_signal(),
     )
     .await;

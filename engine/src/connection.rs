@@ -14,11 +14,13 @@ use fe2o3_amqp_types::performatives::{Close, Open};
 use fe2o3_amqp_types::primitives::{Array, Symbol};
 use fe2o3_amqp_types::sasl::{SaslCode, SaslMechanisms, SaslOutcome};
 
-use super::auth::{sanitize_client_id, Authenticator, Identity, MAX_INITIAL_RESPONSE};
+use super::auth::{
+    sanitize_client_id, AuthAttempt, AuthFailure, AuthPolicy, ClientCertificate, Identity,
+};
 use super::budget::{ConnectionBudget, ProcessBudget};
 use super::codec::{self, decode_performative, decode_sasl, Performative, SaslFrame};
 use super::error::{AmqpError, Condition};
-use super::event::Event;
+use super::event::{Event, SaslReport, SaslResult};
 use super::frame::{split_frame, write_frame, RawFrame, TYPE_AMQP, TYPE_SASL};
 use super::link::Link;
 use super::session::{PendingDisposition, Session};
@@ -56,8 +58,8 @@ pub struct EngineConfig {
     pub handshake_timeout: Duration,
     /// How long to wait for the client's CLOSE after ours before dropping the socket.
     pub close_timeout: Duration,
-    /// SASL policy.
-    pub authenticator: Arc<dyn Authenticator>,
+    /// How clients authenticate.
+    pub auth: AuthPolicy,
     /// Bytes one connection may make the connector hold (see [`super::budget`]).
     pub connection_memory: u64,
     /// The budget all connections share beyond their guaranteed share.
@@ -72,6 +74,7 @@ impl std::fmt::Debug for EngineConfig {
             .field("session_max", &self.session_max)
             .field("max_links_per_session", &self.max_links_per_session)
             .field("idle_timeout", &self.idle_timeout)
+            .field("auth", &self.auth)
             .field("connection_memory", &self.connection_memory)
             .finish_non_exhaustive()
     }
@@ -89,12 +92,24 @@ pub struct ErrorCounts {
 }
 
 /// Which listener accepted the connection; `2 1 0 0` is only valid on TLS (CONN-1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Transport {
     /// Plain TCP.
     Plain,
     /// TLS terminated by the driver before any byte reaches the engine.
-    Tls,
+    Tls {
+        /// The client's certificate, verified (mTLS), which makes EXTERNAL available (SASL-7).
+        client_certificate: Option<ClientCertificate>,
+    },
+}
+
+impl Transport {
+    fn client_certificate(&self) -> Option<&ClientCertificate> {
+        match self {
+            Transport::Plain => None,
+            Transport::Tls { client_certificate } => client_certificate.as_ref(),
+        }
+    }
 }
 
 /// Which protocol headers are acceptable next.
@@ -133,6 +148,8 @@ pub struct Connection {
     pub(super) max_frame: u32,
     channel_max: u16,
     identity: Option<Identity>,
+    /// A SASL success whose ClientID is the container-id, reported once OPEN names it.
+    sasl_report: Option<SaslReport>,
     pub(super) sessions: super::FastMap<u16, Session>,
     /// Channels whose BEGIN we refused, until the client's END (SESS-2).
     pub(super) refused: super::session::RefusedChannels,
@@ -180,6 +197,7 @@ impl Connection {
             max_frame: MIN_MAX_FRAME_SIZE,
             channel_max: 0,
             identity: None,
+            sasl_report: None,
             sessions: Default::default(),
             refused: Default::default(),
             links: Default::default(),
@@ -396,15 +414,16 @@ impl Connection {
     }
 
     fn on_header(&mut self, stage: HeaderStage, header: &[u8]) {
-        let tls_ok = stage == HeaderStage::Initial && self.transport == Transport::Tls;
+        let tls_ok =
+            stage == HeaderStage::Initial && matches!(self.transport, Transport::Tls { .. });
         if header == HEADER_SASL && stage != HeaderStage::AfterSasl {
             self.out.extend_from_slice(&HEADER_SASL);
             let mechanisms: Vec<Symbol> = self
                 .cfg
-                .authenticator
-                .mechanisms(self.transport == Transport::Tls)
+                .auth
+                .mechanisms(self.transport.client_certificate())
                 .into_iter()
-                .map(Symbol::from)
+                .map(|m| Symbol::from(m.name()))
                 .collect();
             codec::write_sasl_mechanisms(
                 &mut self.out,
@@ -414,7 +433,7 @@ impl Connection {
             );
             self.state = State::Sasl;
         } else if header == HEADER_AMQP
-            && (stage == HeaderStage::AfterSasl || self.cfg.authenticator.allows_bare())
+            && (stage == HeaderStage::AfterSasl || self.cfg.auth.allows_bare())
         {
             self.out.extend_from_slice(&HEADER_AMQP);
             self.state = State::Opening;
@@ -453,8 +472,8 @@ impl Connection {
     }
 
     fn on_sasl_frame(&mut self, frame: RawFrame) {
-        let outcome = if frame.frame_type != TYPE_SASL || frame.body.is_empty() {
-            Err("expected a SASL frame".to_string())
+        let attempt = if frame.frame_type != TYPE_SASL || frame.body.is_empty() {
+            None
         } else {
             match decode_sasl(&frame.body) {
                 Ok(SaslFrame::Init(init)) => {
@@ -463,36 +482,47 @@ impl Connection {
                         .as_ref()
                         .map(|b| b.as_slice())
                         .unwrap_or(&[]);
-                    let mech = init.mechanism.as_str();
-                    let offered = self
-                        .cfg
-                        .authenticator
-                        .mechanisms(self.transport == Transport::Tls);
-                    if !offered.contains(&mech) {
-                        Err(format!("mechanism {mech:?} not offered"))
-                    } else if response.len() > MAX_INITIAL_RESPONSE {
-                        // SASL-8.
-                        Err(format!(
-                            "initial response of {} bytes exceeds 16 KiB",
-                            response.len()
-                        ))
-                    } else {
-                        self.cfg
-                            .authenticator
-                            .authenticate(mech, response)
-                            .map_err(|f| f.0)
-                    }
+                    Some(self.cfg.auth.authenticate(
+                        self.transport.client_certificate(),
+                        init.mechanism.as_str(),
+                        response,
+                    ))
                 }
-                Ok(SaslFrame::Other(code)) => Err(format!("unexpected SASL frame 0x{code:x}")),
-                Err(e) => Err(e.to_string()),
+                Ok(SaslFrame::Other(code)) => {
+                    tracing::debug!(code, "unexpected SASL frame");
+                    None
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "undecodable SASL frame");
+                    None
+                }
             }
         };
-        match outcome {
+        let attempt = attempt.unwrap_or_else(|| AuthAttempt {
+            mechanism: String::new(),
+            username: None,
+            result: Err(AuthFailure("expected a SASL-INIT frame".into())),
+        });
+        let AuthAttempt {
+            mechanism,
+            username,
+            result,
+        } = attempt;
+        match result {
             Ok(identity) => {
-                tracing::debug!(
-                    mechanism = identity.mechanism,
-                    "SASL authentication succeeded"
-                );
+                let report = SaslReport {
+                    mechanism,
+                    username,
+                    outcome: SaslResult::Success {
+                        client_id: identity.client_id.clone().unwrap_or_default(),
+                    },
+                };
+                if identity.client_id.is_some() {
+                    self.events.push_back(Event::Authenticated(report));
+                } else {
+                    // SASL-6 (2), (4): the container-id is the ClientID, known at OPEN.
+                    self.sasl_report = Some(report);
+                }
                 self.identity = Some(identity);
                 codec::write_sasl_outcome(
                     &mut self.out,
@@ -503,9 +533,13 @@ impl Connection {
                 );
                 self.state = State::Header(HeaderStage::AfterSasl);
             }
-            Err(reason) => {
-                // ERR-4 / SASL-11: only the outcome code goes on the wire; the reason is logged.
-                tracing::info!(reason = %reason, "SASL authentication failed");
+            Err(AuthFailure(reason)) => {
+                // ERR-4 / SASL-11: only the outcome code goes on the wire; the reason is reported.
+                self.events.push_back(Event::Authenticated(SaslReport {
+                    mechanism,
+                    username,
+                    outcome: SaslResult::Failure { reason },
+                }));
                 codec::write_sasl_outcome(
                     &mut self.out,
                     &SaslOutcome {
@@ -568,14 +602,20 @@ impl Connection {
             .map(|ms| Duration::from_millis(u64::from(ms)));
         self.write_server_open();
         self.state = State::Open;
-        let sanitized = sanitize_client_id(&open.container_id);
         let client_id = match self.identity.as_ref().and_then(|i| i.client_id.clone()) {
             Some(id) => id,
-            None => sanitized,
+            None => sanitize_client_id(&open.container_id),
         };
+        if let Some(mut report) = self.sasl_report.take() {
+            report.outcome = SaslResult::Success {
+                client_id: client_id.clone(),
+            };
+            self.events.push_back(Event::Authenticated(report));
+        }
         tracing::debug!(client_id = %client_id, hostname = ?open.hostname, max_frame = self.max_frame, "connection open");
         self.events.push_back(Event::Opened {
             client_id,
+            credential: self.identity.as_ref().and_then(|i| i.credential.clone()),
             container_id: open.container_id,
             hostname: open.hostname,
         });
@@ -698,6 +738,10 @@ impl Connection {
     }
 
     fn emit_closed(&mut self, error: Option<AmqpError>) {
+        if let Some(report) = self.sasl_report.take() {
+            // Authenticated, but gone before OPEN named the ClientID.
+            self.events.push_back(Event::Authenticated(report));
+        }
         if !self.closed_event_sent {
             self.closed_event_sent = true;
             self.events.push_back(Event::Closed { error });

@@ -3,19 +3,52 @@
 use bytes::Bytes;
 use fe2o3_amqp_types::performatives::Attach;
 
+use super::auth::Credential;
 use super::codec::DeliveryOutcome;
 use super::error::AmqpError;
 
 /// Identifies a link for the lifetime of its connection; never reused, unlike AMQP handles.
 pub type LinkId = u64;
 
+/// One SASL exchange, as audited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaslReport {
+    /// `plain`, `anonymous`, `external`, or the sanitized lower-case name of one not offered;
+    /// empty when the client sent no SASL-INIT.
+    pub mechanism: String,
+    /// PLAIN's username (AUD-4).
+    pub username: Option<String>,
+    /// How it ended.
+    pub outcome: SaslResult,
+}
+
+/// How a SASL exchange ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SaslResult {
+    /// Authenticated as this ClientID (empty if the connection ended before OPEN named it).
+    Success {
+        /// The connection's ClientID.
+        client_id: String,
+    },
+    /// Refused; the reason is for the log only (ERR-4).
+    Failure {
+        /// Why.
+        reason: String,
+    },
+}
+
 /// Something the application must know or decide.
 #[derive(Debug)]
 pub enum Event {
+    /// A SASL exchange ended (SASL-11): the application writes its audit event (AUD-1, AUD-2).
+    /// A success whose ClientID is the container-id comes when OPEN names it.
+    Authenticated(SaslReport),
     /// OPEN was accepted; the connection is open.
     Opened {
         /// Identity of the connection (SASL-6).
         client_id: String,
+        /// The token to present to KubeMQ on this connection's calls (PLAIN with a JWT).
+        credential: Option<Credential>,
         /// The client's container-id, as sent.
         container_id: String,
         /// The OPEN hostname, logged and otherwise ignored (GEN-6).

@@ -25,7 +25,10 @@ pub mod serial;
 mod session;
 pub mod validate;
 
-pub use auth::{Authenticator, Identity, NoAuth};
+pub use auth::{
+    sanitize_client_id, AuthFailure, AuthPolicy, ClientCertificate, Credential, Identity,
+    Mechanism, TokenVerifier, MAX_INITIAL_RESPONSE,
+};
 pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
 pub use codec::DeliveryOutcome;
 pub use connection::{
@@ -33,7 +36,7 @@ pub use connection::{
     MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
-pub use event::{CommandError, Delivery, Event, LinkId};
+pub use event::{CommandError, Delivery, Event, LinkId, SaslReport, SaslResult};
 pub use link::{LinkAccept, SessionRoom};
 pub use session::SESSION_WINDOW;
 

@@ -89,8 +89,11 @@ fn golden_renderings_are_current_and_valid() {
                 .arg(&path)
                 .output()
                 .expect("kubernetes-validate (tests/run.sh installs it)");
-            let text = String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr);
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
             assert!(
                 out.status.success() && !text.contains("ERROR") && !text.contains("FAIL"),
                 "{name} against {version}: {text}"

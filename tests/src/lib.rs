@@ -295,7 +295,12 @@ impl TestConnector {
             broker_ready: None,
             count_after_header: settings.count_connections_after_header,
         };
-        let bridge = connector::bridge::queues::Queues::new(backend, &settings, metrics);
+        let bridge = connector::bridge::queues::Queues::new(
+            backend,
+            &settings,
+            metrics,
+            connector::auth::Access::open(),
+        );
         serve(listener, cfg, opts, Arc::new(bridge), async {
             let _ = stop.await;
         })

@@ -180,7 +180,12 @@ fn conn_15_16_broker_readiness() {
                 broker_ready: Some(ready),
                 count_after_header: settings.count_connections_after_header,
             };
-            let bridge = Queues::new(backend, &settings, Arc::new(Metrics::new()));
+            let bridge = Queues::new(
+                backend,
+                &settings,
+                Arc::new(Metrics::new()),
+                connector::auth::Access::open(),
+            );
             let cfg = Arc::new(settings.engine_config_no_auth());
             serve(listener, cfg, opts, Arc::new(bridge), async {
                 let _ = stop.await;

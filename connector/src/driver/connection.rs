@@ -15,7 +15,8 @@ use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
 
 use super::Handler;
-use crate::engine::{AmqpError, Connection, EngineConfig, Transport};
+use crate::auth::audit;
+use crate::engine::{AmqpError, Connection, EngineConfig, Event, Transport};
 
 /// Reading stops while this much output waits for the client, so a client that does not read
 /// cannot make the server buffer without bound.
@@ -32,8 +33,9 @@ pub trait Wire: Send + 'static {
     type Read: AsyncRead + Unpin + Send;
     /// The half it writes.
     type Write: AsyncWrite + Unpin + Send;
-    /// What the engine is told: TLS changes the headers and SASL mechanisms it accepts.
-    const TRANSPORT: Transport;
+    /// What the engine is told: TLS, and a verified client certificate, change the headers and
+    /// SASL mechanisms it accepts.
+    fn transport(&self) -> Transport;
     /// Whether written bytes can wait inside the stream until flushed (TLS records).
     const BUFFERS_WRITES: bool;
     /// The two halves, used at once.
@@ -43,8 +45,11 @@ pub trait Wire: Send + 'static {
 impl Wire for TcpStream {
     type Read = OwnedReadHalf;
     type Write = OwnedWriteHalf;
-    const TRANSPORT: Transport = Transport::Plain;
     const BUFFERS_WRITES: bool = false;
+
+    fn transport(&self) -> Transport {
+        Transport::Plain
+    }
 
     fn split(self) -> (OwnedReadHalf, OwnedWriteHalf) {
         self.into_split()
@@ -54,8 +59,13 @@ impl Wire for TcpStream {
 impl Wire for TlsStream<TcpStream> {
     type Read = tokio::io::ReadHalf<Self>;
     type Write = tokio::io::WriteHalf<Self>;
-    const TRANSPORT: Transport = Transport::Tls;
     const BUFFERS_WRITES: bool = true;
+
+    fn transport(&self) -> Transport {
+        Transport::Tls {
+            client_certificate: super::tls::client_certificate(self.get_ref().1),
+        }
+    }
 
     fn split(self) -> (Self::Read, Self::Write) {
         tokio::io::split(self)
@@ -72,6 +82,8 @@ pub struct Accepted<S> {
     pub read: BytesMut,
     /// When it was accepted.
     pub at: std::time::Instant,
+    /// The client's address, for the audit events.
+    pub peer: std::net::SocketAddr,
 }
 
 /// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
@@ -88,9 +100,11 @@ pub async fn run_connection<S: Wire, H: Handler>(
         stream,
         read: mut rbuf,
         at,
+        peer,
     } = socket;
+    let transport = stream.transport();
     let (mut rd, mut wr) = stream.split();
-    let mut engine = Connection::new(cfg, S::TRANSPORT, admission, at);
+    let mut engine = Connection::new(cfg, transport, admission, at);
     let mut wbuf = BytesMut::new();
     // TLS records written but still inside the TLS stream, waiting for the socket.
     let mut unflushed = false;
@@ -107,6 +121,9 @@ pub async fn run_connection<S: Wire, H: Handler>(
     }
     loop {
         while let Some(ev) = engine.poll_event() {
+            if let Event::Authenticated(report) = &ev {
+                audit::authenticated(peer.ip(), report);
+            }
             handler.on_event(&mut engine, ev);
         }
         handler.after_turn(&mut engine);

@@ -270,6 +270,7 @@ struct Admitted<F: HandlerFactory> {
     cfg: Arc<EngineConfig>,
     stop: watch::Receiver<bool>,
     ready: Option<watch::Receiver<bool>>,
+    peer: SocketAddr,
 }
 
 impl<F: HandlerFactory> Admitted<F> {
@@ -283,12 +284,18 @@ impl<F: HandlerFactory> Admitted<F> {
             cfg: shared.cfg.clone(),
             stop: shared.stop.clone(),
             ready: shared.ready.clone(),
+            peer,
         })
     }
 
     async fn run<S: Wire>(self, stream: S, read: BytesMut, at: Instant) {
         tracing::debug!("accepted");
-        let socket = Accepted { stream, read, at };
+        let socket = Accepted {
+            stream,
+            read,
+            at,
+            peer: self.peer,
+        };
         run_connection(
             socket,
             self.cfg,

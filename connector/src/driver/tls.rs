@@ -14,6 +14,7 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::TlsFiles;
+use crate::engine::ClientCertificate;
 
 /// Why the TLS configuration cannot be used; names the file, never its contents.
 #[derive(Debug, thiserror::Error)]
@@ -190,4 +191,20 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
     builder
         .with_single_cert(chain, key)
         .map_err(refused(&files.key))
+}
+
+/// The verified certificate the client presented (mTLS; TLS-4), for EXTERNAL (SASL-7): its
+/// Subject's first common name, empty when it has none or it cannot be read as UTF-8.
+pub(super) fn client_certificate(conn: &rustls::ServerConnection) -> Option<ClientCertificate> {
+    let leaf = conn.peer_certificates()?.first()?;
+    let common_name = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .ok()
+        .and_then(|(_, cert)| {
+            cert.subject()
+                .iter_common_name()
+                .next()
+                .and_then(|cn| cn.as_str().ok().map(str::to_string))
+        })
+        .unwrap_or_default();
+    Some(ClientCertificate { common_name })
 }

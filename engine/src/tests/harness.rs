@@ -15,7 +15,7 @@ pub use crate::peer::{
     attach_receiver, attach_sender, begin, link_flow, open, sasl_frame, transfer,
 };
 use crate::peer::{error_of, error_symbol};
-use crate::{AmqpError, Connection, EngineConfig, Event, NoAuth, Transport, HEADER_AMQP};
+use crate::{AmqpError, AuthPolicy, Connection, EngineConfig, Event, Transport, HEADER_AMQP};
 
 /// One AMQP frame's bytes.
 pub fn amqp_frame<T: serde::Serialize>(ch: u16, perf: &T, payload: &[u8]) -> Vec<u8> {
@@ -57,7 +57,7 @@ pub fn config() -> EngineConfig {
         idle_timeout: Some(Duration::from_secs(120)),
         handshake_timeout: Duration::from_secs(30),
         close_timeout: Duration::from_secs(2),
-        authenticator: Arc::new(NoAuth),
+        auth: AuthPolicy::Disabled,
         connection_memory: 268_435_456,
         process_memory: crate::ProcessBudget::new(1 << 30),
     }

@@ -14,8 +14,8 @@ use serde_bytes::ByteBuf;
 
 use super::codec::Performative;
 use super::{
-    AmqpError, Condition, DeliveryOutcome, Event, LinkAccept, Transport, HEADER_AMQP, HEADER_SASL,
-    HEADER_TLS,
+    AmqpError, AuthPolicy, Condition, DeliveryOutcome, EngineConfig, Event, LinkAccept, SaslResult,
+    Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS,
 };
 use harness::*;
 
@@ -103,7 +103,13 @@ fn conn_3_sasl_then_amqp() {
 /// CONN-1: `AMQP 2 1 0 0` is accepted on the TLS listener and echoed.
 #[test]
 fn conn_1_tls_header_on_tls_listener() {
-    let mut c = Client::with(config(), Transport::Tls, None);
+    let mut c = Client::with(
+        config(),
+        Transport::Tls {
+            client_certificate: None,
+        },
+        None,
+    );
     let out = c.raw(&HEADER_TLS);
     assert!(matches!(out[..], [Out::Header(h)] if h == HEADER_TLS));
     let out = c.raw(&HEADER_AMQP);
@@ -202,7 +208,192 @@ fn sasl_6_plain_username_is_client_id() {
     c.raw(&HEADER_AMQP);
     c.frame(0, &open("container-9"));
     let evs = c.take_events();
-    assert!(matches!(&evs[0], Event::Opened { client_id, .. } if client_id == "svc_orders"));
+    assert!(
+        matches!(&evs[0], Event::Authenticated(r) if r.mechanism == "plain"
+            && r.username.as_deref() == Some("svc.orders")
+            && r.outcome == SaslResult::Success { client_id: "svc_orders".into() }),
+        "{evs:?}"
+    );
+    assert!(matches!(&evs[1], Event::Opened { client_id, .. } if client_id == "svc_orders"));
+}
+
+/// A verifier that takes the token `good` as ClientID `svc-a`.
+struct OneToken;
+impl crate::TokenVerifier for OneToken {
+    fn verify(&self, token: &str) -> Result<String, crate::AuthFailure> {
+        if token == "good" {
+            Ok("svc-a".into())
+        } else {
+            Err(crate::AuthFailure("signature is invalid".into()))
+        }
+    }
+}
+
+fn jwt_config() -> EngineConfig {
+    EngineConfig {
+        auth: AuthPolicy::Jwt(std::sync::Arc::new(OneToken)),
+        ..config()
+    }
+}
+
+fn mechanisms_of(out: &[Out]) -> Vec<String> {
+    let Some(Out::Mechanisms(m)) = out.get(1) else {
+        panic!("{out:?}")
+    };
+    m.sasl_server_mechanisms
+        .0
+        .iter()
+        .map(|s| s.as_str().to_string())
+        .collect()
+}
+
+/// SASL-1, SASL-3, SASL-5: with authentication on only PLAIN is offered; a good token opens
+/// the connection as its ClientID and carries the token to the application; ANONYMOUS fails.
+#[test]
+fn sasl_3_jwt_plain() {
+    let mut c = Client::new(jwt_config());
+    let out = c.raw(&HEADER_SASL);
+    assert_eq!(mechanisms_of(&out), ["PLAIN"]);
+    let init = SaslInit {
+        mechanism: "PLAIN".into(),
+        initial_response: Some(ByteBuf::from(b"\0bob\0good".to_vec())),
+        hostname: None,
+    };
+    let out = c.raw(&sasl_frame(&init));
+    assert!(matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Ok));
+    c.raw(&HEADER_AMQP);
+    c.frame(0, &open("container-9"));
+    let evs = c.take_events();
+    assert!(
+        matches!(&evs[0], Event::Authenticated(r) if r.username.as_deref() == Some("bob")
+            && r.outcome == SaslResult::Success { client_id: "svc-a".into() })
+    );
+    let Event::Opened {
+        client_id,
+        credential,
+        ..
+    } = &evs[1]
+    else {
+        panic!("{evs:?}")
+    };
+    assert_eq!(client_id, "svc-a");
+    assert_eq!(credential.as_ref().map(|c| c.expose()), Some("good"));
+
+    for (mechanism, response) in [("PLAIN", &b"\0bob\0forged"[..]), ("ANONYMOUS", b"")] {
+        let mut c = Client::new(jwt_config());
+        c.raw(&HEADER_SASL);
+        let init = SaslInit {
+            mechanism: mechanism.into(),
+            initial_response: Some(ByteBuf::from(response.to_vec())),
+            hostname: None,
+        };
+        let out = c.raw(&sasl_frame(&init));
+        // ERR-4: the outcome has the code only.
+        assert!(
+            matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Auth && o.additional_data.is_none()),
+            "{out:?}"
+        );
+        let evs = c.take_events();
+        assert!(
+            matches!(&evs[0], Event::Authenticated(r) if matches!(r.outcome, SaslResult::Failure { .. })
+                && r.mechanism == mechanism.to_ascii_lowercase()),
+            "{evs:?}"
+        );
+        assert!(!c.conn.is_open());
+    }
+}
+
+/// SASL-9: the bare AMQP header is refused with authentication on (the SASL header is offered
+/// back); it is accepted with authentication off.
+#[test]
+fn sasl_9_bare_header_needs_auth_off() {
+    let mut c = Client::new(jwt_config());
+    let out = c.raw(&HEADER_AMQP);
+    assert!(
+        matches!(out[..], [Out::Header(h)] if h == HEADER_SASL),
+        "{out:?}"
+    );
+    assert!(c.conn.is_closed());
+    let mut c = Client::new(config());
+    let out = c.raw(&HEADER_AMQP);
+    assert!(matches!(out[..], [Out::Header(h)] if h == HEADER_AMQP));
+}
+
+/// SASL-7, SASL-6 (3): on an mTLS connection EXTERNAL is offered first and the identity is the
+/// certificate's sanitized CN; AUD-1 reports it as `external`.
+#[test]
+fn sasl_7_external_on_mtls() {
+    let transport = Transport::Tls {
+        client_certificate: Some(crate::ClientCertificate {
+            common_name: "billing.prod".into(),
+        }),
+    };
+    let mut c = Client::with(jwt_config(), transport, None);
+    let out = c.raw(&HEADER_SASL);
+    assert_eq!(mechanisms_of(&out), ["EXTERNAL", "PLAIN"]);
+    let init = SaslInit {
+        mechanism: "EXTERNAL".into(),
+        initial_response: None,
+        hostname: None,
+    };
+    let out = c.raw(&sasl_frame(&init));
+    assert!(matches!(&out[..], [Out::Outcome(o)] if o.code == SaslCode::Ok));
+    c.raw(&HEADER_AMQP);
+    c.frame(0, &open("c"));
+    let evs = c.take_events();
+    assert!(
+        matches!(&evs[0], Event::Authenticated(r) if r.mechanism == "external"
+            && r.outcome == SaslResult::Success { client_id: "billing_prod".into() })
+    );
+    assert!(
+        matches!(&evs[1], Event::Opened { client_id, credential: None, .. } if client_id == "billing_prod")
+    );
+    // TLS-3: plain TLS never offers EXTERNAL.
+    let mut c = Client::with(
+        config(),
+        Transport::Tls {
+            client_certificate: None,
+        },
+        None,
+    );
+    let out = c.raw(&HEADER_SASL);
+    assert_eq!(mechanisms_of(&out), ["PLAIN", "ANONYMOUS"]);
+}
+
+/// AUD-1, SASL-6 (4): an ANONYMOUS success is reported once OPEN names the ClientID (the
+/// sanitized container-id), before the Opened event; one that never opens is reported at the end
+/// with an empty ClientID.
+#[test]
+fn aud_1_anonymous_reported_at_open() {
+    let anonymous = SaslInit {
+        mechanism: "ANONYMOUS".into(),
+        initial_response: None,
+        hostname: None,
+    };
+    let mut c = Client::new(config());
+    c.raw(&HEADER_SASL);
+    c.raw(&sasl_frame(&anonymous));
+    assert!(c.take_events().is_empty());
+    c.raw(&HEADER_AMQP);
+    c.frame(0, &open("app 7"));
+    let evs = c.take_events();
+    assert!(
+        matches!(&evs[0], Event::Authenticated(r) if r.mechanism == "anonymous"
+            && r.outcome == SaslResult::Success { client_id: "app_7".into() }),
+        "{evs:?}"
+    );
+    assert!(matches!(&evs[1], Event::Opened { .. }));
+
+    let mut c = Client::new(config());
+    c.raw(&HEADER_SASL);
+    c.raw(&sasl_frame(&anonymous));
+    c.conn.transport_lost();
+    let evs = c.take_events();
+    assert!(
+        matches!(&evs[0], Event::Authenticated(r) if r.outcome == SaslResult::Success { client_id: String::new() }),
+        "{evs:?}"
+    );
+    assert!(matches!(&evs[1], Event::Closed { .. }));
 }
 
 /// A garbage SASL frame fails authentication instead of crashing.

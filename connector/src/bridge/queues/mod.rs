@@ -30,6 +30,8 @@ use self::fetcher::{
 use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
+use crate::auth::policy::Action;
+use crate::auth::Access;
 use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
@@ -55,11 +57,19 @@ pub struct Queues<B: Backend> {
     /// The backend lane of the next produce link.
     next_lane: AtomicU64,
     metrics: Arc<Metrics>,
+    /// Who may read and write which channel (AUTHZ-1).
+    access: Access,
 }
 
 impl<B: Backend> Queues<B> {
-    /// The bridge over `backend` with the connector's settings.
-    pub fn new(backend: B, settings: &Settings, metrics: Arc<Metrics>) -> Arc<Self> {
+    /// The bridge over `backend` with the connector's settings, deciding links and messages
+    /// with `access`.
+    pub fn new(
+        backend: B,
+        settings: &Settings,
+        metrics: Arc<Metrics>,
+        access: Access,
+    ) -> Arc<Self> {
         Arc::new(Queues {
             backend: Arc::new(backend),
             credit_window: settings.produce_credit_window(),
@@ -74,6 +84,7 @@ impl<B: Backend> Queues<B> {
             next_connection: AtomicU64::new(1),
             next_lane: AtomicU64::new(0),
             metrics,
+            access,
         })
     }
 
@@ -325,6 +336,15 @@ impl<B: Backend> QueuesHandler<B> {
         let resolved =
             resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())?;
         let channel = queue_channel(resolved, client_sends)?;
+        // AUTHZ-2: after the address resolved, before the link is accepted.
+        let action = if client_sends {
+            Action::Write
+        } else {
+            Action::Read
+        };
+        self.bridge
+            .access
+            .check(&self.client_id, Pattern::Queues, &channel, action)?;
         if client_sends {
             return self.accept_producer(conn, link, Some(channel));
         }
@@ -457,7 +477,12 @@ impl<B: Backend> QueuesHandler<B> {
             .ok_or_else(|| AmqpError::new(Condition::PreconditionFailed, "message has no to"))?;
         let resolved = resolve(to, None, self.bridge.default_pattern)
             .map_err(|e| AmqpError::new(Condition::PreconditionFailed, e.description()))?;
-        queue_channel(resolved, true)
+        let channel = queue_channel(resolved, true)?;
+        // AUTHZ-4: each message of an anonymous link is checked for Write on its node.
+        self.bridge
+            .access
+            .check(&self.client_id, Pattern::Queues, &channel, Action::Write)?;
+        Ok(channel)
     }
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
@@ -740,6 +765,8 @@ fn accept_or_gone(conn: &mut Connection, link: LinkId, credit_window: u32) -> bo
 impl<B: Backend> QueuesHandler<B> {
     fn handle_event(&mut self, conn: &mut Connection, event: Event) {
         match event {
+            // The driver writes the audit event.
+            Event::Authenticated(_) => {}
             Event::Opened { client_id, .. } => {
                 self.client_id = client_id;
                 self.counted_open = true;
@@ -1016,7 +1043,12 @@ mod tests {
             let (store, _) = Store::open(dir.path()).expect("store opens");
             let settings = Settings::default();
             let metrics = Arc::new(Metrics::new());
-            let bridge = Queues::new(Embedded::new(store), &settings, metrics.clone());
+            let bridge = Queues::new(
+                Embedded::new(store),
+                &settings,
+                metrics.clone(),
+                Access::open(),
+            );
             let (tx, commands) = mpsc::unbounded_channel();
             bridge
                 .fetchers

@@ -1,0 +1,294 @@
+//! Checks KubeMQ JWTs as KubeMQ's `authentication.jwtConfig` does: one key, one signature type,
+//! the registered time claims (`exp`, `nbf`, `iat`) enforced when present, with no leeway; and
+//! reads the `ClientID` claim that names the connection (SASL-3).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use jsonwebtoken::errors::ErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use serde::Deserialize;
+
+use crate::engine::{AuthFailure, TokenVerifier};
+
+/// The signature types KubeMQ accepts that this verifier supports (ES512 has no implementation
+/// in the JWT library used, so it is refused at start-up rather than failing every login).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum SignatureType {
+    /// HMAC with SHA-256; the key is the shared secret, byte for byte.
+    HS256,
+    /// HMAC with SHA-384.
+    HS384,
+    /// HMAC with SHA-512.
+    HS512,
+    /// RSA PKCS#1 v1.5 with SHA-256; the key is a PEM public key or certificate.
+    RS256,
+    /// RSA with SHA-384.
+    RS384,
+    /// RSA with SHA-512.
+    RS512,
+    /// ECDSA P-256; the key is a PEM public key or certificate.
+    ES256,
+    /// ECDSA P-384.
+    ES384,
+}
+
+impl std::str::FromStr for SignatureType {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, String> {
+        // KubeMQ upper-cases the configured name.
+        Ok(match v.to_ascii_uppercase().as_str() {
+            "HS256" => SignatureType::HS256,
+            "HS384" => SignatureType::HS384,
+            "HS512" => SignatureType::HS512,
+            "RS256" => SignatureType::RS256,
+            "RS384" => SignatureType::RS384,
+            "RS512" => SignatureType::RS512,
+            "ES256" => SignatureType::ES256,
+            "ES384" => SignatureType::ES384,
+            "ES512" => return Err("ES512 is not supported; use ES256 or ES384".into()),
+            _ => {
+                return Err(format!(
+                "must be one of HS256, HS384, HS512, RS256, RS384, RS512, ES256, ES384, got {v:?}"
+            ))
+            }
+        })
+    }
+}
+
+impl SignatureType {
+    fn algorithm(self) -> Algorithm {
+        match self {
+            SignatureType::HS256 => Algorithm::HS256,
+            SignatureType::HS384 => Algorithm::HS384,
+            SignatureType::HS512 => Algorithm::HS512,
+            SignatureType::RS256 => Algorithm::RS256,
+            SignatureType::RS384 => Algorithm::RS384,
+            SignatureType::RS512 => Algorithm::RS512,
+            SignatureType::ES256 => Algorithm::ES256,
+            SignatureType::ES384 => Algorithm::ES384,
+        }
+    }
+}
+
+/// Where the verification key comes from.
+#[derive(Debug, Clone, Copy)]
+pub enum KeySource<'a> {
+    /// Given inline (`JwtKey`).
+    Inline(&'a str),
+    /// A file (`JwtKeyFile`), read once at start-up.
+    File(&'a Path),
+}
+
+/// Why the JWT settings cannot be used. Never contains key material.
+#[derive(Debug, thiserror::Error)]
+pub enum JwtConfigError {
+    /// The key file cannot be read.
+    #[error("cannot read JwtKeyFile {path}: {error}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The key is not a PEM public key (or certificate) of the signature type's kind.
+    #[error("the JWT key is not a PEM {kind} public key or certificate")]
+    Pem {
+        /// RSA or EC.
+        kind: &'static str,
+    },
+    /// An empty key.
+    #[error("the JWT key is empty")]
+    Empty,
+}
+
+/// Verifies KubeMQ JWTs with one key.
+pub struct JwtVerifier {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+/// The claims read besides the registered ones the validation checks.
+#[derive(Deserialize)]
+struct Claims {
+    #[serde(rename = "ClientID")]
+    client_id: Option<String>,
+    iat: Option<f64>,
+}
+
+impl JwtVerifier {
+    /// A verifier for `signature` with the key from `source`.
+    pub fn new(signature: SignatureType, source: KeySource<'_>) -> Result<Self, JwtConfigError> {
+        let bytes = match source {
+            KeySource::Inline(k) => k.as_bytes().to_vec(),
+            KeySource::File(path) => std::fs::read(path).map_err(|error| JwtConfigError::Read {
+                path: path.display().to_string(),
+                error,
+            })?,
+        };
+        if bytes.is_empty() {
+            return Err(JwtConfigError::Empty);
+        }
+        let key = match signature {
+            // KubeMQ takes the secret's bytes as they are, a file's final newline included.
+            SignatureType::HS256 | SignatureType::HS384 | SignatureType::HS512 => {
+                DecodingKey::from_secret(&bytes)
+            }
+            SignatureType::RS256 | SignatureType::RS384 | SignatureType::RS512 => {
+                DecodingKey::from_rsa_pem(&bytes)
+                    .map_err(|_| JwtConfigError::Pem { kind: "RSA" })?
+            }
+            SignatureType::ES256 | SignatureType::ES384 => {
+                DecodingKey::from_ec_pem(&bytes).map_err(|_| JwtConfigError::Pem { kind: "EC" })?
+            }
+        };
+        let mut validation = Validation::new(signature.algorithm());
+        // KubeMQ requires no claim, checks exp and nbf when present, with no leeway, and does
+        // not look at aud.
+        validation.required_spec_claims = HashSet::new();
+        validation.leeway = 0;
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        validation.validate_aud = false;
+        Ok(JwtVerifier { key, validation })
+    }
+}
+
+impl TokenVerifier for JwtVerifier {
+    fn verify(&self, token: &str) -> Result<String, AuthFailure> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .map_err(|e| AuthFailure(reason(e.kind()).into()))?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0);
+        if data.claims.iat.is_some_and(|iat| iat > now) {
+            return Err(AuthFailure("token used before it was issued".into()));
+        }
+        data.claims
+            .client_id
+            .ok_or_else(|| AuthFailure("token has no ClientID claim".into()))
+    }
+}
+
+/// Why a token was refused, in words that never quote it.
+fn reason(kind: &ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::ExpiredSignature => "token expired",
+        ErrorKind::ImmatureSignature => "token not valid yet (nbf)",
+        ErrorKind::InvalidSignature => "token signature is invalid",
+        ErrorKind::InvalidAlgorithm | ErrorKind::InvalidAlgorithmName => {
+            "token is signed with another algorithm"
+        }
+        ErrorKind::InvalidToken | ErrorKind::Base64(_) | ErrorKind::Utf8(_) => "token is not a JWT",
+        ErrorKind::Json(_) => "token claims are not valid JSON",
+        _ => "token is invalid",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+
+    fn now() -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64
+    }
+
+    fn hs(claims: serde_json::Value, secret: &[u8]) -> String {
+        encode(
+            &Header::new(Algorithm::HS256),
+            &claims,
+            &EncodingKey::from_secret(secret),
+        )
+        .unwrap()
+    }
+
+    fn verifier() -> JwtVerifier {
+        JwtVerifier::new(SignatureType::HS256, KeySource::Inline("s3cret")).unwrap()
+    }
+
+    /// SASL-3: a good token gives its ClientID claim; bad signature, expired, not yet valid,
+    /// issued in the future, malformed, another algorithm and a missing claim all fail, and no
+    /// reason quotes the token.
+    #[test]
+    fn sasl_3_token_checks() {
+        let v = verifier();
+        let good = hs(
+            serde_json::json!({"ClientID": "orders", "exp": now() + 60}),
+            b"s3cret",
+        );
+        assert_eq!(v.verify(&good).unwrap(), "orders");
+        // KubeMQ's own tests sign tokens without any time claim.
+        let bare = hs(serde_json::json!({"ClientID": "orders"}), b"s3cret");
+        assert_eq!(v.verify(&bare).unwrap(), "orders");
+        let cases = [
+            (
+                hs(serde_json::json!({"ClientID": "x"}), b"other"),
+                "token signature is invalid",
+            ),
+            (
+                hs(
+                    serde_json::json!({"ClientID": "x", "exp": now() - 1}),
+                    b"s3cret",
+                ),
+                "token expired",
+            ),
+            (
+                hs(
+                    serde_json::json!({"ClientID": "x", "nbf": now() + 60}),
+                    b"s3cret",
+                ),
+                "token not valid yet (nbf)",
+            ),
+            (
+                hs(
+                    serde_json::json!({"ClientID": "x", "iat": now() + 60}),
+                    b"s3cret",
+                ),
+                "token used before it was issued",
+            ),
+            (
+                hs(serde_json::json!({"exp": now() + 60}), b"s3cret"),
+                "token has no ClientID claim",
+            ),
+            ("not.a.jwt".to_string(), "token is not a JWT"),
+            ("eyJhbGciOiJIUzI1NiJ9".to_string(), "token is not a JWT"),
+            (
+                encode(
+                    &Header::new(Algorithm::HS384),
+                    &serde_json::json!({"ClientID": "x"}),
+                    &EncodingKey::from_secret(b"s3cret"),
+                )
+                .unwrap(),
+                "token is signed with another algorithm",
+            ),
+        ];
+        for (token, want) in cases {
+            let got = v.verify(&token).unwrap_err().0;
+            assert_eq!(got, want, "{token}");
+            assert!(!got.contains(&token));
+        }
+    }
+
+    /// SASL-3: the signature type names KubeMQ uses parse (any case); ES512 is refused at
+    /// start-up; a PEM key that is not one fails with a message and no key material.
+    #[test]
+    fn sasl_3_key_settings() {
+        assert_eq!("rs256".parse::<SignatureType>(), Ok(SignatureType::RS256));
+        assert!("ES512".parse::<SignatureType>().is_err());
+        assert!("none".parse::<SignatureType>().is_err());
+        let e = JwtVerifier::new(SignatureType::RS256, KeySource::Inline("hunter2"))
+            .err()
+            .unwrap();
+        assert!(!e.to_string().contains("hunter2"));
+        assert!(matches!(
+            JwtVerifier::new(SignatureType::HS256, KeySource::Inline("")),
+            Err(JwtConfigError::Empty)
+        ));
+    }
+}
