@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part of it
 
+pub mod pki;
+
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

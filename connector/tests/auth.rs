@@ -1,0 +1,290 @@
+//! The connector binary with `Authentication` on, with real clients: python-qpid-proton
+//! (tests/python/auth.py) and rhea-promise (tests/js/auth.js) authenticate with KubeMQ JWTs made
+//! here (good, bad signature, expired, malformed), with SASL EXTERNAL on mTLS, and meet KubeMQ's
+//! access control list; the audit log is read back, and no secret the test used appears in it.
+// A test target: unwrap, expect, panic and indexing are how its checks fail.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::free_port;
+use common::pki::Pki;
+use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
+
+const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/python/auth.py");
+const JS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/js");
+/// The HMAC secret KubeMQ and the connector share.
+const SECRET: &str = "kubemq-hs256-secret-for-tests";
+
+/// KubeMQ's access control list: `writer` may only write `orders`; `app` may read and write
+/// `orders` and `audit`; `billing` (a certificate's CN) may read and write `billing`.
+const ACL: &str = r#"[
+  {"Queues": true, "ClientID": "^writer$", "Channel": "^orders$", "Read": false, "Write": true},
+  {"Queues": true, "ClientID": "^app$", "Channel": "^(orders|audit)$", "Read": true, "Write": true},
+  {"Queues": true, "ClientID": "^billing$", "Channel": "^billing$", "Read": true, "Write": true}
+]"#;
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// A token for `client_id` signed with `secret`, expiring `exp_in` seconds from now.
+fn token(client_id: &str, secret: &str, exp_in: i64) -> String {
+    encode(
+        &Header::new(Algorithm::HS256),
+        &serde_json::json!({"ClientID": client_id, "exp": now() + exp_in}),
+        &EncodingKey::from_secret(secret.as_bytes()),
+    )
+    .unwrap()
+}
+
+/// The connector with authentication and the ACL, its log captured as JSON lines.
+struct Secured {
+    child: Child,
+    port: u16,
+    tls_port: Option<u16>,
+    log: PathBuf,
+    /// Holds the key, the policy, the store and the log until the connector is gone.
+    _dir: tempfile::TempDir,
+}
+
+impl Secured {
+    /// Started with the key and the policy (and, with `pki`, an mTLS listener trusting its CA).
+    fn start(pki: Option<&Pki>) -> Secured {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("jwt.key");
+        std::fs::write(&key, SECRET).unwrap();
+        let acl = dir.path().join("acl.json");
+        std::fs::write(&acl, ACL).unwrap();
+        let log = dir.path().join("connector.log");
+        let port = free_port();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"));
+        cmd.args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"])
+            .args(["--http-address", "off", "--log-format", "json"])
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--authentication", "true", "--jwt-signature-type", "HS256"])
+            .arg("--jwt-key-file")
+            .arg(&key)
+            .arg("--authorization-policy-file")
+            .arg(&acl)
+            .env("RUST_LOG", "debug")
+            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .stderr(Stdio::null());
+        let tls_port = pki.map(|pki| {
+            let tls_port = free_port();
+            cmd.args(["--tls-port", &tls_port.to_string(), "--tls-mode", "mtls"])
+                .arg("--tls-cert-file")
+                .arg(pki.path("server.pem"))
+                .arg("--tls-key-file")
+                .arg(pki.path("server.key"))
+                .arg("--tls-client-ca-file")
+                .arg(pki.path("ca.pem"));
+            tls_port
+        });
+        let child = cmd.spawn().unwrap();
+        for p in std::iter::once(port).chain(tls_port) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
+                assert!(Instant::now() < deadline, "nothing listens on {p}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Secured {
+            child,
+            port,
+            tls_port,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn python(&self, scenario: &str, args: &[&str]) {
+        run(Command::new("python3")
+            .arg(PYTHON)
+            .arg(scenario)
+            .arg(self.port.to_string())
+            .args(args));
+    }
+
+    /// The audit events logged so far (JSON lines on the `audit` target).
+    fn audit(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "audit")
+            .collect()
+    }
+
+    /// The whole log.
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for Secured {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .expect("the client runs (tests/run.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "{cmd:?}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The audit event named `event` whose `field` is `value`, waiting a little for it.
+fn audited(c: &Secured, event: &str, field: &str, value: &str) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = c.audit().into_iter().find(|v| {
+            let fields = &v["fields"];
+            fields["event"] == event && fields[field] == value
+        });
+        if let Some(v) = found {
+            return v["fields"].clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {event} with {field}={value}: {:?}",
+            c.audit()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// SASL-3, SASL-6, AUD-1, AUD-2, AUD-4: PLAIN with a good JWT connects as the token's ClientID
+/// (the username is only recorded); a bad signature, an expired and a malformed token, and
+/// ANONYMOUS, fail the connect; each exchange is audited with the mechanism in lower case, the
+/// transport and the source address; no token or key reaches the log.
+#[test]
+fn sasl_3_plain_with_kubemq_jwts() {
+    let c = Secured::start(None);
+    let good = token("app", SECRET, 300);
+    c.python("send", &["alice", &good, "orders"]);
+    let ok = audited(&c, "auth.success", "ClientID", "app");
+    assert_eq!(ok["Transport"], "amqp10");
+    assert_eq!(ok["SourceIP"], "127.0.0.1");
+    assert_eq!(ok["Metadata.mechanism"], "plain");
+    assert_eq!(ok["Metadata.username"], "\"alice\"");
+
+    let forged = token("app", "another-secret", 300);
+    let expired = token("app", SECRET, -10);
+    let malformed = "eyJhbGciOiJIUzI1NiJ9.not-json.sig".to_string();
+    for (user, bad, reason) in [
+        ("mallory", &forged, "token signature is invalid"),
+        ("late", &expired, "token expired"),
+        ("garbled", &malformed, "token"),
+    ] {
+        c.python("refused", &[user, bad]);
+        let f = audited(
+            &c,
+            "auth.failure",
+            "Metadata.username",
+            &format!("\"{user}\""),
+        );
+        assert_eq!(f["Metadata.mechanism"], "plain");
+        assert_eq!(f["ClientID"], "");
+        assert!(f["Error"].as_str().unwrap().starts_with(reason), "{f}");
+    }
+    // SASL-5: ANONYMOUS is not offered (proton gives up before choosing it).
+    c.python("anonymous", &[]);
+
+    // AUD: no secret anywhere in the log, nor in --print-config.
+    let log = c.log_text();
+    for secret in [good.as_str(), &forged, &expired, SECRET] {
+        assert!(!log.contains(secret), "a secret in the log");
+    }
+    let printed = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
+        .args(["--authentication", "true", "--jwt-signature-type", "HS256"])
+        .args(["--jwt-key", SECRET, "--print-config"])
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.contains("Authentication: true"), "{printed}");
+    assert!(!printed.contains(SECRET), "{printed}");
+}
+
+/// SASL-9: with authentication on, a connection without a SASL layer is refused: the bare AMQP
+/// header is answered with the SASL header and the socket closed.
+#[test]
+fn sasl_9_bare_header_refused() {
+    use std::io::{Read, Write};
+    let c = Secured::start(None);
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", c.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"AMQP\x00\x01\x00\x00").unwrap();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    assert_eq!(got, b"AMQP\x03\x01\x00\x00");
+}
+
+/// AUTHZ-2, AUTHZ-6, ERR-3: a client the policy lets write but not read a channel sends to it,
+/// and its receiver on it is refused `amqp:unauthorized-access` "not authorized for orders";
+/// the denial is audited.
+#[test]
+fn authz_2_write_without_read_refuses_the_receiver() {
+    let c = Secured::start(None);
+    let writer = token("writer", SECRET, 300);
+    c.python("write-only", &["w", &writer, "orders"]);
+    let d = audited(&c, "authz.denied", "ClientID", "writer");
+    assert_eq!(d["Action"], "read");
+    assert_eq!(d["Resource"], "queues");
+}
+
+/// AUTHZ-4: on an anonymous sender each message is checked for Write on its `to`: one to a
+/// channel the client may not write is rejected `amqp:unauthorized-access` and the next, to one
+/// it may, is accepted on the same link (python-qpid-proton and rhea-promise).
+#[test]
+fn authz_4_anonymous_terminus_checked_per_message() {
+    let c = Secured::start(None);
+    let app = token("app", SECRET, 300);
+    c.python("anonymous-terminus", &["app", &app, "audit", "payroll"]);
+    run(Command::new("node")
+        .current_dir(JS_DIR)
+        .arg("auth.js")
+        .arg(c.port.to_string())
+        .args(["app", &app, "audit", "payroll"]));
+    let d = audited(&c, "authz.denied", "Channel", "\"payroll\"");
+    assert_eq!(d["Action"], "write");
+}
+
+/// SASL-7, SASL-6 (3), TLS-4: an mTLS client whose certificate names CN `billing` authenticates
+/// with SASL EXTERNAL and is authorized as `billing`.
+#[test]
+fn sasl_7_external_on_mtls() {
+    let pki = Pki::new("test CA");
+    pki.issue("server", "127.0.0.1", 10, false, false);
+    pki.issue("billing", "billing", 11, true, false);
+    let c = Secured::start(Some(&pki));
+    let p = |f: &str| pki.path(f).display().to_string();
+    run(Command::new("python3")
+        .arg(PYTHON)
+        .arg("external")
+        .arg(c.tls_port.unwrap().to_string())
+        .args([p("ca.pem"), p("billing.pem"), p("billing.key")])
+        .arg("billing"));
+    let ok = audited(&c, "auth.success", "ClientID", "billing");
+    assert_eq!(ok["Metadata.mechanism"], "external");
+}

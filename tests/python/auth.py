@@ -1,0 +1,122 @@
+"""python-qpid-proton against a connector with Authentication on (SASL and authorization).
+Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
+
+  send        USER TOKEN CHANNEL: PLAIN with the token as password; a message sent to
+              queues/CHANNEL is accepted and received back
+  write-only  USER TOKEN CHANNEL: sending to queues/CHANNEL works; attaching a receiver to it is
+              refused amqp:unauthorized-access "not authorized for CHANNEL"
+  anonymous-terminus USER TOKEN ALLOWED DENIED: on one anonymous sender a message to
+              queues/DENIED is rejected amqp:unauthorized-access and one to queues/ALLOWED is
+              accepted (the link stays)
+  refused     USER TOKEN: the SASL exchange fails (the connect fails), nothing else happens
+  anonymous   ANONYMOUS is refused
+  external    CA CERT KEY CHANNEL: an mTLS client authenticated by SASL EXTERNAL sends and
+              receives on queues/CHANNEL"""
+import sys
+
+from proton import Disposition, Message, SSLDomain
+from proton.utils import BlockingConnection, LinkDetached, SendException
+
+TIMEOUT = 10
+HOST = "127.0.0.1"
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def connect(port, user=None, token=None, mechs="PLAIN", **kw):
+    return BlockingConnection(
+        f"amqp://{HOST}:{port}",
+        timeout=TIMEOUT,
+        user=user,
+        password=token,
+        allowed_mechs=mechs,
+        # PLAIN over a plaintext socket: the test's loopback.
+        allow_insecure_mechs=True,
+        **kw,
+    )
+
+
+def round_trip(conn, channel, body):
+    conn.create_sender(f"queues/{channel}").send(Message(body=body))
+    got = conn.create_receiver(f"queues/{channel}", credit=1).receive(timeout=TIMEOUT)
+    check(got.body == body, f"received {got.body!r}")
+
+
+def refused(make):
+    try:
+        conn = make()
+    except Exception as e:  # proton raises ConnectionException (or a subclass)
+        text = str(e)
+        check("unauthorized-access" in text or "Authentication failed" in text, text)
+        return
+    conn.close()
+    raise AssertionError("the connection was accepted")
+
+
+def unauthorized(exc, channel):
+    text = str(exc)
+    check("amqp:unauthorized-access" in text, text)
+    check(f"not authorized for {channel}" in text, text)
+
+
+def main():
+    scenario, port, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+    if scenario == "send":
+        user, token, channel = args
+        conn = connect(port, user, token)
+        round_trip(conn, channel, "authenticated")
+        conn.close()
+    elif scenario == "write-only":
+        user, token, channel = args
+        conn = connect(port, user, token)
+        conn.create_sender(f"queues/{channel}").send(Message(body="write allowed"))
+        try:
+            conn.create_receiver(f"queues/{channel}", credit=1)
+            raise AssertionError("the receiver was attached")
+        except LinkDetached as e:
+            unauthorized(e, channel)
+        conn.close()
+    elif scenario == "anonymous-terminus":
+        user, token, allowed, denied = args
+        conn = connect(port, user, token)
+        sender = conn.create_sender(None)
+        try:
+            sender.send(Message(address=f"queues/{denied}", body="denied"))
+            raise AssertionError("the message was accepted")
+        except SendException as e:
+            # BlockingSender reports the outcome only; rhea (tests/js/auth.js) reads the
+            # rejected outcome's condition.
+            check(e.state == Disposition.REJECTED, f"outcome {e.state}")
+        sender.send(Message(address=f"queues/{allowed}", body="allowed"))
+        got = conn.create_receiver(f"queues/{allowed}", credit=1).receive(timeout=TIMEOUT)
+        check(got.body == "allowed", f"received {got.body!r}")
+        conn.close()
+    elif scenario == "refused":
+        user, token = args
+        refused(lambda: connect(port, user, token))
+    elif scenario == "anonymous":
+        refused(lambda: connect(port, mechs="ANONYMOUS"))
+    elif scenario == "external":
+        ca, cert, key, channel = args
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(ca)
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME, ca)
+        domain.set_credentials(cert, key, None)
+        conn = BlockingConnection(
+            f"amqps://{HOST}:{port}",
+            timeout=TIMEOUT,
+            ssl_domain=domain,
+            allowed_mechs="EXTERNAL",
+        )
+        round_trip(conn, channel, "by certificate")
+        conn.close()
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    print(f"PASS {scenario}")
+
+
+if __name__ == "__main__":
+    main()
