@@ -160,11 +160,12 @@ async fn run_embedded(listener: Listeners, settings: Settings, security: Securit
     let grpc = match settings.serve_kubemq_grpc {
         Some(gaddr) => match tokio::net::TcpListener::bind(gaddr).await {
             Ok(l) => {
-                tracing::info!(addr = %gaddr, "serving the embedded store as KubeMQ gRPC");
+                tracing::info!(addr = %gaddr, tokens = security.jwt.is_some(), "serving the embedded store as KubeMQ gRPC");
                 let mut rx = stop_rx.clone();
                 Some(tokio::spawn(connector::kubemq::server::serve(
                     store.clone(),
                     l,
+                    security.jwt.clone(),
                     async move {
                         let _ = rx.changed().await;
                     },

@@ -288,3 +288,105 @@ fn sasl_7_external_on_mtls() {
     let ok = audited(&c, "auth.success", "ClientID", "billing");
     assert_eq!(ok["Metadata.mechanism"], "external");
 }
+
+/// Starts the connector with `args` (and a store in `dir`) listening on `port`, logging to
+/// `dir/<name>.log`; returns once its /readyz says it reaches its backend (before that it
+/// refuses connections, CONN-15).
+fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> Child {
+    let http = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
+        .args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"])
+        .args(["--http-address", &http.to_string(), "--log-format", "json"])
+        .arg("--data-dir")
+        .arg(dir.join(format!("{name}-data")))
+        .args(args)
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::from(
+            std::fs::File::create(dir.join(format!("{name}.log"))).unwrap(),
+        ))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    testkit::eventually(&format!("{name} ready"), Duration::from_secs(20), || {
+        testkit::http_get(http, "/readyz").is_some_and(|r| r.status == 200)
+    });
+    child
+}
+
+/// Kills the children when the test ends, however it ends.
+struct Reaper(Vec<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// SASL-3, AUTHZ (KubeMQ's refusal): the client's token, not the connector's, is what KubeMQ
+/// checks. Stand-in for KubeMQ: the real server cannot be fetched on this machine (its Go
+/// module is refused by the proxy), so the KubeMQ here is the embedded store's gRPC façade with
+/// authentication on, which checks every call but Ping as KubeMQ's interceptor does. A
+/// connector sharing its key forwards the client's token and works (it has no token of its
+/// own, so only the forwarded one can pass); a connector with another key accepts its own
+/// clients' tokens, KubeMQ refuses them, and the client sees `amqp:unauthorized-access` on the
+/// message and on its receiver.
+#[test]
+fn sasl_3_client_token_is_what_kubemq_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(d.join("kubemq.key"), SECRET).unwrap();
+    std::fs::write(d.join("other.key"), "a-key-kubemq-does-not-know").unwrap();
+    let key = |f: &str| d.join(f).display().to_string();
+    let auth = |key_file: String| {
+        vec![
+            "--authentication".to_string(),
+            "true".into(),
+            "--jwt-signature-type".into(),
+            "HS256".into(),
+            "--jwt-key-file".into(),
+            key_file,
+        ]
+    };
+    let grpc = free_port();
+    let mut kubemq_args = auth(key("kubemq.key"));
+    kubemq_args.extend(["--serve-kubemq-grpc".into(), format!("127.0.0.1:{grpc}")]);
+    let mut children = Reaper(vec![spawn(d, "kubemq", free_port(), &kubemq_args)]);
+    let through = |name: &str, key_file: String| {
+        let port = free_port();
+        let mut args = auth(key_file);
+        args.extend(["--kubemq-address".into(), format!("127.0.0.1:{grpc}")]);
+        (spawn(d, name, port, &args), port)
+    };
+    let (same, same_port) = through("same-key", key("kubemq.key"));
+    let (other, other_port) = through("other-key", key("other.key"));
+    children.0.extend([same, other]);
+    let python = |port: u16, scenario: &str, args: &[&str]| {
+        run(Command::new("python3")
+            .arg(PYTHON)
+            .arg(scenario)
+            .arg(port.to_string())
+            .args(args));
+    };
+    python(
+        same_port,
+        "send",
+        &["app", &token("app", SECRET, 300), "fwd"],
+    );
+    let theirs = token("app", "a-key-kubemq-does-not-know", 300);
+    python(other_port, "kubemq-refuses", &["app", &theirs, "fwd"]);
+    run(Command::new("node")
+        .current_dir(JS_DIR)
+        .arg("auth.js")
+        .arg(other_port.to_string())
+        .args(["app", &theirs, "fwd", "unused", "kubemq-refuses"]));
+    for name in ["kubemq", "same-key", "other-key"] {
+        let log = std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap();
+        assert!(
+            !log.contains(&theirs) && !log.contains(SECRET),
+            "a secret in {name}'s log"
+        );
+    }
+}

@@ -8,6 +8,9 @@ Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
   anonymous-terminus USER TOKEN ALLOWED DENIED: on one anonymous sender a message to
               queues/DENIED is rejected amqp:unauthorized-access and one to queues/ALLOWED is
               accepted (the link stays)
+  kubemq-refuses USER TOKEN CHANNEL: the connector accepts the token but KubeMQ refuses it:
+              a message to queues/CHANNEL is rejected and a receiver on it is detached, both
+              amqp:unauthorized-access
   refused     USER TOKEN: the SASL exchange fails (the connect fails), nothing else happens
   anonymous   ANONYMOUS is refused
   external    CA CERT KEY CHANNEL: an mTLS client authenticated by SASL EXTERNAL sends and
@@ -93,6 +96,22 @@ def main():
         sender.send(Message(address=f"queues/{allowed}", body="allowed"))
         got = conn.create_receiver(f"queues/{allowed}", credit=1).receive(timeout=TIMEOUT)
         check(got.body == "allowed", f"received {got.body!r}")
+        conn.close()
+    elif scenario == "kubemq-refuses":
+        user, token, channel = args
+        conn = connect(port, user, token)
+        try:
+            conn.create_sender(f"queues/{channel}").send(Message(body="refused"))
+            raise AssertionError("the message was accepted")
+        except SendException as e:
+            check(e.state == Disposition.REJECTED, f"outcome {e.state}")
+        receiver = conn.create_receiver(f"queues/{channel}", credit=1)
+        try:
+            receiver.receive(timeout=TIMEOUT)
+            raise AssertionError("a message arrived")
+        except LinkDetached as e:
+            check("amqp:unauthorized-access" in str(e), str(e))
+            check("KubeMQ refused" in str(e), str(e))
         conn.close()
     elif scenario == "refused":
         user, token = args

@@ -124,7 +124,7 @@ impl TestFacade {
                     Facade::new(served)
                 };
                 tokio::select! {
-                    _ = serve_facade(facade, listener, std::future::pending()) => {}
+                    _ = serve_facade(facade, listener, None, std::future::pending()) => {}
                     _ = stop => {}
                 }
             },

@@ -33,6 +33,8 @@ pub struct Security {
     pub auth: AuthPolicy,
     /// Who may do what; `None` allows everything (AUTHZ-1).
     pub access: Access,
+    /// The JWT check, for the embedded store's gRPC façade to apply to its callers too.
+    pub jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl Security {
@@ -41,6 +43,7 @@ impl Security {
         Security {
             auth: AuthPolicy::Disabled,
             access: Access(None),
+            jwt: None,
         }
     }
 
@@ -58,16 +61,26 @@ impl Security {
         let Some(signature) = settings.jwt_signature_type else {
             return Err(JwtConfigError::Empty.into());
         };
-        let verifier = JwtVerifier::new(signature, source)?;
+        let verifier = Arc::new(JwtVerifier::new(signature, source)?);
         let policy = match &settings.authorization_policy_file {
             Some(path) => Some(Arc::new(Policy::from_file(path).await?)),
             None => None,
         };
         Ok(Security {
-            auth: AuthPolicy::Jwt(Arc::new(verifier)),
+            auth: AuthPolicy::Jwt(verifier.clone()),
             access: Access(policy),
+            jwt: Some(verifier),
         })
     }
+}
+
+/// KubeMQ refused the token a connection's call carried: the condition of a local denial,
+/// and nothing of KubeMQ's reason (ERR-3).
+pub fn refused_by_kubemq() -> AmqpError {
+    AmqpError::new(
+        Condition::UnauthorizedAccess,
+        "KubeMQ refused the connection's credentials",
+    )
 }
 
 /// The authorization check the bridges make: with no policy everything is allowed (AUTHZ-1).

@@ -27,6 +27,7 @@ use tonic::{Code, Status};
 
 use super::ready_estimate::ReadyEstimate;
 use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
+use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::new_id;
 use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
@@ -78,6 +79,22 @@ impl Shared {
 
 fn unavailable(s: &Status) -> BackendError {
     BackendError::Unavailable(format!("{}: {}", s.code(), s.message()))
+}
+
+/// Whether KubeMQ refused the call's token (its authentication interceptor answers
+/// `Unauthenticated`).
+fn credential_refused(s: &Status) -> bool {
+    matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied)
+}
+
+/// A call KubeMQ answered with an error that is not transient: a refused credential is
+/// told apart from every other refusal.
+fn refused(s: &Status) -> BackendError {
+    if credential_refused(s) {
+        BackendError::Unauthorized(s.message().to_string())
+    } else {
+        BackendError::Rejected(s.message().to_string())
+    }
 }
 
 fn retryable(s: &Status) -> bool {
@@ -142,11 +159,19 @@ impl KubemqGrpc {
             })?),
             None => None,
         };
-        let shared = Arc::new(Shared {
-            client,
-            token,
-            deadline: opts.deadline,
-        });
+        Ok(KubemqGrpc::over(
+            Shared {
+                client,
+                token,
+                deadline: opts.deadline,
+            },
+            Arc::default(),
+        ))
+    }
+
+    /// A client with its own send batchers over `shared`'s channel.
+    fn over(shared: Shared, ready: Arc<ReadyEstimate>) -> KubemqGrpc {
+        let shared = Arc::new(shared);
         let upstream = (0..UPSTREAM_STREAMS)
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -154,11 +179,11 @@ impl KubemqGrpc {
                 tx
             })
             .collect();
-        Ok(KubemqGrpc {
+        KubemqGrpc {
             shared,
             upstream,
-            ready: Arc::default(),
-        })
+            ready,
+        }
     }
 
     /// Retries `call` on transient failures with exponential backoff until the deadline.
@@ -179,7 +204,7 @@ impl KubemqGrpc {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Ok(Err(s)) if retryable(&s) => return Err(unavailable(&s)),
-                Ok(Err(s)) => return Err(BackendError::Rejected(s.message().to_string())),
+                Ok(Err(s)) => return Err(refused(&s)),
                 Err(_) => return Err(BackendError::Unavailable("deadline exceeded".into())),
             }
         }
@@ -286,7 +311,10 @@ impl Batcher {
                         backoff = (backoff * 2).min(MAX_BACKOFF);
                         continue;
                     }
-                    Ok(Err(OpenFailure::NotSent(s))) => return Err(unavailable(&s)),
+                    Ok(Err(OpenFailure::NotSent(s))) if retryable(&s) => {
+                        return Err(unavailable(&s))
+                    }
+                    Ok(Err(OpenFailure::NotSent(s))) => return Err(refused(&s)),
                     Err(_) => return Err(deadline_exceeded()),
                 }
             };
@@ -355,6 +383,8 @@ impl Batcher {
         let mut client = self.shared.client.clone();
         match client.queues_upstream(self.shared.request(requests)).await {
             Ok(resp) => Ok((tx, resp.into_inner())),
+            // A refused token is refused before the request is read: nothing was stored.
+            Err(s) if credential_refused(&s) => Err(OpenFailure::NotSent(s)),
             Err(s) if taken.load(Ordering::Acquire) => Err(OpenFailure::LostWithRequest(s)),
             Err(s) => Err(OpenFailure::NotSent(s)),
         }
@@ -516,6 +546,8 @@ impl GrpcDownstream {
                     self.stream = Some(stream);
                     return Ok(wait);
                 }
+                // KubeMQ checks the token before it reads the Get: nothing was taken.
+                Ok(Ok(Err(s))) if credential_refused(&s) => return Err(refused(&s)),
                 // The Get reached KubeMQ and the stream broke: a lost stream, not a failed open.
                 Ok(Ok(Err(s))) if taken.load(Ordering::Acquire) => {
                     return Err(BackendError::Unavailable(format!(
@@ -531,7 +563,7 @@ impl GrpcDownstream {
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                 }
                 Ok(Ok(Err(s))) if retryable(&s) => return Err(unavailable(&s)),
-                Ok(Ok(Err(s))) => return Err(BackendError::Rejected(s.message().to_string())),
+                Ok(Ok(Err(s))) => return Err(refused(&s)),
                 Ok(Err(_)) => {
                     return Err(BackendError::Unavailable(
                         "downstream stream lost while opening".into(),
@@ -635,6 +667,21 @@ impl Backend for KubemqGrpc {
         };
         sending.finish(result.as_deref().unwrap_or_default());
         result
+    }
+
+    fn with_credential(&self, credential: &Credential) -> Option<Self> {
+        // A JWT that passed verification is base64url and dots, always valid metadata; one that
+        // were not goes without a token, so KubeMQ refuses it rather than taking the
+        // connector's own.
+        let token = MetadataValue::try_from(credential.expose()).ok();
+        Some(KubemqGrpc::over(
+            Shared {
+                client: self.shared.client.clone(),
+                token,
+                deadline: self.shared.deadline,
+            },
+            self.ready.clone(),
+        ))
     }
 
     fn captures(&self) -> bool {

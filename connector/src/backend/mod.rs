@@ -12,6 +12,7 @@ pub mod ready_estimate;
 
 use std::future::Future;
 
+use crate::engine::Credential;
 use crate::kubemq::{
     PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo, SendQueueMessageResult,
 };
@@ -25,6 +26,10 @@ pub enum BackendError {
     /// KubeMQ refused the operation; the text is KubeMQ's (e.g. `Error 120: ...`).
     #[error("{0}")]
     Rejected(String),
+    /// KubeMQ refused the credentials the call carried (gRPC `Unauthenticated` or
+    /// `PermissionDenied`); the text is KubeMQ's, for the log only.
+    #[error("refused by KubeMQ: {0}")]
+    Unauthorized(String),
 }
 
 /// Messages returned by one Get, owned by one transaction.
@@ -67,6 +72,16 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;
+
+    /// A handle whose calls present `credential` (a client's KubeMQ JWT) instead of the
+    /// connector's own token, so that KubeMQ checks the client (SASL-3); `None` when this
+    /// backend has no use for credentials and the shared handle serves every connection.
+    fn with_credential(&self, _credential: &Credential) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 
     /// Whether the backend's open transactions take ready messages into the room a settlement
     /// frees, hiding them until the transaction closes (KubeMQ v2.4's capture, KMQ-2

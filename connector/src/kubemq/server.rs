@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
 use super::{queue_info, queues_summary, REPORTED_VERSION};
+use crate::auth::jwt::JwtVerifier;
 use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
 use crate::kubemq::{
     AckAllQueueMessagesRequest, AckAllQueueMessagesResponse, Empty, Event, EventReceive,
@@ -27,6 +28,7 @@ use crate::kubemq::{
 use crate::store::capture::Capture;
 use crate::store::downstream::Downstream;
 use crate::store::{now_ns, Store};
+use tonic::codegen::http;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
@@ -72,22 +74,57 @@ impl Facade {
     }
 }
 
-/// Serves the façade on `listener` until `shutdown` resolves.
+/// Serves the façade on `listener` until `shutdown` resolves; with `tokens`, callers must
+/// present a token it accepts (see [`serve_facade`]).
 pub async fn serve(
     store: Arc<Store>,
     listener: tokio::net::TcpListener,
+    tokens: Option<Arc<JwtVerifier>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    serve_facade(Facade::new(store), listener, shutdown).await
+    serve_facade(Facade::new(store), listener, tokens, shutdown).await
 }
 
-/// Serves `facade` on `listener` until `shutdown` resolves.
+/// What KubeMQ with authentication enabled checks before any call but Ping: an
+/// `authorization` metadata value (the bare token) that verifies; otherwise the call is
+/// answered `Unauthenticated`.
+// The refusal is the HTTP response itself, the type tower-http's validator returns.
+#[allow(clippy::result_large_err)]
+fn token_check(
+    tokens: Option<Arc<JwtVerifier>>,
+) -> impl FnMut(&mut http::Request<tonic::body::Body>) -> Result<(), http::Response<tonic::body::Body>>
+       + Clone {
+    move |req| {
+        let Some(verifier) = &tokens else {
+            return Ok(());
+        };
+        if req.uri().path().ends_with("/Ping") {
+            return Ok(());
+        }
+        let refused = |text: String| Err(tonic::Status::unauthenticated(text).into_http());
+        match req.headers().get("authorization").map(|v| v.to_str()) {
+            None => refused("Authorization token is not supplied".into()),
+            Some(Err(_)) => refused("invalid auth token: not ASCII".into()),
+            Some(Ok(token)) => match verifier.check(token) {
+                Ok(_) => Ok(()),
+                Err(e) => refused(format!("invalid auth token: {}", e.0)),
+            },
+        }
+    }
+}
+
+/// Serves `facade` on `listener` until `shutdown` resolves; with `tokens`, every call but Ping
+/// must carry a token it accepts, as KubeMQ's with authentication enabled.
 pub async fn serve_facade(
     facade: Facade,
     listener: tokio::net::TcpListener,
+    tokens: Option<Arc<JwtVerifier>>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
+        .layer(
+            tower_http::validate_request::ValidateRequestHeaderLayer::custom(token_check(tokens)),
+        )
         // A QueuesUpstream batch is often larger than HTTP/2's default 64 KiB window, which
         // would cost a WINDOW_UPDATE round trip per batch (KubeMQ's own server grows its window).
         .initial_stream_window_size(Some(STREAM_WINDOW))

@@ -57,6 +57,7 @@ fn main() {
         tokio::spawn(connector::kubemq::server::serve(
             store.clone(),
             listener,
+            None,
             std::future::pending(),
         ));
         let client =

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use super::refill_wait::RefillWait;
-use crate::backend::{Backend, Downstream, ReadyHint};
-use crate::engine::FastMap;
+use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
+use crate::engine::{Credential, FastMap};
 use crate::kubemq::QueueMessage;
 
 /// Identifies a consumer link across the process: (connection number, link id).
@@ -40,6 +40,9 @@ pub enum ToConsumer {
     DrainDone(ConsumerKey),
     /// The loop has processed the consumer's Leave: nothing more comes for it.
     Left(ConsumerKey),
+    /// KubeMQ refused the credential the loop's calls carry: the consumer's link is to end
+    /// with `amqp:unauthorized-access`.
+    Refused(ConsumerKey),
 }
 
 /// How a delivery ends (Q-20 … Q-25).
@@ -109,20 +112,40 @@ pub struct FetchLimits {
 
 /// Every channel's running loop, by channel: a loop is started and joined under this lock, and
 /// retires under it, so a consumer can never join a loop that is ending.
-pub type Registry = Arc<std::sync::Mutex<HashMap<String, mpsc::UnboundedSender<Command>>>>;
+pub type Registry = Arc<std::sync::Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>>;
+
+/// What a Get loop serves: a channel, for the consumers presenting one credential to KubeMQ
+/// (`None`: the connector's own), so no consumer takes messages under another's token.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LoopKey {
+    /// The queue.
+    pub channel: String,
+    /// The token its calls carry.
+    pub credential: Option<Credential>,
+}
+
+impl LoopKey {
+    /// The loop of `channel` for consumers whose calls carry the connector's own token.
+    pub fn shared(channel: &str) -> LoopKey {
+        LoopKey {
+            channel: channel.to_string(),
+            credential: None,
+        }
+    }
+}
 
 /// Joins `key` to `channel`'s loop (starting one if none runs) and returns the loop's command
 /// channel.
 pub fn join<B: Backend>(
     registry: &Registry,
     backend: &Arc<B>,
-    channel: &str,
+    loop_key: LoopKey,
     limits: FetchLimits,
     key: ConsumerKey,
     to: mpsc::UnboundedSender<ToConsumer>,
 ) -> mpsc::UnboundedSender<Command> {
     let mut map = registry.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(tx) = map.get(channel) {
+    if let Some(tx) = map.get(&loop_key) {
         if tx.send(Command::Join(key, to.clone())).is_ok() {
             return tx.clone();
         }
@@ -131,12 +154,12 @@ pub fn join<B: Backend>(
     let _ = tx.send(Command::Join(key, to));
     tokio::spawn(run(
         backend.clone(),
-        channel.to_string(),
+        loop_key.clone(),
         limits,
         rx,
         registry.clone(),
     ));
-    map.insert(channel.to_string(), tx.clone());
+    map.insert(loop_key, tx.clone());
     tx
 }
 
@@ -194,14 +217,12 @@ pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50
 /// `limits.idle_exit`.
 async fn run<B: Backend>(
     backend: Arc<B>,
-    channel: String,
+    key: LoopKey,
     limits: FetchLimits,
     rx: mpsc::UnboundedReceiver<Command>,
     registry: Registry,
 ) {
-    Fetcher::new(backend, channel, limits, registry)
-        .run(rx)
-        .await
+    Fetcher::new(backend, key, limits, registry).run(rx).await
 }
 
 /// The loop's state: who wants how much, what was fetched and not handed out, what was settled
@@ -226,17 +247,19 @@ struct Fetcher<B: Backend> {
     /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
     /// doubling after every full Get.
     batch: u32,
-    /// Where this loop is registered; it removes itself when it retires.
+    /// Where this loop is registered, and under which key; it removes itself when it retires.
     registry: Registry,
+    key: LoopKey,
     /// The wait for the consumers' credit after a large Get.
     refill_wait: Option<RefillWait>,
 }
 
 impl<B: Backend> Fetcher<B> {
-    fn new(backend: Arc<B>, channel: String, limits: FetchLimits, registry: Registry) -> Self {
+    fn new(backend: Arc<B>, key: LoopKey, limits: FetchLimits, registry: Registry) -> Self {
         Fetcher {
             backend,
-            channel,
+            channel: key.channel.clone(),
+            key,
             limits,
             consumers: FastMap::default(),
             order: VecDeque::new(),
@@ -318,6 +341,7 @@ impl<B: Backend> Fetcher<B> {
                         (self.next_session, d)
                     }
                     Err(e) => {
+                        self.refuse_if_unauthorized(&e);
                         tracing::warn!(channel = %self.channel, error = %e, "cannot open a downstream session; retrying");
                         // Nothing is available while the broker is unreachable.
                         self.finish_drains(true);
@@ -371,6 +395,7 @@ impl<B: Backend> Fetcher<B> {
                     self.give_session_back(sid, d);
                 }
                 Err(e) => {
+                    self.refuse_if_unauthorized(&e);
                     // The session is gone, and with it its transactions: KubeMQ returns their
                     // messages, so whatever is buffered or pending for them is dropped here.
                     tracing::warn!(channel = %self.channel, error = %e, "Get failed; reopening the session");
@@ -379,6 +404,16 @@ impl<B: Backend> Fetcher<B> {
                     self.finish_drains(true);
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
+            }
+        }
+    }
+
+    /// Tells every consumer to end when KubeMQ refused the loop's credential: retrying cannot
+    /// help, and a consumer left waiting would never learn why nothing comes.
+    fn refuse_if_unauthorized(&self, e: &BackendError) {
+        if matches!(e, BackendError::Unauthorized(_)) {
+            for (key, c) in &self.consumers {
+                let _ = c.to.send(ToConsumer::Refused(*key));
             }
         }
     }
@@ -550,8 +585,8 @@ impl<B: Backend> Fetcher<B> {
             }
             Err(_) => {
                 rx.close();
-                if map.get(&self.channel).is_some_and(|tx| tx.is_closed()) {
-                    map.remove(&self.channel);
+                if map.get(&self.key).is_some_and(|tx| tx.is_closed()) {
+                    map.remove(&self.key);
                 }
                 tracing::debug!(channel = %self.channel, "Get loop idle; ending it");
                 true
@@ -786,7 +821,6 @@ impl<B: Backend> Fetcher<B> {
 mod tests {
     use super::*;
     use crate::backend::embedded::Embedded;
-    use crate::backend::BackendError;
     use crate::kubemq::{PingResult, QueuesInfo, SendQueueMessageResult};
     use crate::store::Store;
 
@@ -805,7 +839,7 @@ mod tests {
         };
         let size = |hint, draining| {
             let backend = Arc::new(Watched::new(store.clone(), Some(hint)));
-            let mut f = Fetcher::new(backend, "q".into(), limits, Registry::default());
+            let mut f = Fetcher::new(backend, LoopKey::shared("q"), limits, Registry::default());
             f.batch = 64;
             let (to, _) = mpsc::unbounded_channel();
             f.consumers.insert(
@@ -862,7 +896,14 @@ mod tests {
             idle_exit: std::time::Duration::from_millis(50),
         };
         let (to, mut from) = mpsc::unbounded_channel();
-        let tx = join(&registry, &backend, "idle", limits, (1, 1), to.clone());
+        let tx = join(
+            &registry,
+            &backend,
+            LoopKey::shared("idle"),
+            limits,
+            (1, 1),
+            to.clone(),
+        );
         let _ = tx.send(Command::Leave((1, 1)));
         let left = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
         assert!(
@@ -873,7 +914,7 @@ mod tests {
         while registry
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .contains_key("idle")
+            .contains_key(&LoopKey::shared("idle"))
         {
             assert!(
                 tokio::time::Instant::now() < deadline,
@@ -884,7 +925,14 @@ mod tests {
         assert!(tx.is_closed(), "the retired loop's channel is closed");
 
         assert!(!store.send(vec![message("idle")]).await[0].is_error);
-        let tx = join(&registry, &backend, "idle", limits, (1, 2), to);
+        let tx = join(
+            &registry,
+            &backend,
+            LoopKey::shared("idle"),
+            limits,
+            (1, 2),
+            to,
+        );
         let _ = tx.send(Command::Demand(DemandReport {
             consumer: (1, 2),
             credit: 1,
@@ -992,7 +1040,7 @@ mod tests {
         for link in 1..=2u64 {
             let key = (1, link);
             let (to, mut from) = mpsc::unbounded_channel();
-            let tx = join(&registry, &backend, "win", limits, key, to);
+            let tx = join(&registry, &backend, LoopKey::shared("win"), limits, key, to);
             let _ = tx.send(Command::Demand(DemandReport {
                 consumer: key,
                 credit: 100,

@@ -25,7 +25,8 @@ use fe2o3_amqp_types::performatives::Attach;
 use tokio::sync::mpsc;
 
 use self::fetcher::{
-    Command, ConsumerKey, DemandReport, FetchLimits, Handout, Outcome, Settlement, ToConsumer,
+    Command, ConsumerKey, DemandReport, FetchLimits, Handout, LoopKey, Outcome, Settlement,
+    ToConsumer,
 };
 use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, Pattern, Resolved};
@@ -36,8 +37,8 @@ use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{
-    AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, DeliveryOutcome,
-    Event, FastMap, LinkAccept, LinkId,
+    AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, Credential,
+    DeliveryOutcome, Event, FastMap, LinkAccept, LinkId,
 };
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Direction, Metrics};
@@ -88,14 +89,15 @@ impl<B: Backend> Queues<B> {
         })
     }
 
-    /// Joins a consumer to `channel`'s Get loop, starting one if none runs.
+    /// Joins a consumer to the Get loop of `loop_key`, starting one on `backend` if none runs.
     fn join(
         &self,
-        channel: &str,
+        backend: &Arc<B>,
+        loop_key: LoopKey,
         key: ConsumerKey,
         to: mpsc::UnboundedSender<ToConsumer>,
     ) -> mpsc::UnboundedSender<Command> {
-        fetcher::join(&self.fetchers, &self.backend, channel, self.limits, key, to)
+        fetcher::join(&self.fetchers, backend, loop_key, self.limits, key, to)
     }
 }
 
@@ -106,6 +108,8 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
         let (handout_tx, handout_rx) = mpsc::unbounded_channel();
         QueuesHandler {
             bridge: self.clone(),
+            backend: self.backend.clone(),
+            credential: None,
             connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
             client_id: String::new(),
             links: FastMap::default(),
@@ -191,6 +195,11 @@ impl Unsettled {
 /// One connection's side of the bridge.
 pub struct QueuesHandler<B: Backend> {
     bridge: Arc<Queues<B>>,
+    /// The backend this connection's calls go through: the shared one, or one presenting the
+    /// client's token to KubeMQ (SASL-3).
+    backend: Arc<B>,
+    /// That token, when the backend presents it.
+    credential: Option<Credential>,
     connection: u64,
     client_id: String,
     links: FastMap<LinkId, LinkKind>,
@@ -239,7 +248,7 @@ impl<B: Backend> Drop for QueuesHandler<B> {
             .chain(self.closing_lanes.drain(..))
             .collect();
         if tokio::runtime::Handle::try_current().is_ok() {
-            sender::finish(self.bridge.backend.clone(), lanes);
+            sender::finish(self.backend.clone(), lanes);
         }
     }
 }
@@ -370,7 +379,13 @@ impl<B: Backend> QueuesHandler<B> {
             return Ok(());
         }
         let key: ConsumerKey = (self.connection, link);
-        let fetcher = self.bridge.join(&channel, key, self.handout_tx.clone());
+        let loop_key = LoopKey {
+            channel: channel.clone(),
+            credential: self.credential.clone(),
+        };
+        let fetcher = self
+            .bridge
+            .join(&self.backend, loop_key, key, self.handout_tx.clone());
         self.bridge.metrics.link(metrics::Role::sender).inc();
         self.links.insert(
             link,
@@ -767,8 +782,18 @@ impl<B: Backend> QueuesHandler<B> {
         match event {
             // The driver writes the audit event.
             Event::Authenticated(_) => {}
-            Event::Opened { client_id, .. } => {
+            Event::Opened {
+                client_id,
+                credential,
+                ..
+            } => {
                 self.client_id = client_id;
+                if let Some(c) = credential {
+                    if let Some(b) = self.bridge.backend.with_credential(&c) {
+                        self.backend = Arc::new(b);
+                        self.credential = Some(c);
+                    }
+                }
                 self.counted_open = true;
                 self.bridge.metrics.connections.inc();
             }
@@ -941,6 +966,10 @@ impl<B: Backend> QueuesHandler<B> {
                 ToConsumer::Left((_, link)) => {
                     self.closed.remove(&link);
                 }
+                // Gone already if the client detached meanwhile.
+                ToConsumer::Refused((_, link)) => {
+                    let _ = conn.detach(link, Some(crate::auth::refused_by_kubemq()));
+                }
             }
         }
     }
@@ -948,7 +977,7 @@ impl<B: Backend> QueuesHandler<B> {
     /// Moves every produce lane on (finished batches' outcomes into `ready_done`, next batches
     /// started), and keeps the timer set for the earliest wait for a refill.
     fn poll_lanes(&mut self, cx: &mut Context<'_>) {
-        let backend = &self.bridge.backend;
+        let backend = &self.backend;
         loop {
             for lane in self.lanes.values_mut().chain(self.closing_lanes.iter_mut()) {
                 lane.poll(cx, backend, &mut self.ready_done);
@@ -1054,7 +1083,7 @@ mod tests {
                 .fetchers
                 .lock()
                 .expect("registry")
-                .insert("q".into(), tx);
+                .insert(LoopKey::shared("q"), tx);
             let handler = bridge.new_handler(([127, 0, 0, 1], 5672).into());
             let cfg = Arc::new(settings.engine_config_no_auth());
             Rig {

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
 #[cfg(test)]
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -227,6 +227,9 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
                 rejected(Condition::NotAllowed, format!("broker not ready: {e}"))
             }
             Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
+            Err(BackendError::Unauthorized(_)) => DeliveryState::Rejected(Rejected {
+                error: Some(crate::auth::refused_by_kubemq().to_wire()),
+            }),
         };
         done.push(Done {
             link,
