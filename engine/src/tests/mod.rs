@@ -322,7 +322,7 @@ fn sasl_9_bare_header_needs_auth_off() {
 /// SASL-7, SASL-6 (3): on an mTLS connection EXTERNAL is offered first and the identity is the
 /// certificate's sanitized CN; AUD-1 reports it as `external`.
 #[test]
-fn sasl_7_external_on_mtls() {
+fn sasl_7_external_offered_first_on_mtls() {
     let transport = Transport::Tls {
         client_certificate: Some(crate::ClientCertificate {
             common_name: "billing.prod".into(),
