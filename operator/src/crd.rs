@@ -347,12 +347,93 @@ pub enum TlsVersion {
     V13,
 }
 
-/// SASL.
+/// SASL: which mechanisms clients may use, and with authentication on, how their KubeMQ JWTs
+/// are verified and what KubeMQ's access control list lets them do.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("'PLAIN' in self.mechanisms").message("spec.sasl.mechanisms must include PLAIN (the connector always offers it)"),
+    validation = Rule::new("('ANONYMOUS' in self.mechanisms) != has(self.jwt)").message("spec.sasl.jwt is needed exactly when ANONYMOUS is not offered: without ANONYMOUS clients must authenticate with a KubeMQ JWT"),
+    validation = Rule::new("!has(self.authorization) || has(self.jwt)").message("spec.sasl.authorization needs spec.sasl.jwt (authorization applies to authenticated clients)")
+)]
 pub struct Sasl {
-    /// Mechanisms offered, in order of preference.
+    /// Mechanisms offered: PLAIN always; ANONYMOUS means authentication is off; EXTERNAL
+    /// (the client certificate's CN) needs `tls.clientAuth: Required`.
     #[schemars(length(min = 1, max = 3))]
     pub mechanisms: Vec<SaslMechanism>,
+    /// How PLAIN passwords, KubeMQ JWTs, are verified: the key and signature type of KubeMQ's
+    /// `authentication.jwtConfig`. Required unless ANONYMOUS is offered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<JwtVerification>,
+    /// KubeMQ's access control list, deciding Read and Write per ClientID and channel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Authorization>,
+}
+
+/// The JWT verification key, from a Secret the operator mounts and never reads.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct JwtVerification {
+    /// Secret holding the key: the HMAC secret (bytes as they are) or a PEM public key.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+    /// The key's entry in the Secret (default `key`).
+    #[serde(default = "jwt_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+    /// KubeMQ's `jwtConfig.signatureType`.
+    pub signature_type: JwtSignatureType,
+}
+
+fn jwt_key() -> String {
+    "key".into()
+}
+
+/// A JWT signature type.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::upper_case_acronyms)]
+pub enum JwtSignatureType {
+    /// HMAC SHA-256.
+    HS256,
+    /// HMAC SHA-384.
+    HS384,
+    /// HMAC SHA-512.
+    HS512,
+    /// RSA SHA-256.
+    RS256,
+    /// RSA SHA-384.
+    RS384,
+    /// RSA SHA-512.
+    RS512,
+    /// ECDSA P-256.
+    ES256,
+    /// ECDSA P-384.
+    ES384,
+}
+
+/// Where KubeMQ's access control list (JSON, or its base64) is: a ConfigMap or a Secret.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("has(self.configMapName) != has(self.secretName)").message("spec.sasl.authorization names either configMapName or secretName")
+)]
+pub struct Authorization {
+    /// ConfigMap holding the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub config_map_name: Option<String>,
+    /// Secret holding the list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+    /// The list's entry (default `policy.json`).
+    #[serde(default = "policy_key")]
+    #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
+    pub key: String,
+}
+
+fn policy_key() -> String {
+    "policy.json".into()
 }
 
 /// A SASL mechanism.

@@ -88,7 +88,11 @@ fn validate_cr(files: &[&str]) -> (bool, String) {
 
 #[test]
 fn examples_pass_the_crd_schema() {
-    let (ok, out) = validate_cr(&["examples/amqpconnector.yaml", "examples/minimal.yaml"]);
+    let (ok, out) = validate_cr(&[
+        "examples/amqpconnector.yaml",
+        "examples/minimal.yaml",
+        "examples/secured.yaml",
+    ]);
     assert!(ok && out.contains("VALID"), "{out}");
 }
 
@@ -167,10 +171,36 @@ fn cel_listener_ports_differ() {
 fn cel_external_needs_required_client_auth() {
     rule_case(cases::rule("external-without-required-client-auth"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
-    ok["spec"]["sasl"] = serde_json::json!({"mechanisms": ["EXTERNAL"]});
+    ok["spec"]["sasl"] = serde_json::json!({"mechanisms": ["EXTERNAL", "PLAIN"],
+        "jwt": {"secretName": "k", "signatureType": "HS256"}});
     ok["spec"]["tls"] = serde_json::json!({"secretName": "t", "clientAuth": "Required", "clientCa": {"secretName": "ca"}});
     let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
     assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
+}
+
+/// SASL-3, AUTHZ-1: PLAIN is always listed; a JWT key exactly when ANONYMOUS is not offered;
+/// authorization only with it, from one source.
+#[test]
+fn cel_sasl_authentication_needs_a_jwt_key() {
+    for name in [
+        "sasl-without-plain",
+        "sasl-anonymous-with-jwt",
+        "sasl-authentication-without-jwt",
+        "sasl-authorization-without-jwt",
+        "sasl-authorization-two-sources",
+    ] {
+        rule_case(cases::rule(name));
+    }
+    for sasl in [
+        serde_json::json!({"mechanisms": ["PLAIN", "ANONYMOUS"]}),
+        serde_json::json!({"mechanisms": ["PLAIN"], "jwt": {"secretName": "k", "signatureType": "RS256"},
+            "authorization": {"secretName": "acl", "key": "acl.json"}}),
+    ] {
+        let mut ok = serde_json::to_value(example()).expect("to JSON");
+        ok["spec"]["sasl"] = sasl;
+        let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
+        assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
+    }
 }
 
 #[test]

@@ -287,6 +287,108 @@ fn with_amqps(
     cr
 }
 
+/// SASL-3, AUTHZ-1: `spec.sasl` with a JWT key and an access control list turns the connector's
+/// authentication on: the key Secret and the list's ConfigMap (or Secret) are mounted read-only
+/// and the rendered file points at them; with ANONYMOUS offered nothing of it is rendered.
+#[test]
+fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
+    let mut cr = with_amqps(Some(kubemq_amqp_operator::crd::ClientAuth::Required), None);
+    cr.spec.sasl = Some(
+        serde_json::from_value(serde_json::json!({
+            "mechanisms": ["EXTERNAL", "PLAIN"],
+            "jwt": {"secretName": "orders-jwt", "signatureType": "RS256"},
+            "authorization": {"configMapName": "orders-acl"}
+        }))
+        .expect("sasl"),
+    );
+    let d = desired(&cr).expect("renders");
+    let s = connector_settings(&d);
+    assert!(s.authentication);
+    assert_eq!(
+        s.jwt_signature_type,
+        Some(connector::auth::jwt::SignatureType::RS256)
+    );
+    assert_eq!(
+        s.jwt_key_file.as_deref().and_then(|p| p.to_str()),
+        Some("/etc/kubemq-amqp/jwt/key")
+    );
+    assert_eq!(
+        s.authorization_policy_file
+            .as_deref()
+            .and_then(|p| p.to_str()),
+        Some("/etc/kubemq-amqp/policy/policy.json")
+    );
+    let pod = pod_spec(&d);
+    let volumes = pod.volumes.as_ref().expect("volumes");
+    let jwt = volumes
+        .iter()
+        .find(|v| v.name == "jwt")
+        .expect("jwt volume");
+    let jwt = jwt.secret.as_ref().expect("a Secret volume");
+    assert_eq!(jwt.secret_name.as_deref(), Some("orders-jwt"));
+    assert_eq!(jwt.default_mode, Some(0o440));
+    let policy = volumes
+        .iter()
+        .find(|v| v.name == "policy")
+        .expect("policy volume");
+    assert_eq!(
+        policy.config_map.as_ref().map(|c| c.name.as_str()),
+        Some("orders-acl")
+    );
+    let mounts = pod.containers[0].volume_mounts.as_ref().expect("mounts");
+    for (volume, path) in [
+        ("jwt", "/etc/kubemq-amqp/jwt"),
+        ("policy", "/etc/kubemq-amqp/policy"),
+    ] {
+        let m = mounts.iter().find(|m| m.name == volume).expect(volume);
+        assert_eq!((m.mount_path.as_str(), m.read_only), (path, Some(true)));
+    }
+
+    // The list from a Secret, under another key.
+    cr.spec.sasl.as_mut().expect("sasl").authorization = Some(
+        serde_json::from_value(serde_json::json!({"secretName": "orders-acl", "key": "acl.json"}))
+            .expect("authorization"),
+    );
+    let d = desired(&cr).expect("renders");
+    assert_eq!(
+        connector_settings(&d)
+            .authorization_policy_file
+            .as_deref()
+            .and_then(|p| p.to_str()),
+        Some("/etc/kubemq-amqp/policy/acl.json")
+    );
+    let pod = pod_spec(&d);
+    let policy = pod
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .find(|v| v.name == "policy")
+        .expect("policy");
+    assert_eq!(
+        policy
+            .secret
+            .as_ref()
+            .and_then(|s| s.secret_name.as_deref()),
+        Some("orders-acl")
+    );
+
+    // ANONYMOUS offered: authentication stays off, nothing is mounted for it.
+    cr.spec.sasl = Some(
+        serde_json::from_value(serde_json::json!({"mechanisms": ["PLAIN", "ANONYMOUS"]}))
+            .expect("sasl"),
+    );
+    let d = desired(&cr).expect("renders");
+    assert!(!connector_settings(&d).authentication);
+    let pod = pod_spec(&d);
+    assert!(!pod
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .any(|v| v.name == "jwt" || v.name == "policy"));
+}
+
 /// The connector's settings from the rendered file, read by the connector's own parser.
 fn connector_settings(d: &Desired) -> connector::config::Settings {
     use connector::config::{read_yaml, Settings};

@@ -19,6 +19,10 @@ pub const CONFIG_FILE: &str = "connector.yaml";
 pub const TLS_DIR: &str = "/etc/kubemq-amqp/tls";
 /// Where the pod mounts the `spec.tls.clientCa` Secret (`ca.crt`).
 pub const CLIENT_CA_DIR: &str = "/etc/kubemq-amqp/client-ca";
+/// Where the pod mounts the `spec.sasl.jwt` Secret.
+pub const JWT_DIR: &str = "/etc/kubemq-amqp/jwt";
+/// Where the pod mounts the `spec.sasl.authorization` ConfigMap or Secret.
+pub const POLICY_DIR: &str = "/etc/kubemq-amqp/policy";
 
 /// The rendered file and its hash.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,6 +71,24 @@ pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, Ren
         }
         None => {
             m.insert("TlsPort".into(), Value::from(0));
+        }
+    }
+    // Without ANONYMOUS (jwt set, a CEL rule) clients authenticate; the key and the list are
+    // mounted where these paths point.
+    if let Some(jwt) = spec.sasl.as_ref().and_then(|s| s.jwt.as_ref()) {
+        m.insert("Authentication".into(), Value::from(true));
+        let signature = serde_yaml::to_value(jwt.signature_type)
+            .map_err(|e| RenderError::Config(e.to_string()))?;
+        m.insert("JwtSignatureType".into(), signature);
+        m.insert(
+            "JwtKeyFile".into(),
+            Value::from(format!("{JWT_DIR}/{}", jwt.key)),
+        );
+        if let Some(policy) = spec.sasl.as_ref().and_then(|s| s.authorization.as_ref()) {
+            m.insert(
+                "AuthorizationPolicyFile".into(),
+                Value::from(format!("{POLICY_DIR}/{}", policy.key)),
+            );
         }
     }
     // Probes need /livez and /readyz even when nobody scrapes /metrics.
@@ -130,9 +152,6 @@ fn unsupported(spec: &AmqpConnectorSpec) -> Result<(), RenderError> {
         if tls.min_version == Some(TlsVersion::V13) {
             fields.push("spec.tls.minVersion: \"1.3\"");
         }
-    }
-    if spec.sasl.is_some() {
-        fields.push("spec.sasl");
     }
     if spec.broker.tls.is_some() {
         fields.push("spec.broker.tls");

@@ -18,9 +18,9 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{
     http_port, selector_labels, ConnectorConfig, CLIENT_CA_DIR, CONFIG_DIR, CONFIG_FILE,
-    DEFAULT_IMAGE, TLS_DIR,
+    DEFAULT_IMAGE, JWT_DIR, POLICY_DIR, TLS_DIR,
 };
-use crate::crd::{AmqpConnectorSpec, LogLevel, PullPolicy};
+use crate::crd::{AmqpConnectorSpec, Authorization, LogLevel, PullPolicy};
 
 /// Pod template annotation carrying the configuration hash.
 pub const CONFIG_HASH_ANNOTATION: &str = "amqp.kubemq.io/config-hash";
@@ -114,8 +114,9 @@ fn pod(name: &str, spec: &AmqpConnectorSpec) -> PodSpec {
     }
 }
 
-/// The configuration, and with the `amqps` listener the TLS Secrets (mounted, never read by
-/// the operator; a missing one keeps the pods from starting, which the Deployment reports).
+/// The configuration, with the `amqps` listener the TLS Secrets, and with SASL the JWT key
+/// Secret and the access control list (mounted, never read by the operator; a missing one
+/// keeps the pods from starting, which the Deployment reports).
 fn volumes(name: &str, spec: &AmqpConnectorSpec) -> Vec<Volume> {
     let secret = |volume: &str, secret: &str| Volume {
         name: volume.into(),
@@ -140,6 +141,29 @@ fn volumes(name: &str, spec: &AmqpConnectorSpec) -> Vec<Volume> {
             v.push(secret("client-ca", &ca.secret_name));
         }
     }
+    if let Some(sasl) = &spec.sasl {
+        if let Some(jwt) = &sasl.jwt {
+            v.push(secret("jwt", &jwt.secret_name));
+        }
+        match &sasl.authorization {
+            Some(Authorization {
+                secret_name: Some(s),
+                ..
+            }) => v.push(secret("policy", s)),
+            Some(Authorization {
+                config_map_name: Some(c),
+                ..
+            }) => v.push(Volume {
+                name: "policy".into(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: c.clone(),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            }),
+            _ => {}
+        }
+    }
     v
 }
 
@@ -156,6 +180,14 @@ fn volume_mounts(spec: &AmqpConnectorSpec) -> Vec<VolumeMount> {
         m.push(mount("tls", TLS_DIR));
         if tls.client_ca.is_some() {
             m.push(mount("client-ca", CLIENT_CA_DIR));
+        }
+    }
+    if let Some(sasl) = &spec.sasl {
+        if sasl.jwt.is_some() {
+            m.push(mount("jwt", JWT_DIR));
+        }
+        if sasl.authorization.is_some() {
+            m.push(mount("policy", POLICY_DIR));
         }
     }
     m

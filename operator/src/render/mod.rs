@@ -18,7 +18,8 @@ use kube::{Resource, ResourceExt};
 use crate::crd::{AmqpConnector, AmqpConnectorSpec};
 
 pub use config::{
-    connector_config, ConnectorConfig, CLIENT_CA_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR,
+    connector_config, ConnectorConfig, CLIENT_CA_DIR, CONFIG_DIR, CONFIG_FILE, JWT_DIR, POLICY_DIR,
+    TLS_DIR,
 };
 pub use deployment::{deployment, CONFIG_HASH_ANNOTATION, PRE_STOP_SECONDS};
 pub use service::{amqp_service, metrics_service};

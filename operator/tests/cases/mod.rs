@@ -90,8 +90,46 @@ pub const RULES: &[RuleCase] = &[
     },
     RuleCase {
         name: "external-without-required-client-auth",
-        change: |s| s["sasl"] = json!({"mechanisms": ["PLAIN", "EXTERNAL"]}),
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN", "EXTERNAL"],
+                "jwt": {"secretName": "k", "signatureType": "HS256"}})
+        },
         message: "SASL EXTERNAL needs",
+    },
+    RuleCase {
+        name: "sasl-without-plain",
+        change: |s| s["sasl"] = json!({"mechanisms": ["ANONYMOUS"]}),
+        message: "must include PLAIN",
+    },
+    RuleCase {
+        name: "sasl-anonymous-with-jwt",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN", "ANONYMOUS"],
+                "jwt": {"secretName": "k", "signatureType": "HS256"}})
+        },
+        message: "spec.sasl.jwt is needed exactly when ANONYMOUS is not offered",
+    },
+    RuleCase {
+        name: "sasl-authentication-without-jwt",
+        change: |s| s["sasl"] = json!({"mechanisms": ["PLAIN"]}),
+        message: "spec.sasl.jwt is needed exactly when ANONYMOUS is not offered",
+    },
+    RuleCase {
+        name: "sasl-authorization-without-jwt",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN", "ANONYMOUS"],
+                "authorization": {"configMapName": "acl"}})
+        },
+        message: "spec.sasl.authorization needs spec.sasl.jwt",
+    },
+    RuleCase {
+        name: "sasl-authorization-two-sources",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN"],
+                "jwt": {"secretName": "k", "signatureType": "HS256"},
+                "authorization": {"configMapName": "acl", "secretName": "acl"}})
+        },
+        message: "names either configMapName or secretName",
     },
     RuleCase {
         name: "node-ports-on-cluster-ip",

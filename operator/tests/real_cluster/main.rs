@@ -243,10 +243,14 @@ fn the_examples_are_accepted(c: &Cluster) {
         "apps",
         "get",
         "amqpconnector/orders",
+        "amqpconnector/payments",
         "secret/kubemq-token",
+        "secret/payments-jwt",
+        "configmap/payments-acl",
     ]);
     c.kubectl_ok(&["-n", "default", "get", "amqpc", "minimal"]);
     c.kubectl_ok(&["-n", "apps", "delete", "amqpc", "orders", "--wait=true"]);
+    c.kubectl_ok(&["-n", "apps", "delete", "amqpc", "payments", "--wait=true"]);
     c.kubectl_ok(&["-n", "default", "delete", "amqpc", "minimal", "--wait=true"]);
 }
 
@@ -790,7 +794,7 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     namespace_with_token(c, "apps-invalid");
     let op = install(c, "HELM3", "aco-invalid", &[]);
     let mut cr = example_in("apps-invalid");
-    cr["spec"]["sasl"] = serde_json::json!({"mechanisms": ["PLAIN"]});
+    cr["spec"]["broker"]["clientIdPrefix"] = "amqp-orders".into();
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
     wait_for_condition(c, &op, "apps-invalid", "Degraded", "True", "InvalidSpec");
     let degraded = amqpc(c, "apps-invalid", "orders");
@@ -800,8 +804,14 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
         .and_then(|c| c["message"].as_str())
         .unwrap_or("")
         .to_string();
-    assert!(message.contains("spec.sasl"), "{message}");
-    wait_for_event(c, "apps-invalid", "Warning", "InvalidSpec", "spec.sasl");
+    assert!(message.contains("spec.broker.clientIdPrefix"), "{message}");
+    wait_for_event(
+        c,
+        "apps-invalid",
+        "Warning",
+        "InvalidSpec",
+        "spec.broker.clientIdPrefix",
+    );
     assert!(
         children(c, "apps-invalid", "orders").is_empty(),
         "{:?}",
@@ -1204,8 +1214,8 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
         || op.log(),
     );
     // The same Warning twice: the second is a repeat of the first Event.
-    let invalid = r#"{"spec":{"sasl":{"mechanisms":["PLAIN"]}}}"#;
-    let valid = r#"{"spec":{"sasl":null}}"#;
+    let invalid = r#"{"spec":{"broker":{"clientIdPrefix":"amqp-orders"}}}"#;
+    let valid = r#"{"spec":{"broker":{"clientIdPrefix":null}}}"#;
     for _ in 0..2 {
         patch(invalid);
         wait_for_condition(c, &op, "apps-rbac", "Degraded", "True", "InvalidSpec");
