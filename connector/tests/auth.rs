@@ -270,6 +270,21 @@ fn authz_4_anonymous_terminus_checked_per_message() {
     assert_eq!(d["Action"], "write");
 }
 
+/// AUTHZ-5: dynamic reply nodes are private to their connection and not checked: a client the
+/// policy gives no right on them receives what its anonymous sender sends to its own node.
+#[test]
+fn authz_5_dynamic_nodes_are_not_checked() {
+    let c = Secured::start(None);
+    c.python("dynamic", &["app", &token("app", SECRET, 300)]);
+    assert!(
+        !c.audit()
+            .iter()
+            .any(|v| v["fields"]["event"] == "authz.denied"),
+        "{:?}",
+        c.audit()
+    );
+}
+
 /// SASL-7, SASL-6 (3), TLS-4: an mTLS client whose certificate names CN `billing` authenticates
 /// with SASL EXTERNAL and is authorized as `billing`.
 #[test]

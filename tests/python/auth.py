@@ -11,6 +11,8 @@ Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
   kubemq-refuses USER TOKEN CHANNEL: the connector accepts the token but KubeMQ refuses it:
               a message to queues/CHANNEL is rejected and a receiver on it is detached, both
               amqp:unauthorized-access
+  dynamic     USER TOKEN: a dynamic reply node is not subject to the policy: a message sent to
+              it through an anonymous sender arrives
   refused     USER TOKEN: the SASL exchange fails (the connect fails), nothing else happens
   anonymous   ANONYMOUS is refused
   external    CA CERT KEY CHANNEL: an mTLS client authenticated by SASL EXTERNAL sends and
@@ -105,13 +107,24 @@ def main():
             raise AssertionError("the message was accepted")
         except SendException as e:
             check(e.state == Disposition.REJECTED, f"outcome {e.state}")
-        receiver = conn.create_receiver(f"queues/{channel}", credit=1)
         try:
+            # The detach may come before the attach is processed, or after.
+            receiver = conn.create_receiver(f"queues/{channel}", credit=1)
             receiver.receive(timeout=TIMEOUT)
             raise AssertionError("a message arrived")
         except LinkDetached as e:
             check("amqp:unauthorized-access" in str(e), str(e))
             check("KubeMQ refused" in str(e), str(e))
+        conn.close()
+    elif scenario == "dynamic":
+        user, token = args
+        conn = connect(port, user, token)
+        receiver = conn.create_receiver(None, dynamic=True, credit=1)
+        address = receiver.link.remote_source.address
+        check(address, "a dynamic address was minted")
+        conn.create_sender(None).send(Message(address=address, body="reply"))
+        got = receiver.receive(timeout=TIMEOUT)
+        check(got.body == "reply", f"received {got.body!r}")
         conn.close()
     elif scenario == "refused":
         user, token = args

@@ -1,14 +1,19 @@
 //! The whole connection state machine on arbitrary input after each possible opening: bare
-//! header, SASL header, or bare header + OPEN + BEGIN. An application that accepts every link,
-//! settles every delivery and answers credit is attached, so the deeper states are reached.
+//! header, SASL header, bare header + OPEN + BEGIN, or — as on the TLS listener with a verified
+//! client certificate and authentication on (the connector's JWT verifier) — the TLS header and
+//! the SASL header. An application that accepts every link, settles every delivery and answers
+//! credit is attached, so the deeper states are reached.
 #![no_main]
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use connector::auth::jwt::{JwtVerifier, KeySource, SignatureType};
 use connector::config::Settings;
-use connector::engine::{Connection, Event, LinkAccept, Transport};
+use connector::engine::{
+    AuthPolicy, ClientCertificate, Connection, Event, LinkAccept, Transport,
+};
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use libfuzzer_sys::fuzz_target;
 
@@ -24,14 +29,29 @@ fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
-    let prefix: &[u8] = match mode % 3 {
+    let prefix: &[u8] = match mode % 4 {
         0 => b"AMQP\x00\x01\x00\x00",
         1 => b"AMQP\x03\x01\x00\x00",
-        _ => OPENING,
+        2 => OPENING,
+        _ => b"AMQP\x02\x01\x00\x00AMQP\x03\x01\x00\x00",
     };
-    let cfg = Arc::new(Settings::default().engine_config_no_auth());
+    let (auth, transport) = if mode % 4 == 3 {
+        let Ok(verifier) = JwtVerifier::new(SignatureType::HS256, KeySource::Inline("fuzz-key"))
+        else {
+            return;
+        };
+        let transport = Transport::Tls {
+            client_certificate: Some(ClientCertificate {
+                common_name: "fuzz client".into(),
+            }),
+        };
+        (AuthPolicy::Jwt(Arc::new(verifier)), transport)
+    } else {
+        (AuthPolicy::Disabled, Transport::Plain)
+    };
+    let cfg = Arc::new(Settings::default().engine_config(auth));
     let now = Instant::now();
-    let mut c = Connection::new(cfg, Transport::Plain, None, now);
+    let mut c = Connection::new(cfg, transport, None, now);
     let mut input = BytesMut::from(prefix);
     // Feed in a few chunks so split frames are exercised.
     for chunk in rest.chunks(rest.len() / 3 + 1) {

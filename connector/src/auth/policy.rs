@@ -391,4 +391,22 @@ mod tests {
             assert!(e.contains(want), "{text}: {e}");
         }
     }
+
+    proptest::proptest! {
+        /// A policy file of any content is refused or loaded, never a panic; a loaded one
+        /// answers any question (its expressions all compiled at load).
+        #[test]
+        fn authz_any_policy_text_is_answered(
+            client_id in "[-a-z().*|^$\\[\\]]{1,12}",
+            channel in "[-a-z().*|^$\\[\\]]{1,12}",
+            noise in ".{0,64}",
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let _ = rt.block_on(Policy::from_text(&noise));
+            let text = serde_json::json!([{"Queues": true, "ClientID": client_id, "Channel": channel, "Read": true}]).to_string();
+            if let Ok(p) = rt.block_on(Policy::from_text(&text)) {
+                let _ = p.allows("client", Pattern::Queues, "channel", Action::Read);
+            }
+        }
+    }
 }

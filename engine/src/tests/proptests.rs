@@ -44,7 +44,38 @@ fn valid_stream() -> Vec<u8> {
 /// Drives a connection with `bytes` split at `cuts`, with an application that accepts every
 /// link and settles every delivery; returns the bytes the engine wrote.
 fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
-    let mut c = Client::new(config());
+    drive_on(Client::new(config()), bytes, cuts)
+}
+
+/// Takes `good` as a JWT naming `fuzz`, and refuses anything else.
+struct FuzzTokens;
+impl crate::TokenVerifier for FuzzTokens {
+    fn verify(&self, token: &str) -> Result<String, crate::AuthFailure> {
+        if token == "good" {
+            Ok("fuzz".into())
+        } else {
+            Err(crate::AuthFailure("refused".into()))
+        }
+    }
+}
+
+/// A connection on the TLS listener with a verified client certificate and authentication on:
+/// every mechanism's path is reachable (EXTERNAL, PLAIN with a token, ANONYMOUS refused).
+fn mtls_with_auth() -> Client {
+    let cfg = crate::EngineConfig {
+        auth: crate::AuthPolicy::Jwt(std::sync::Arc::new(FuzzTokens)),
+        ..config()
+    };
+    let transport = crate::Transport::Tls {
+        client_certificate: Some(crate::ClientCertificate {
+            common_name: "fuzz client".into(),
+        }),
+    };
+    Client::with(cfg, transport, None)
+}
+
+/// Drives `c` with `bytes` split at `cuts`; see [`drive`].
+fn drive_on(mut c: Client, bytes: &[u8], cuts: &[usize]) -> usize {
     let mut start = 0;
     let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
     points.sort_unstable();
@@ -150,6 +181,35 @@ proptest! {
             stream[at] = byte;
         }
         drive(&stream, &[]);
+    }
+
+    /// The SASL exchange under TLS (the `AMQP 2 1 0 0` header, then SASL) with a verified client
+    /// certificate and authentication on, for each mechanism, mutated and cut anywhere.
+    #[test]
+    fn mutated_sasl_stream_under_tls(
+        mechanism in prop::sample::select(vec!["EXTERNAL", "PLAIN", "ANONYMOUS", "SCRAM-SHA-256"]),
+        response in proptest::collection::vec(any::<u8>(), 0..64),
+        edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        cuts in proptest::collection::vec(any::<usize>(), 0..6),
+    ) {
+        let mut stream = crate::HEADER_TLS.to_vec();
+        stream.extend(crate::HEADER_SASL);
+        let response = if mechanism == "PLAIN" && response.first() == Some(&0) {
+            b"\0user\0good".to_vec()
+        } else {
+            response
+        };
+        let init = fe2o3_amqp_types::sasl::SaslInit { mechanism: mechanism.into(), initial_response: Some(serde_bytes::ByteBuf::from(response)), hostname: None };
+        stream.extend(sasl_frame(&init));
+        stream.extend(HEADER_AMQP);
+        stream.extend(amqp_frame(0, &open("fuzz"), &[]));
+        stream.extend(amqp_frame(0, &begin(), &[]));
+        stream.extend(amqp_frame(0, &attach_sender("s", 0, "queues/a"), &[]));
+        for (pos, byte) in edits {
+            let at = pos % stream.len();
+            stream[at] = byte;
+        }
+        drive_on(mtls_with_auth(), &stream, &cuts);
     }
 }
 

@@ -110,8 +110,8 @@ pub struct FetchLimits {
     pub idle_exit: std::time::Duration,
 }
 
-/// Every channel's running loop, by channel: a loop is started and joined under this lock, and
-/// retires under it, so a consumer can never join a loop that is ending.
+/// Every running loop, by channel and credential: a loop is started and joined under this lock,
+/// and retires under it, so a consumer can never join a loop that is ending.
 pub type Registry = Arc<std::sync::Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>>;
 
 /// What a Get loop serves: a channel, for the consumers presenting one credential to KubeMQ
@@ -134,8 +134,8 @@ impl LoopKey {
     }
 }
 
-/// Joins `key` to `channel`'s loop (starting one if none runs) and returns the loop's command
-/// channel.
+/// Joins `key` to the loop of `loop_key` (starting one on `backend` if none runs) and returns
+/// the loop's command channel.
 pub fn join<B: Backend>(
     registry: &Registry,
     backend: &Arc<B>,
