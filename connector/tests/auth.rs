@@ -174,10 +174,11 @@ fn audited(c: &Secured, event: &str, field: &str, value: &str) -> serde_json::Va
     }
 }
 
-/// SASL-3, SASL-6, AUD-1, AUD-2, AUD-4: PLAIN with a good JWT connects as the token's ClientID
-/// (the username is only recorded); a bad signature, an expired and a malformed token, and
-/// ANONYMOUS, fail the connect; each exchange is audited with the mechanism in lower case, the
-/// transport and the source address; no token or key reaches the log.
+/// SASL-3, SASL-6, SASL-12, AUD-1, AUD-2, AUD-3, AUD-4: PLAIN with a good JWT in the password
+/// slot connects as the token's ClientID (the username is only recorded); a bad signature, an
+/// expired and a malformed token, and ANONYMOUS, fail the connect; each exchange is audited with
+/// the mechanism in lower case, the transport and the source address, and nothing else is an
+/// audit event (no connect or disconnect events); no token or key reaches the log.
 #[test]
 fn sasl_3_plain_with_kubemq_jwts() {
     let c = Secured::start(None);
@@ -211,6 +212,11 @@ fn sasl_3_plain_with_kubemq_jwts() {
     // SASL-5: ANONYMOUS is not offered (proton gives up before choosing it).
     c.python("anonymous", &[]);
 
+    // AUD-3: the SASL exchanges are the only audit events here.
+    for v in c.audit() {
+        let event = v["fields"]["event"].as_str().unwrap_or("").to_string();
+        assert!(event.starts_with("auth."), "{v}");
+    }
     // AUD: no secret anywhere in the log, nor in --print-config.
     let log = c.log_text();
     for secret in [good.as_str(), &forged, &expired, SECRET] {
