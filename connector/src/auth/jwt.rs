@@ -98,9 +98,12 @@ pub enum JwtConfigError {
         /// RSA or EC.
         kind: &'static str,
     },
-    /// An empty key.
+    /// An empty key, or none given.
     #[error("the JWT key is empty")]
     Empty,
+    /// No signature type given.
+    #[error("JwtSignatureType is not set")]
+    NoSignatureType,
 }
 
 /// Verifies KubeMQ JWTs with one key.

@@ -31,7 +31,7 @@ pub enum SecurityError {
 pub struct Security {
     /// How SASL authenticates (handed to the engine).
     pub auth: AuthPolicy,
-    /// Who may do what; `None` allows everything (AUTHZ-1).
+    /// Who may do what; without a policy, everything (AUTHZ-1).
     pub access: Access,
     /// The JWT check, for the embedded store's gRPC façade to apply to its callers too.
     pub jwt: Option<Arc<JwtVerifier>>,
@@ -59,7 +59,7 @@ impl Security {
             (None, None) => return Err(JwtConfigError::Empty.into()),
         };
         let Some(signature) = settings.jwt_signature_type else {
-            return Err(JwtConfigError::Empty.into());
+            return Err(JwtConfigError::NoSignatureType.into());
         };
         let verifier = Arc::new(JwtVerifier::new(signature, source)?);
         let policy = match &settings.authorization_policy_file {
