@@ -8,11 +8,14 @@
 //! `write`, `.*` (both) or `deny` (neither), matched with `regexMatch` (unanchored), and any
 //! matching policy allows. Field names are matched without regard to case, as Go's JSON does.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use casbin::function_map::OperatorFunction;
+use casbin::rhai::Dynamic;
 use casbin::{CoreApi, DefaultModel, Enforcer, MemoryAdapter, MgmtApi};
 use lru::LruCache;
 
@@ -180,6 +183,34 @@ impl Rule {
     }
 }
 
+/// Patterns compiled so far, by text. Only policy patterns are compiled (the matcher's second
+/// argument is always the policy's), so this holds at most the loaded policies' expressions.
+static COMPILED: LazyLock<Mutex<HashMap<String, regex::Regex>>> = LazyLock::new(Default::default);
+
+/// `regexMatch(text, pattern)`: whether `pattern` matches anywhere in `text`, as Go's
+/// `regexp.MatchString` and casbin's own function do. A pattern that does not compile matches
+/// nothing (every policy pattern was compiled at load, so none reaches here).
+fn regex_match(text: Dynamic, pattern: Dynamic) -> Dynamic {
+    let text = text.into_immutable_string().unwrap_or_default();
+    let pattern = pattern.into_immutable_string().unwrap_or_default();
+    let Ok(mut compiled) = COMPILED.lock() else {
+        return Dynamic::from(false);
+    };
+    if !compiled.contains_key(pattern.as_str()) {
+        match regex::Regex::new(&pattern) {
+            Ok(re) => {
+                compiled.insert(pattern.to_string(), re);
+            }
+            Err(_) => return Dynamic::from(false),
+        }
+    }
+    Dynamic::from(
+        compiled
+            .get(pattern.as_str())
+            .is_some_and(|re| re.is_match(&text)),
+    )
+}
+
 /// Parses the access control list: JSON, or base64 of JSON.
 fn parse(text: &str) -> Result<Vec<Rule>, PolicyError> {
     let trimmed = text.trim();
@@ -228,6 +259,9 @@ impl Policy {
         let mut enforcer = Enforcer::new(model, MemoryAdapter::default())
             .await
             .map_err(|e| PolicyError::Casbin(e.to_string()))?;
+        // The same matching as casbin's own regexMatch, without compiling the pattern again at
+        // every decision (which made a decision cost ~300 µs).
+        enforcer.add_function("regexMatch", OperatorFunction::Arg2(regex_match));
         let mut policies: Vec<Vec<String>> = Vec::new();
         for rule in &rules {
             for res in &rule.resources {
