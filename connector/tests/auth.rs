@@ -16,8 +16,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::free_port;
 use common::pki::Pki;
+use common::{free_port, run, wait_listening};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/python/auth.py");
@@ -68,55 +68,51 @@ impl Secured {
         std::fs::write(&key, SECRET).unwrap();
         let acl = dir.path().join("acl.json");
         std::fs::write(&acl, ACL).unwrap();
-        let log = dir.path().join("connector.log");
-        let port = free_port();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"));
-        cmd.args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"])
-            .args(["--http-address", "off", "--log-format", "json"])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--authentication", "true", "--jwt-signature-type", "HS256"])
-            .arg("--jwt-key-file")
-            .arg(&key)
-            .arg("--authorization-policy-file")
-            .arg(&acl)
-            .env("RUST_LOG", "debug")
-            .stdout(Stdio::from(std::fs::File::create(&log).unwrap()))
-            .stderr(Stdio::null());
+        let path = |p: &std::path::Path| p.display().to_string();
+        let mut args: Vec<String> = [
+            "--authentication",
+            "true",
+            "--jwt-signature-type",
+            "HS256",
+            "--jwt-key-file",
+            &path(&key),
+            "--authorization-policy-file",
+            &path(&acl),
+        ]
+        .map(String::from)
+        .to_vec();
         let tls_port = pki.map(|pki| {
             let tls_port = free_port();
-            cmd.args(["--tls-port", &tls_port.to_string(), "--tls-mode", "mtls"])
-                .arg("--tls-cert-file")
-                .arg(pki.path("server.pem"))
-                .arg("--tls-key-file")
-                .arg(pki.path("server.key"))
-                .arg("--tls-client-ca-file")
-                .arg(pki.path("ca.pem"));
+            args.extend([
+                "--tls-port".to_string(),
+                tls_port.to_string(),
+                "--tls-mode".into(),
+                "mtls".into(),
+                "--tls-cert-file".into(),
+                path(&pki.path("server.pem")),
+                "--tls-key-file".into(),
+                path(&pki.path("server.key")),
+                "--tls-client-ca-file".into(),
+                path(&pki.path("ca.pem")),
+            ]);
             tls_port
         });
-        let child = cmd.spawn().unwrap();
-        for p in std::iter::once(port).chain(tls_port) {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", p)).is_err() {
-                assert!(Instant::now() < deadline, "nothing listens on {p}");
-                std::thread::sleep(Duration::from_millis(20));
-            }
+        let port = free_port();
+        let child = spawn(dir.path(), "connector", port, &args);
+        if let Some(p) = tls_port {
+            wait_listening(p);
         }
         Secured {
             child,
             port,
             tls_port,
-            log,
+            log: dir.path().join("connector.log"),
             _dir: dir,
         }
     }
 
     fn python(&self, scenario: &str, args: &[&str]) {
-        run(Command::new("python3")
-            .arg(PYTHON)
-            .arg(scenario)
-            .arg(self.port.to_string())
-            .args(args));
+        python(self.port, scenario, args);
     }
 
     /// The audit events logged so far (JSON lines on the `audit` target).
@@ -142,16 +138,13 @@ impl Drop for Secured {
     }
 }
 
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .expect("the client runs (tests/run.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("PASS"),
-        "{cmd:?}\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+/// Runs scenario `scenario` of tests/python/auth.py against `port`.
+fn python(port: u16, scenario: &str, args: &[&str]) {
+    run(Command::new("python3")
+        .arg(PYTHON)
+        .arg(scenario)
+        .arg(port.to_string())
+        .args(args));
 }
 
 /// The audit event named `event` whose `field` is `value`, waiting a little for it.
@@ -300,12 +293,16 @@ fn sasl_7_external_on_mtls() {
     pki.issue("billing", "billing", 11, true, false);
     let c = Secured::start(Some(&pki));
     let p = |f: &str| pki.path(f).display().to_string();
-    run(Command::new("python3")
-        .arg(PYTHON)
-        .arg("external")
-        .arg(c.tls_port.unwrap().to_string())
-        .args([p("ca.pem"), p("billing.pem"), p("billing.key")])
-        .arg("billing"));
+    python(
+        c.tls_port.unwrap(),
+        "external",
+        &[
+            &p("ca.pem"),
+            &p("billing.pem"),
+            &p("billing.key"),
+            "billing",
+        ],
+    );
     let ok = audited(&c, "auth.success", "ClientID", "billing");
     assert_eq!(ok["Metadata.mechanism"], "external");
 }
@@ -384,13 +381,6 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
     let (same, same_port) = through("same-key", key("kubemq.key"));
     let (other, other_port) = through("other-key", key("other.key"));
     children.0.extend([same, other]);
-    let python = |port: u16, scenario: &str, args: &[&str]| {
-        run(Command::new("python3")
-            .arg(PYTHON)
-            .arg(scenario)
-            .arg(port.to_string())
-            .args(args));
-    };
     python(
         same_port,
         "send",

@@ -15,10 +15,10 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::pki::Pki;
-use common::{free_port, start_connector};
+use common::{free_port, run, start_connector, wait_listening};
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/python/tls.py");
 const JS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/js");
@@ -84,26 +84,6 @@ impl Drop for Tls {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn wait_listening(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .expect("the client runs (tests/run.sh installs it)");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("PASS"),
-        "{cmd:?}\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// TLS-1: the TLS listener is bound only when a certificate and key are configured.

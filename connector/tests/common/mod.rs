@@ -35,12 +35,31 @@ pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child
         .stderr(Stdio::null())
         .spawn()
         .expect("connector starts");
+    wait_listening(port);
+    child
+}
+
+/// Returns once something listens on loopback `port`; fails after 10 s.
+pub fn wait_listening(port: u16) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "connector did not listen");
+        assert!(Instant::now() < deadline, "nothing listens on {port}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    child
+}
+
+/// Runs a client program (python3, node) that prints `PASS ...` when its scenario held; fails
+/// with its output otherwise.
+pub fn run(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .expect("the client runs (tests/run.sh installs it)");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("PASS"),
+        "{cmd:?}\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A field of `/proc/<pid>/status` in bytes (`VmRSS`, `VmHWM`).

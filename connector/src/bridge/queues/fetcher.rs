@@ -229,7 +229,6 @@ async fn run<B: Backend>(
 /// and not yet sent.
 struct Fetcher<B: Backend> {
     backend: Arc<B>,
-    channel: String,
     limits: FetchLimits,
     consumers: FastMap<ConsumerKey, Consumer>,
     /// Round-robin order of hand-out.
@@ -247,8 +246,9 @@ struct Fetcher<B: Backend> {
     /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
     /// doubling after every full Get.
     batch: u32,
-    /// Where this loop is registered, and under which key; it removes itself when it retires.
+    /// Where this loop is registered; it removes itself when it retires.
     registry: Registry,
+    /// The channel it fetches from, and the credential its calls carry.
     key: LoopKey,
     /// The wait for the consumers' credit after a large Get.
     refill_wait: Option<RefillWait>,
@@ -258,7 +258,6 @@ impl<B: Backend> Fetcher<B> {
     fn new(backend: Arc<B>, key: LoopKey, limits: FetchLimits, registry: Registry) -> Self {
         Fetcher {
             backend,
-            channel: key.channel.clone(),
             key,
             limits,
             consumers: FastMap::default(),
@@ -342,7 +341,7 @@ impl<B: Backend> Fetcher<B> {
                     }
                     Err(e) => {
                         self.refuse_if_unauthorized(&e);
-                        tracing::warn!(channel = %self.channel, error = %e, "cannot open a downstream session; retrying");
+                        tracing::warn!(channel = %self.key.channel, error = %e, "cannot open a downstream session; retrying");
                         // Nothing is available while the broker is unreachable.
                         self.finish_drains(true);
                         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -353,7 +352,7 @@ impl<B: Backend> Fetcher<B> {
             let want = self.get_size(demand);
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (KMQ-5).
-            let channel = self.channel.clone();
+            let channel = self.key.channel.clone();
             let got = {
                 let get = d.get(&channel, self.limits.client_id, want as i32, 1000);
                 tokio::pin!(get);
@@ -398,7 +397,7 @@ impl<B: Backend> Fetcher<B> {
                     self.refuse_if_unauthorized(&e);
                     // The session is gone, and with it its transactions: KubeMQ returns their
                     // messages, so whatever is buffered or pending for them is dropped here.
-                    tracing::warn!(channel = %self.channel, error = %e, "Get failed; reopening the session");
+                    tracing::warn!(channel = %self.key.channel, error = %e, "Get failed; reopening the session");
                     self.lose_session(sid, d);
                     self.batch = 1;
                     self.finish_drains(true);
@@ -458,7 +457,7 @@ impl<B: Backend> Fetcher<B> {
             .collect();
         let returned: usize = gone.iter().map(|(_, n)| n).sum();
         if returned > 0 {
-            d.returned(&self.channel, returned);
+            d.returned(&self.key.channel, returned);
         }
         for (id, _) in &gone {
             self.txns.remove(id);
@@ -553,7 +552,7 @@ impl<B: Backend> Fetcher<B> {
             return;
         }
         if o != Outcome::Ack {
-            d.returned(&self.channel, seqs.len());
+            d.returned(&self.key.channel, seqs.len());
         }
         let done = match self.txns.get_mut(t) {
             Some(txn) if o == Outcome::Close => {
@@ -588,7 +587,7 @@ impl<B: Backend> Fetcher<B> {
                 if map.get(&self.key).is_some_and(|tx| tx.is_closed()) {
                     map.remove(&self.key);
                 }
-                tracing::debug!(channel = %self.channel, "Get loop idle; ending it");
+                tracing::debug!(channel = %self.key.channel, "Get loop idle; ending it");
                 true
             }
         }
@@ -611,7 +610,7 @@ impl<B: Backend> Fetcher<B> {
     fn get_size(&self, demand: u32) -> u32 {
         let cap = demand.min(self.limits.max_batch);
         let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);
-        match self.backend.ready_hint(&self.channel) {
+        match self.backend.ready_hint(&self.key.channel) {
             ReadyHint::Exact(ready) | ReadyHint::Estimate(ready) => count(ready),
             _ if self.consumers.values().any(|c| c.draining) => 1,
             _ => cap.min(self.batch).max(1),
@@ -666,7 +665,7 @@ impl<B: Backend> Fetcher<B> {
         }
         let ready_now = !nothing_more
             && self.buffer.is_empty()
-            && self.backend.ready_hint(&self.channel) != ReadyHint::Exact(0);
+            && self.backend.ready_hint(&self.key.channel) != ReadyHint::Exact(0);
         for (k, c) in self.consumers.iter_mut() {
             if c.draining && (c.demand == 0 || !ready_now) {
                 c.draining = false;
