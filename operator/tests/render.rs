@@ -139,7 +139,6 @@ fn no_uid_no_children() {
     assert_eq!(desired(&cr), Err(RenderError::NoOwner));
 }
 
-/// The pod template's metadata of the rendered Deployment.
 /// The pod spec of the Deployment's template.
 fn pod_spec(d: &Desired) -> &k8s_openapi::api::core::v1::PodSpec {
     d.deployment
@@ -147,6 +146,33 @@ fn pod_spec(d: &Desired) -> &k8s_openapi::api::core::v1::PodSpec {
         .as_ref()
         .and_then(|s| s.template.spec.as_ref())
         .expect("pod spec")
+}
+
+/// The pod's volume `name`.
+fn volume<'a>(
+    pod: &'a k8s_openapi::api::core::v1::PodSpec,
+    name: &str,
+) -> &'a k8s_openapi::api::core::v1::Volume {
+    pod.volumes
+        .as_ref()
+        .and_then(|vs| vs.iter().find(|v| v.name == name))
+        .unwrap_or_else(|| panic!("no volume {name}"))
+}
+
+/// Asserts that volume `name` is Secret `secret`, its files readable by owner and group only.
+fn assert_secret_volume(pod: &k8s_openapi::api::core::v1::PodSpec, name: &str, secret: &str) {
+    let s = volume(pod, name).secret.as_ref().expect("a Secret volume");
+    assert_eq!(s.secret_name.as_deref(), Some(secret));
+    assert_eq!(s.default_mode, Some(0o440));
+}
+
+/// Asserts that the connector container mounts each (volume, path) read-only.
+fn assert_mounted_read_only(pod: &k8s_openapi::api::core::v1::PodSpec, expected: &[(&str, &str)]) {
+    let mounts = pod.containers[0].volume_mounts.as_ref().expect("mounts");
+    for (volume, path) in expected {
+        let m = mounts.iter().find(|m| m.name == *volume).expect(volume);
+        assert_eq!((m.mount_path.as_str(), m.read_only), (*path, Some(true)));
+    }
 }
 
 fn pod_meta(d: &Desired) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
@@ -319,30 +345,21 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
         Some("/etc/kubemq-amqp/policy/policy.json")
     );
     let pod = pod_spec(&d);
-    let volumes = pod.volumes.as_ref().expect("volumes");
-    let jwt = volumes
-        .iter()
-        .find(|v| v.name == "jwt")
-        .expect("jwt volume");
-    let jwt = jwt.secret.as_ref().expect("a Secret volume");
-    assert_eq!(jwt.secret_name.as_deref(), Some("orders-jwt"));
-    assert_eq!(jwt.default_mode, Some(0o440));
-    let policy = volumes
-        .iter()
-        .find(|v| v.name == "policy")
-        .expect("policy volume");
+    assert_secret_volume(pod, "jwt", "orders-jwt");
     assert_eq!(
-        policy.config_map.as_ref().map(|c| c.name.as_str()),
+        volume(pod, "policy")
+            .config_map
+            .as_ref()
+            .map(|c| c.name.as_str()),
         Some("orders-acl")
     );
-    let mounts = pod.containers[0].volume_mounts.as_ref().expect("mounts");
-    for (volume, path) in [
-        ("jwt", "/etc/kubemq-amqp/jwt"),
-        ("policy", "/etc/kubemq-amqp/policy"),
-    ] {
-        let m = mounts.iter().find(|m| m.name == volume).expect(volume);
-        assert_eq!((m.mount_path.as_str(), m.read_only), (path, Some(true)));
-    }
+    assert_mounted_read_only(
+        pod,
+        &[
+            ("jwt", "/etc/kubemq-amqp/jwt"),
+            ("policy", "/etc/kubemq-amqp/policy"),
+        ],
+    );
 
     // The list from a Secret, under another key.
     cr.spec.sasl.as_mut().expect("sasl").authorization = Some(
@@ -357,21 +374,7 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
             .and_then(|p| p.to_str()),
         Some("/etc/kubemq-amqp/policy/acl.json")
     );
-    let pod = pod_spec(&d);
-    let policy = pod
-        .volumes
-        .as_ref()
-        .expect("volumes")
-        .iter()
-        .find(|v| v.name == "policy")
-        .expect("policy");
-    assert_eq!(
-        policy
-            .secret
-            .as_ref()
-            .and_then(|s| s.secret_name.as_deref()),
-        Some("orders-acl")
-    );
+    assert_secret_volume(pod_spec(&d), "policy", "orders-acl");
 
     // ANONYMOUS offered: authentication stays off, nothing is mounted for it.
     cr.spec.sasl = Some(
@@ -449,26 +452,20 @@ fn the_amqps_listener_mounts_the_secrets_and_configures_the_connector() {
         Some("/etc/kubemq-amqp/client-ca/ca.crt")
     );
     let pod = pod_spec(&d);
-    let volumes = pod.volumes.as_ref().expect("volumes");
-    for (volume, secret) in [("tls", "orders-tls"), ("client-ca", "clients-ca")] {
-        let v = volumes.iter().find(|v| v.name == volume).expect(volume);
-        let s = v.secret.as_ref().expect("a Secret volume");
-        assert_eq!(s.secret_name.as_deref(), Some(secret));
-        assert_eq!(s.default_mode, Some(0o440));
-    }
+    assert_secret_volume(pod, "tls", "orders-tls");
+    assert_secret_volume(pod, "client-ca", "clients-ca");
     assert_eq!(
         pod.security_context.as_ref().and_then(|c| c.fs_group),
         Some(65532)
     );
+    assert_mounted_read_only(
+        pod,
+        &[
+            ("tls", "/etc/kubemq-amqp/tls"),
+            ("client-ca", "/etc/kubemq-amqp/client-ca"),
+        ],
+    );
     let c = &pod.containers[0];
-    let mounts = c.volume_mounts.as_ref().expect("mounts");
-    for (volume, path) in [
-        ("tls", "/etc/kubemq-amqp/tls"),
-        ("client-ca", "/etc/kubemq-amqp/client-ca"),
-    ] {
-        let m = mounts.iter().find(|m| m.name == volume).expect(volume);
-        assert_eq!((m.mount_path.as_str(), m.read_only), (path, Some(true)));
-    }
     let ports = c.ports.as_ref().expect("ports");
     assert!(ports
         .iter()
