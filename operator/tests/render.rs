@@ -392,6 +392,30 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
         .any(|v| v.name == "jwt" || v.name == "policy"));
 }
 
+/// SASL-3: every signature type the CRD accepts is one the connector reads (the CRD keeps its
+/// own enum, for its schema, so this keeps the two lists together).
+#[test]
+fn sasl_3_every_crd_signature_type_is_the_connectors() {
+    use kubemq_amqp_operator::crd::JwtSignatureType as Crd;
+    for t in [
+        Crd::HS256,
+        Crd::HS384,
+        Crd::HS512,
+        Crd::RS256,
+        Crd::RS384,
+        Crd::RS512,
+        Crd::ES256,
+        Crd::ES384,
+    ] {
+        let name = serde_json::to_value(t).expect("to JSON");
+        let name = name.as_str().expect("a name");
+        assert!(
+            name.parse::<connector::auth::jwt::SignatureType>().is_ok(),
+            "{name}"
+        );
+    }
+}
+
 /// The connector's settings from the rendered file, read by the connector's own parser.
 fn connector_settings(d: &Desired) -> connector::config::Settings {
     use connector::config::{read_yaml, Settings};

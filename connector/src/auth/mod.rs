@@ -42,7 +42,7 @@ impl Security {
     pub fn open() -> Security {
         Security {
             auth: AuthPolicy::Disabled,
-            access: Access(None),
+            access: Access::open(),
             jwt: None,
         }
     }
@@ -84,7 +84,7 @@ pub fn refused_by_kubemq() -> AmqpError {
 }
 
 /// The authorization check the bridges make: with no policy everything is allowed (AUTHZ-1).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Access(Option<Arc<Policy>>);
 
 impl Access {
