@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Bodies are shared, not copied, from the received buffer to the AMQP frame.
         .bytes(".kubemq.QueueMessage.Body")
+        .bytes(".kubemq.Event.Body")
+        .bytes(".kubemq.EventReceive.Body")
         .compile_with_config(config, &["../proto/kubemq.proto"], &["../proto"])?;
     Ok(())
 }

@@ -26,6 +26,41 @@ pub const MAX_RECEIVE_INVALID: &str =
 pub const DELAY_INVALID: &str =
     "Error 135: invalid queue message delay seconds, must be between 0 and 43200";
 
+/// `Error 102`.
+pub const CHANNEL_EMPTY: &str = "Error 102: invalid channel value, cannot be empty";
+/// `Error 107`.
+pub const CHANNEL_WILDCARDS: &str = "Error 107: invalid channel value, no wildcards are allowed";
+/// `Error 108`.
+pub const CHANNEL_WHITESPACE: &str =
+    "Error 108: invalid channel value, no white spaces are allowed";
+/// `Error 111`.
+pub const SUBSCRIPTION_TYPE_UNDEFINED: &str =
+    "Error 111: invalid subscription type, cannot be undefined or 0";
+/// `Error 112`.
+pub const START_SEQUENCE_INVALID: &str =
+    "Error 112: invalid subscription type start at sequence value, cannot by 0 or negative";
+/// `Error 113`.
+pub const START_TIME_INVALID: &str =
+    "Error 113: invalid subscription type start at time value, cannot by 0 or negative";
+/// `Error 114`.
+pub const START_DELTA_INVALID: &str =
+    "Error 114: invalid subscription type start at time delta value, cannot by 0 or negative";
+/// `Error 118`.
+pub const NOT_EVENTS_STORE: &str =
+    "Error 118: event store parameters were set but subscribe type is not event store";
+/// `Error 119`.
+pub const CHANNEL_TRAILING_DOT: &str = "Error 119: invalid channel value, cannot end with `.`";
+/// `Error 207`.
+pub const SUBSCRIBE_TYPE_INVALID: &str = "Error 207: invalid subscribe type";
+/// An events-store ClientID outside `[A-Za-z0-9_-]+` (the broker's text).
+pub const STREAM_CLIENT_ID_INVALID: &str =
+    "stan: invalid clientID: only alphanumeric and `-` or `_` characters allowed";
+/// A second live events-store subscription with one ClientID (the broker's text).
+pub const STREAM_CLIENT_ID_TAKEN: &str = "stan: clientID already registered";
+/// A channel or group the store cannot keep (the broker's rules: no leading `.`, no empty
+/// token, no `/`, no `:` with a group); KubeMQ loses such events silently, the store refuses.
+pub const STREAM_CHANNEL_INVALID: &str = "stan: invalid subject";
+
 /// Transaction errors of 4.3.4, trailing spaces and typos included.
 pub mod txn {
     /// Any op on a transaction this stream does not know.
@@ -61,6 +96,62 @@ pub fn valid_queue_name(name: &str) -> bool {
         && !name
             .chars()
             .any(|c| c.is_whitespace() || c == '*' || c == '>' || c == '/')
+}
+
+/// Which subscription a channel is checked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubscribeKind {
+    /// Events: wildcards allowed.
+    Events,
+    /// Events-Store: no wildcards, and the broker's channel rules.
+    EventsStore,
+}
+
+/// Checks an event send as KubeMQ does (4.5): ClientID, channel, then the empty-message rule.
+pub fn event_validation(e: &crate::kubemq::Event) -> Result<(), &'static str> {
+    if e.client_id.is_empty() {
+        return Err(CLIENT_ID_EMPTY);
+    }
+    channel_rules(&e.channel, false)?;
+    if e.metadata.is_empty() && e.body.is_empty() {
+        return Err(MESSAGE_EMPTY);
+    }
+    Ok(())
+}
+
+/// Checks a subscription's ClientID and channel as KubeMQ does (4.5, 4.6).
+pub fn subscribe_channel(
+    client_id: &str,
+    channel: &str,
+    kind: SubscribeKind,
+) -> Result<(), &'static str> {
+    if client_id.is_empty() {
+        return Err(CLIENT_ID_EMPTY);
+    }
+    channel_rules(channel, kind == SubscribeKind::Events)
+}
+
+fn channel_rules(channel: &str, wildcards: bool) -> Result<(), &'static str> {
+    if channel.is_empty() {
+        return Err(CHANNEL_EMPTY);
+    }
+    if channel.ends_with('.') {
+        return Err(CHANNEL_TRAILING_DOT);
+    }
+    if channel.chars().any(char::is_whitespace) {
+        return Err(CHANNEL_WHITESPACE);
+    }
+    if !wildcards && channel.contains(['*', '>']) {
+        return Err(CHANNEL_WILDCARDS);
+    }
+    Ok(())
+}
+
+/// Whether `s` is a valid events-store ClientID: `[A-Za-z0-9_-]+`.
+pub fn valid_stream_client_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 #[cfg(test)]

@@ -223,6 +223,25 @@ impl Log {
             .map_err(|_| io::Error::other("store writer stopped"))?
     }
 
+    /// [`Log::append`], handed to the writer before this returns (not at the future's first
+    /// poll): appends made one after another are written in that order.
+    pub fn append_in_order(
+        &self,
+        bytes: BytesMut,
+    ) -> impl std::future::Future<Output = io::Result<(Location, SegmentPin)>> + Send + 'static
+    {
+        let (done, wait) = oneshot::channel();
+        let sent = self.send(Append {
+            bytes,
+            done: Some(done),
+        });
+        async move {
+            sent?;
+            wait.await
+                .map_err(|_| io::Error::other("store writer stopped"))?
+        }
+    }
+
     /// Appends framed records without waiting and without an fsync of their own (acks: they reach
     /// the disk with the next durable append; one lost in a power failure means a redelivery).
     pub fn append_nowait(&self, bytes: BytesMut) {

@@ -11,8 +11,10 @@
 pub mod capture;
 pub mod downstream;
 pub mod errors;
+pub mod events;
 pub mod log;
 pub mod record;
+pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
 use std::io;
@@ -89,6 +91,7 @@ impl State {
                 .map(|(k, q)| (k.clone(), q.last_sequence))
                 .collect(),
             next_delay_id: self.next_delay_id,
+            cursors: Vec::new(),
         }
     }
 }
@@ -112,6 +115,10 @@ pub struct Store {
     /// Gets waiting for messages right now.
     waiting: AtomicU64,
     stop: Arc<Notify>,
+    /// Events (in memory).
+    events: events::EventsHub,
+    /// The events-store (its own log, in `events-store/`).
+    streams: Arc<stream::Streams>,
 }
 
 /// A Get counted as waiting while this lives (also when the Get is cancelled mid-wait).
@@ -139,7 +146,12 @@ pub struct OpenReport {
     pub ready: usize,
     /// Delayed messages waiting after recovery.
     pub delayed: usize,
+    /// Events-store events retained after recovery.
+    pub stored_events: usize,
 }
+
+/// Where the events-store keeps its log, inside the store's directory.
+pub const STREAM_DIR: &str = "events-store";
 
 impl Store {
     /// Opens (or creates) the store in `dir`, replaying its log. In-flight messages of a previous
@@ -166,10 +178,25 @@ impl Store {
                 "store dropped damaged data"
             );
         }
+        let (streams, stream_report) = stream::Streams::open(
+            &dir.join(STREAM_DIR),
+            segment_bytes,
+            stream::DEFAULT_RETENTION,
+        )?;
+        for d in &stream_report.dropped {
+            tracing::warn!(
+                segment = d.segment,
+                offset = d.offset,
+                bytes = d.bytes,
+                reason = d.reason,
+                "events-store dropped damaged data"
+            );
+        }
         let report = OpenReport {
-            dropped,
+            dropped: dropped.into_iter().chain(stream_report.dropped).collect(),
             ready: st.queues.values().map(|q| q.ready.len()).sum(),
             delayed: st.delayed.len(),
+            stored_events: stream_report.events,
         };
         let state = Arc::new(Mutex::new(st));
         let cp_state = state.clone();
@@ -194,6 +221,8 @@ impl Store {
             waited_out: AtomicU64::new(0),
             waiting: AtomicU64::new(0),
             stop: Arc::new(Notify::new()),
+            events: events::EventsHub::default(),
+            streams,
         });
         store.reclaim();
         Ok((store, report))
@@ -201,6 +230,7 @@ impl Store {
 
     /// Starts the task that releases delayed messages (every 500 ms, 4.3.8). Needs a runtime.
     pub fn start_delay_releaser(self: &Arc<Self>) {
+        self.streams.start_expiry();
         let weak = Arc::downgrade(self);
         let stop = self.stop.clone();
         tokio::spawn(async move {
@@ -220,6 +250,17 @@ impl Store {
     pub fn close(&self) {
         self.stop.notify_waiters();
         self.log.close();
+        self.streams.close();
+    }
+
+    /// Events: in-memory fan-out.
+    pub fn events(&self) -> &events::EventsHub {
+        &self.events
+    }
+
+    /// The events-store.
+    pub fn streams(&self) -> &Arc<stream::Streams> {
+        &self.streams
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -834,7 +875,11 @@ fn replay(st: &mut State, rec: record::Record, e: Entry) {
                 }
             }
         }
-        Some(Kind::Enqueue(Enqueue { message: None })) | None => {}
+        // The stream log's kinds never appear in the queue log.
+        Some(Kind::Enqueue(Enqueue { message: None }))
+        | Some(Kind::Stored(_))
+        | Some(Kind::Cursor(_))
+        | None => {}
     }
 }
 

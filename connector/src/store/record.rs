@@ -16,7 +16,7 @@ pub const MAX_RECORD: usize = 101 * 1024 * 1024;
 #[derive(Clone, PartialEq, Message)]
 pub struct Record {
     /// The kind.
-    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5")]
+    #[prost(oneof = "Kind", tags = "1, 2, 3, 4, 5, 6, 7")]
     pub kind: Option<Kind>,
 }
 
@@ -38,6 +38,44 @@ pub enum Kind {
     /// First record of every segment: what must survive the deletion of older segments.
     #[prost(message, tag = "5")]
     Checkpoint(Checkpoint),
+    /// An events-store event, with its channel, sequence and store time (the stream log).
+    #[prost(message, tag = "6")]
+    Stored(StoredEvent),
+    /// Where an events-store subscription's cursor stands (the stream log).
+    #[prost(message, tag = "7")]
+    Cursor(Cursor),
+}
+
+/// An event kept by the events-store.
+#[derive(Clone, PartialEq, Message)]
+pub struct StoredEvent {
+    /// The event as subscribers receive it: Channel, Sequence and Timestamp set.
+    #[prost(message, optional, tag = "1")]
+    pub event: Option<crate::kubemq::EventReceive>,
+}
+
+/// An events-store subscription cursor: keyed by (ClientID, channel) without a group, by
+/// (channel, group) with one.
+#[derive(Clone, PartialEq, Eq, Message)]
+pub struct Cursor {
+    /// The subscriber's ClientID (empty for a group's cursor).
+    #[prost(string, tag = "1")]
+    pub client_id: String,
+    /// The channel.
+    #[prost(string, tag = "2")]
+    pub channel: String,
+    /// The group (empty for a subscriber's own cursor).
+    #[prost(string, tag = "3")]
+    pub group: String,
+    /// The next sequence to deliver.
+    #[prost(uint64, tag = "4")]
+    pub next: u64,
+    /// Unix ns of the cursor's last use: cursors unused for the retention period are forgotten.
+    #[prost(int64, tag = "5")]
+    pub touched_ns: i64,
+    /// The subscription was deleted: the cursor is gone.
+    #[prost(bool, tag = "6")]
+    pub removed: bool,
 }
 
 /// A stored queue message.
@@ -91,6 +129,9 @@ pub struct Checkpoint {
     /// Next delayed-message id.
     #[prost(uint64, tag = "2")]
     pub next_delay_id: u64,
+    /// Every events-store cursor (the stream log).
+    #[prost(message, repeated, tag = "3")]
+    pub cursors: Vec<Cursor>,
 }
 
 /// Appends one framed record to `out`; returns the framed length.
