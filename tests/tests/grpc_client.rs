@@ -419,16 +419,29 @@ fn facade_wire_edges() {
         assert_eq!(purged.affected_messages, 5);
         assert_eq!(f.store.ready_count("w"), 0);
 
-        let e = c
+        let sent = c
             .send_event(Event {
                 client_id: "t".into(),
                 channel: "e".into(),
-                body: b"x".to_vec(),
+                body: b"x".to_vec().into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(sent.sent && !sent.event_id.is_empty(), "{sent:?}");
+        // KubeMQ's text, as gRPC INTERNAL (KMQ-3).
+        let e = c
+            .send_event(Event {
+                client_id: "t".into(),
+                channel: "e.*".into(),
+                body: b"x".to_vec().into(),
                 ..Default::default()
             })
             .await
             .unwrap_err();
-        assert_eq!(e.code(), tonic::Code::Unimplemented);
+        assert_eq!(e.code(), tonic::Code::Internal);
+        assert!(e.message().starts_with("Error 107"), "{}", e.message());
     });
 }
 

@@ -3,12 +3,20 @@
 
 use std::sync::Arc;
 
-use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+
+use super::{
+    batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
+};
+use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
-    PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
+    Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
+    Subscribe,
 };
-use crate::store::{downstream, now_ns, Store};
+use crate::store::stream::StartAt;
+use crate::store::{downstream, errors, now_ns, Store};
 
 /// The embedded store as a backend.
 #[derive(Clone)]
@@ -90,6 +98,33 @@ impl Backend for Embedded {
         ReadyHint::Exact(self.store.ready_count(channel) as u64)
     }
 
+    async fn send_event(&self, event: Event) -> Result<String, BackendError> {
+        if event.store {
+            self.store
+                .streams()
+                .append(event)
+                .await
+                .map(|e| e.event_id)
+                .map_err(BackendError::Rejected)
+        } else {
+            self.store
+                .events()
+                .publish(event)
+                .map(|p| p.event_id)
+                .map_err(|e| BackendError::Rejected(e.into()))
+        }
+    }
+
+    async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
+        subscribe(&self.store, &request)
+            .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as EventStream)
+            .map_err(|e| BackendError::Rejected(e.into()))
+    }
+
+    async fn forget_cursor(&self, client_id: &str, channel: &str) -> Result<bool, BackendError> {
+        Ok(self.store.streams().forget(client_id, channel))
+    }
+
     async fn ping(&self) -> Result<PingResult, BackendError> {
         let now = now_ns() / 1_000_000_000;
         Ok(PingResult {
@@ -98,5 +133,32 @@ impl Backend for Embedded {
             server_start_time: self.started,
             server_up_time_seconds: now - self.started,
         })
+    }
+}
+
+/// A SubscribeToEvents request served by the store, refused as KubeMQ refuses it.
+pub fn subscribe(
+    store: &Arc<Store>,
+    request: &Subscribe,
+) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::EventReceive>, &'static str> {
+    match SubscribeType::try_from(request.subscribe_type_data) {
+        Ok(SubscribeType::Events) => {
+            if request.events_store_type_data != 0 {
+                return Err(errors::NOT_EVENTS_STORE);
+            }
+            store
+                .events()
+                .subscribe(&request.client_id, &request.channel, &request.group)
+        }
+        Ok(SubscribeType::EventsStore) => {
+            let start = StartAt::from_request(
+                request.events_store_type_data,
+                request.events_store_type_value,
+            )?;
+            store
+                .streams()
+                .subscribe(&request.client_id, &request.channel, &request.group, start)
+        }
+        _ => Err(errors::SUBSCRIBE_TYPE_INVALID),
     }
 }

@@ -26,14 +26,17 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use super::ready_estimate::ReadyEstimate;
-use super::{batch_from, get_request, Backend, BackendError, Batch, Downstream, ReadyHint};
+use super::{
+    batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
+};
 use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::new_id;
 use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
 use crate::kubemq::{
-    Empty, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo,
-    QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, SendQueueMessageResult,
+    Empty, Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequest,
+    QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest, QueuesUpstreamRequest,
+    QueuesUpstreamResponse, SendQueueMessageResult, Subscribe,
 };
 
 /// Messages per QueuesUpstream request at most.
@@ -42,6 +45,12 @@ const MAX_BATCH: usize = 1000;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest retry delay.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a subscription waits for KubeMQ's answer before it is taken as open: KubeMQ
+/// (grpc-go) may send a server stream's headers only with its first event, and a refusal
+/// comes at once.
+const SUBSCRIBE_ANSWER: Duration = Duration::from_millis(500);
+/// Events a subscription's reader holds for the bridge.
+const SUBSCRIPTION_BUFFER: usize = 256;
 
 /// How the client behaves.
 #[derive(Debug, Clone)]
@@ -728,6 +737,72 @@ impl Backend for KubemqGrpc {
             async move { c.ping(req).await }
         })
         .await
+    }
+
+    async fn send_event(&self, event: Event) -> Result<String, BackendError> {
+        let shared = self.shared.clone();
+        let r = self
+            .unary(|mut c| {
+                let req = shared.request(event.clone());
+                async move { c.send_event(req).await }
+            })
+            .await?;
+        if r.sent {
+            Ok(r.event_id)
+        } else {
+            Err(BackendError::Rejected(r.error))
+        }
+    }
+
+    async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
+        let (tx, rx) = mpsc::channel::<Result<EventReceive, BackendError>>(SUBSCRIPTION_BUFFER);
+        let (answered, answer) = oneshot::channel::<Result<(), BackendError>>();
+        let mut client = self.shared.client.clone();
+        let req = self.shared.request(request);
+        tokio::spawn(async move {
+            let opened = tokio::select! {
+                r = client.subscribe_to_events(req) => r,
+                // The subscriber left before KubeMQ answered.
+                _ = tx.closed() => return,
+            };
+            let mut stream = match opened {
+                Ok(r) => {
+                    let _ = answered.send(Ok(()));
+                    r.into_inner()
+                }
+                Err(s) => {
+                    let e = refused(&s);
+                    // Told to the subscriber as the answer, or in the stream if it came late.
+                    if let Err(Err(e)) = answered.send(Err(e)) {
+                        let _ = tx.send(Err(e)).await;
+                    }
+                    return;
+                }
+            };
+            loop {
+                let item = tokio::select! {
+                    item = stream.next() => item,
+                    _ = tx.closed() => return,
+                };
+                let item = match item {
+                    Some(Ok(e)) => Ok(e),
+                    Some(Err(s)) => Err(refused(&s)),
+                    None => Err(BackendError::Unavailable(
+                        "subscription ended by KubeMQ".into(),
+                    )),
+                };
+                let end = item.is_err();
+                if tx.send(item).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        match tokio::time::timeout(SUBSCRIBE_ANSWER, answer).await {
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(BackendError::Unavailable("subscription task ended".into())),
+            // Open, or not answered yet (events, then any refusal, come in the stream).
+            Ok(Ok(Ok(()))) | Err(_) => Ok(Box::pin(ReceiverStream::new(rx))),
+        }
     }
 }
 

@@ -2,8 +2,8 @@
 //! implementations — [`embedded::Embedded`] (the durable store in this process, the default) and
 //! [`grpc::KubemqGrpc`] (a KubeMQ server, or the store's façade, over gRPC).
 //!
-//! Queues are implemented; events, events-store, commands and queries will add methods of the
-//! same shape (send, subscribe stream, request/response) when their bridges arrive.
+//! Queues (send, downstream sessions) and events / events-store (send, subscription streams)
+//! are implemented; commands and queries will add request/response methods of the same shape.
 
 pub mod embedded;
 pub mod grpc;
@@ -11,11 +11,18 @@ pub mod readiness;
 pub mod ready_estimate;
 
 use std::future::Future;
+use std::pin::Pin;
 
 use crate::engine::Credential;
 use crate::kubemq::{
-    PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo, SendQueueMessageResult,
+    Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo,
+    SendQueueMessageResult, Subscribe,
 };
+
+/// A live events or events-store subscription: its events in order; it ends with an error or
+/// when the backend ends it, and dropping it unsubscribes.
+pub type EventStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<EventReceive, BackendError>> + Send>>;
 
 /// Why a backend operation failed, as a bridge must act on it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -69,6 +76,30 @@ pub trait Backend: Send + Sync + 'static {
         &self,
         filter: &str,
     ) -> impl Future<Output = Result<QueuesInfo, BackendError>> + Send;
+
+    /// Sends an event (`Store = false`) or an events-store event (`Store = true`); returns the
+    /// EventID once KubeMQ took it (for the embedded events-store: once it is on disk).
+    fn send_event(&self, event: Event)
+        -> impl Future<Output = Result<String, BackendError>> + Send;
+
+    /// Subscribes to events or an events-store channel (SubscribeToEvents).
+    fn subscribe_events(
+        &self,
+        request: Subscribe,
+    ) -> impl Future<Output = Result<EventStream, BackendError>> + Send;
+
+    /// Deletes the events-store cursor of (`client_id`, `channel`), so that the next
+    /// subscription with that ClientID starts from its start position; `Ok(false)` when there
+    /// was none. KubeMQ's API has no such call: there it is `Rejected`.
+    fn forget_cursor(
+        &self,
+        _client_id: &str,
+        _channel: &str,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        std::future::ready(Err(BackendError::Rejected(
+            "KubeMQ cannot delete an events-store subscription".into(),
+        )))
+    }
 
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;

@@ -4,3 +4,4 @@
 pub mod address;
 pub mod envelope;
 pub mod queues;
+pub mod selector;

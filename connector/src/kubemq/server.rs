@@ -1,8 +1,9 @@
-//! The embedded store served as KubeMQ's gRPC API (the queues subset and Ping), so that the
+//! The embedded store served as KubeMQ's gRPC API (queues, events, events-store and Ping), so that the
 //! connector's KubeMQ client, KubeMQ's own SDKs and tests can all talk to it over a real socket.
 //! Errors are placed as KubeMQ places them (KMQ-3): in-band for queue sends and
-//! streams, gRPC status only for infrastructure failures. Events, Events-Store, Commands, Queries
-//! and the legacy queue RPCs answer UNIMPLEMENTED until their patterns exist.
+//! streams and SendEventsStream, gRPC INTERNAL with KubeMQ's `Error NNN` text for events and
+//! subscriptions. Commands, Queries and the legacy queue RPCs answer UNIMPLEMENTED until their
+//! patterns exist.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -175,6 +176,31 @@ async fn store_and_capture(
     results
 }
 
+impl Facade {
+    /// Sends one event as SendEvent does; the refusal is KubeMQ's text.
+    async fn send_one(&self, event: Event) -> Result<String, String> {
+        if event.store {
+            self.store.streams().append(event).await.map(|e| e.event_id)
+        } else {
+            self.store
+                .events()
+                .publish(event)
+                .map(|p| p.event_id)
+                .map_err(str::to_string)
+        }
+    }
+
+    /// What a stream's task needs of the façade.
+    fn clone_for_stream(&self) -> Facade {
+        Facade {
+            store: self.store.clone(),
+            started: self.started,
+            started_unix: self.started_unix,
+            capture: self.capture.clone(),
+        }
+    }
+}
+
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
     Err(Status::unimplemented(format!(
         "{what} is not available in the embedded KubeMQ backend yet"
@@ -185,25 +211,76 @@ fn unimplemented<T>(what: &str) -> Result<T, Status> {
 impl Kubemq for Facade {
     async fn send_event(
         &self,
-        _: Request<Event>,
+        request: Request<Event>,
     ) -> Result<Response<crate::kubemq::Result>, Status> {
-        unimplemented("SendEvent")
+        let event = request.into_inner();
+        let event_id = self.send_one(event).await.map_err(Status::internal)?;
+        Ok(Response::new(crate::kubemq::Result {
+            event_id,
+            sent: true,
+            error: String::new(),
+        }))
     }
 
     type SendEventsStreamStream = BoxStream<crate::kubemq::Result>;
     async fn send_events_stream(
         &self,
-        _: Request<Streaming<Event>>,
+        request: Request<Streaming<Event>>,
     ) -> Result<Response<Self::SendEventsStreamStream>, Status> {
-        unimplemented("SendEventsStream")
+        let mut incoming = request.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let facade = self.clone_for_stream();
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = incoming.next().await {
+                // KubeMQ answers every events-store send, and an events send only when it failed;
+                // errors are in-band here.
+                let stored = event.store;
+                let id = event.event_id.clone();
+                let result = match facade.send_one(event).await {
+                    Ok(event_id) if stored => Some(crate::kubemq::Result {
+                        event_id,
+                        sent: true,
+                        error: String::new(),
+                    }),
+                    Ok(_) => None,
+                    Err(error) => Some(crate::kubemq::Result {
+                        event_id: id,
+                        sent: false,
+                        error,
+                    }),
+                };
+                if let Some(r) = result {
+                    if tx.send(Ok(r)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        headers_with_first(rx).await
     }
 
     type SubscribeToEventsStream = BoxStream<EventReceive>;
     async fn subscribe_to_events(
         &self,
-        _: Request<Subscribe>,
+        request: Request<Subscribe>,
     ) -> Result<Response<Self::SubscribeToEventsStream>, Status> {
-        unimplemented("SubscribeToEvents")
+        let events = crate::backend::embedded::subscribe(&self.store, &request.into_inner())
+            .map_err(Status::internal)?;
+        let (tx, rx) = mpsc::channel(1);
+        tokio::spawn(async move {
+            let mut events = events;
+            loop {
+                tokio::select! {
+                    e = events.recv() => match e {
+                        Some(e) => if tx.send(Ok(e)).await.is_err() { return },
+                        None => return,
+                    },
+                    // The subscriber left while nothing arrived: unsubscribe now.
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        headers_with_first(rx).await
     }
 
     type SubscribeToRequestsStream = BoxStream<crate::kubemq::Request>;

@@ -136,7 +136,9 @@ impl EventsHub {
             members.sort_unstable();
             let turn = subs.turns.entry(key).or_default();
             *turn = turn.wrapping_add(1);
-            targets.push(members[*turn % members.len()]);
+            if let Some(&id) = members.get(*turn % members.len()) {
+                targets.push(id);
+            }
         }
         let mut delivered = 0;
         for id in targets {

@@ -645,7 +645,7 @@ impl Reader {
                     _ = gone => break,
                     _ = self.stop.notified() => break,
                     _ = tokio::time::sleep(Duration::from_secs(1)), if matches!(self.sink, Sink::Group(_)) => {
-                        if self.group_empty() { break; }
+                        if self.try_end_group() { break; }
                     }
                 }
                 continue;
@@ -669,23 +669,30 @@ impl Reader {
         }
         if let Some(streams) = self.streams.upgrade() {
             streams.save_cursor(&self.key, self.next);
-            if let Sink::Group(_) = &self.sink {
-                streams.lock().groups.remove(&self.key);
-            }
         }
         if let Sink::One(_) = &self.sink {
             claim.release();
         }
     }
 
-    fn group_empty(&self) -> bool {
-        match &self.sink {
-            Sink::One(_) => false,
-            Sink::Group(m) => {
-                let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
-                m.senders.retain(|s| !s.is_closed());
-                m.senders.is_empty()
-            }
+    /// Ends a group whose members all left: under the state lock (taken before the members'
+    /// lock, as `subscribe` takes them), so a member joining at the same moment either joins
+    /// this reader before it checks or finds no live group and starts a new reader.
+    fn try_end_group(&self) -> bool {
+        let Sink::Group(members) = &self.sink else {
+            return false;
+        };
+        let Some(streams) = self.streams.upgrade() else {
+            return true;
+        };
+        let mut st = streams.lock();
+        let mut m = members.lock().unwrap_or_else(|e| e.into_inner());
+        m.senders.retain(|s| !s.is_closed());
+        if m.senders.is_empty() {
+            st.groups.remove(&self.key);
+            true
+        } else {
+            false
         }
     }
 
@@ -698,19 +705,18 @@ impl Reader {
                 let member = {
                     let mut m = members.lock().unwrap_or_else(|e| e.into_inner());
                     m.senders.retain(|s| !s.is_closed());
-                    if m.senders.is_empty() {
-                        // Under the group lock: a member joining now finds no live group.
-                        if let Some(s) = self.streams.upgrade() {
-                            s.lock().groups.remove(&self.key);
-                        }
+                    m.turn = m.turn.wrapping_add(1);
+                    let turn = m.turn;
+                    m.senders.get(turn % m.senders.len().max(1)).cloned()
+                };
+                let Some(member) = member else {
+                    if self.try_end_group() {
                         return false;
                     }
-                    m.turn = m.turn.wrapping_add(1);
-                    m.senders[m.turn % m.senders.len()].clone()
+                    continue;
                 };
-                match member.send(e.clone()).await {
-                    Ok(()) => return true,
-                    Err(_) => continue,
+                if member.send(e.clone()).await.is_ok() {
+                    return true;
                 }
             },
         }

@@ -237,6 +237,10 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             if let Some(Value::Uint(ttl)) = fields.get(2) {
                 props.insert("ttl".into(), json!(ttl));
             }
+            // Kept for selectors (JMSPriority) and restored on delivery; never for ordering.
+            if let Some(Value::Ubyte(priority)) = fields.get(1) {
+                props.insert("priority".into(), json!(priority));
+            }
         }
     }
     if !props.is_empty() {
@@ -365,6 +369,8 @@ impl Egress {
 struct Shape {
     /// The header's ttl (ENV-3).
     ttl: Option<u32>,
+    /// The header priority the producer set, if any.
+    priority: Option<u8>,
     /// The encoded sections between the header and the body.
     before_body: Vec<u8>,
     /// Whether the body was an AmqpValue.
@@ -383,6 +389,10 @@ fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Sh
         .and_then(|p| p.get("ttl"))
         .and_then(Json::as_u64)
         .and_then(|t| u32::try_from(t).ok());
+    let priority = props
+        .and_then(|p| p.get("priority"))
+        .and_then(Json::as_u64)
+        .and_then(|t| u8::try_from(t).ok());
     match &env {
         Some(env) => {
             for (section, code) in [(&env.delivery_annotations, 0x71), (&env.annotations, 0x72)] {
@@ -440,6 +450,7 @@ fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Sh
     }
     Shape {
         ttl,
+        priority,
         before_body: out,
         value_body,
         footer,
@@ -455,6 +466,7 @@ impl Shape {
         push_header(
             &mut out,
             self.ttl,
+            self.priority,
             info.receive_count <= 1,
             u32::try_from(info.receive_count.saturating_sub(1).max(0)).unwrap_or(0),
         );
@@ -480,12 +492,21 @@ fn tags_map(tags: &std::collections::HashMap<String, String>) -> Value {
     )
 }
 
-/// The header section (durable, no priority, ttl, first-acquirer, delivery-count), encoded by
+/// The header section (durable, priority, ttl, first-acquirer, delivery-count), encoded by
 /// hand: it is on every delivery, and the generic encoder costs more than the rest of it.
-fn push_header(out: &mut Vec<u8>, ttl: Option<u32>, first_acquirer: bool, delivery_count: u32) {
+fn push_header(
+    out: &mut Vec<u8>,
+    ttl: Option<u32>,
+    priority: Option<u8>,
+    first_acquirer: bool,
+    delivery_count: u32,
+) {
     let mut fields = Vec::with_capacity(16);
     fields.push(0x41); // durable: true
-    fields.push(0x40); // priority: null (4, the default)
+    match priority {
+        Some(p) => fields.extend_from_slice(&[0x50, p]),
+        None => fields.push(0x40), // null: 4, the default
+    }
     match ttl {
         Some(t) => push_uint(&mut fields, t),
         None => fields.push(0x40),

@@ -59,22 +59,22 @@ fn first_delivery() -> DeliveryInfo {
 /// encoding width they can take (uint 0 / small / large, vbin8 / vbin32, empty).
 #[test]
 fn hand_encoded_sections_match_the_encoder() {
-    for (ttl, first, count) in [
-        (None, true, 0u32),
-        (Some(0), false, 1),
-        (Some(255), false, 255),
-        (Some(256), false, 256),
-        (Some(u32::MAX), false, u32::MAX),
+    for (ttl, priority, first, count) in [
+        (None, None, true, 0u32),
+        (Some(0), Some(0), false, 1),
+        (Some(255), Some(9), false, 255),
+        (Some(256), None, false, 256),
+        (Some(u32::MAX), Some(255), false, u32::MAX),
     ] {
         let mut fast = Vec::new();
-        push_header(&mut fast, ttl, first, count);
+        push_header(&mut fast, ttl, priority, first, count);
         let mut generic = Vec::new();
         push_section(
             &mut generic,
             0x70,
             Value::List(vec![
                 Value::Bool(true),
-                Value::Null,
+                priority.map_or(Value::Null, Value::Ubyte),
                 ttl.map_or(Value::Null, Value::Uint),
                 Value::Bool(first),
                 Value::Uint(count),

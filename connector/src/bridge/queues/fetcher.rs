@@ -999,6 +999,17 @@ mod tests {
             self.inner.send_queue(lane, messages).await
         }
 
+        async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, BackendError> {
+            self.inner.send_event(event).await
+        }
+
+        async fn subscribe_events(
+            &self,
+            request: crate::kubemq::Subscribe,
+        ) -> Result<crate::backend::EventStream, BackendError> {
+            self.inner.subscribe_events(request).await
+        }
+
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
             Ok(RecordedGets(d, self.gets.clone()))

@@ -275,6 +275,17 @@ mod tests {
             Ok(vec![SendQueueMessageResult::default(); messages.len()])
         }
 
+        async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, BackendError> {
+            self.inner.send_event(event).await
+        }
+
+        async fn subscribe_events(
+            &self,
+            request: crate::kubemq::Subscribe,
+        ) -> Result<crate::backend::EventStream, BackendError> {
+            self.inner.subscribe_events(request).await
+        }
+
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
             self.inner.open_downstream().await
         }
