@@ -25,6 +25,9 @@ pub struct RoleLabel {
     pub role: Role,
 }
 
+/// Patterns besides queues whose transfer counters are kept at hand.
+const HOT_PATTERNS: [&str; 2] = ["events", "events-store"];
+
 /// Transfer direction (MET-4).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Direction {
@@ -130,6 +133,9 @@ pub struct Metrics {
     /// The `queues` members of `transfers` (in, out), held so that counting a message does not
     /// build and hash a label set: this is on every message's path.
     queue_transfers: [Counter; 2],
+    /// The transfer counters of the patterns on a hot path, by pattern then direction: found
+    /// without building a label set per message.
+    pattern_transfers: [[Counter; 2]; 2],
     /// The dispositions family's counters, by `Outcome` (counted on every settled delivery).
     outcome_counters: [Counter; 4],
 }
@@ -157,6 +163,7 @@ impl Metrics {
             events_store_dropped_stalled: Counter::default(),
             rpc_late_responses: Counter::default(),
             queue_transfers: Default::default(),
+            pattern_transfers: Default::default(),
             outcome_counters: Default::default(),
         };
         for role in [Role::sender, Role::receiver] {
@@ -185,6 +192,13 @@ impl Metrics {
             m.transfers
                 .get_or_create(&TransferLabels::new(direction, "queues"))
                 .clone()
+        });
+        m.pattern_transfers = HOT_PATTERNS.map(|pattern| {
+            [Direction::In, Direction::Out].map(|direction| {
+                m.transfers
+                    .get_or_create(&TransferLabels::new(direction, pattern))
+                    .clone()
+            })
         });
         m
     }
@@ -260,11 +274,31 @@ impl Metrics {
             if let Some(c) = self.queue_transfers.get(direction as usize) {
                 c.inc();
             }
+        } else if let Some(i) = HOT_PATTERNS.iter().position(|p| *p == pattern) {
+            if let Some(c) = self
+                .pattern_transfers
+                .get(i)
+                .and_then(|d| d.get(direction as usize))
+            {
+                c.inc();
+            }
         } else {
             self.transfers
                 .get_or_create(&TransferLabels::new(direction, pattern))
                 .inc();
         }
+    }
+
+    /// Transfers counted so far for `direction` (`in` / `out`) and `pattern`.
+    pub fn transfers_counted(&self, direction: &str, pattern: &str) -> u64 {
+        let d = if direction == "in" {
+            Direction::In
+        } else {
+            Direction::Out
+        };
+        self.transfers
+            .get_or_create(&TransferLabels::new(d, pattern))
+            .get()
     }
 
     /// Counts one terminal disposition.

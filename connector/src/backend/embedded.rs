@@ -121,8 +121,8 @@ impl Backend for Embedded {
             .map_err(|e| BackendError::Rejected(e.into()))
     }
 
-    async fn forget_cursor(&self, client_id: &str, channel: &str) -> Result<bool, BackendError> {
-        Ok(self.store.streams().forget(client_id, channel))
+    async fn forget_cursor(&self, client_id: &str) -> Result<bool, BackendError> {
+        Ok(self.store.streams().forget(client_id) > 0)
     }
 
     async fn ping(&self) -> Result<PingResult, BackendError> {

@@ -137,6 +137,8 @@ pub struct KubemqGrpc {
     upstream: Arc<[mpsc::UnboundedSender<Pending>]>,
     /// This process's sends and fetches per channel, for Get sizing.
     ready: Arc<ReadyEstimate>,
+    /// Event sends, in order, over one SendEventsStream.
+    events: mpsc::UnboundedSender<super::event_sender::EventSend>,
 }
 
 impl KubemqGrpc {
@@ -188,10 +190,12 @@ impl KubemqGrpc {
                 tx
             })
             .collect();
+        let events = super::event_sender::spawn(shared.client.clone(), shared.token.clone());
         KubemqGrpc {
             shared,
             upstream,
             ready,
+            events,
         }
     }
 
@@ -740,18 +744,13 @@ impl Backend for KubemqGrpc {
     }
 
     async fn send_event(&self, event: Event) -> Result<String, BackendError> {
-        let shared = self.shared.clone();
-        let r = self
-            .unary(|mut c| {
-                let req = shared.request(event.clone());
-                async move { c.send_event(req).await }
-            })
-            .await?;
-        if r.sent {
-            Ok(r.event_id)
-        } else {
-            Err(BackendError::Rejected(r.error))
-        }
+        let (done, result) = oneshot::channel();
+        self.events
+            .send(super::event_sender::EventSend { event, done })
+            .map_err(|_| BackendError::Unavailable("event sender stopped".into()))?;
+        result
+            .await
+            .map_err(|_| BackendError::Unavailable("event sender stopped".into()))?
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {

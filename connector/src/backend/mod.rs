@@ -6,6 +6,7 @@
 //! are implemented; commands and queries will add request/response methods of the same shape.
 
 pub mod embedded;
+mod event_sender;
 pub mod grpc;
 pub mod readiness;
 pub mod ready_estimate;
@@ -88,13 +89,12 @@ pub trait Backend: Send + Sync + 'static {
         request: Subscribe,
     ) -> impl Future<Output = Result<EventStream, BackendError>> + Send;
 
-    /// Deletes the events-store cursor of (`client_id`, `channel`), so that the next
-    /// subscription with that ClientID starts from its start position; `Ok(false)` when there
-    /// was none. KubeMQ's API has no such call: there it is `Rejected`.
+    /// Deletes the events-store cursors of `client_id`, so that the next subscription with that
+    /// ClientID starts from its start position; `Ok(false)` when there were none. KubeMQ's API
+    /// has no such call: there it is `Rejected`.
     fn forget_cursor(
         &self,
         _client_id: &str,
-        _channel: &str,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send {
         std::future::ready(Err(BackendError::Rejected(
             "KubeMQ cannot delete an events-store subscription".into(),

@@ -197,9 +197,72 @@ pub fn resolve(
     })
 }
 
+/// [`resolve`] for a client receiver: an events channel may also be a KubeMQ wildcard
+/// subscription, `*` standing for one `.`-separated token and a last `>` for one or more (KubeMQ
+/// accepts them on events subscriptions only; ADDR-6 refuses them everywhere else).
+pub fn resolve_subscription(
+    address: &str,
+    hint: Option<Pattern>,
+    default: Pattern,
+) -> Result<Resolved, AddressError> {
+    let refused = match resolve(address, hint, default) {
+        Err(e @ AddressError::InvalidChannel("channel contains wildcard")) => e,
+        other => return other,
+    };
+    // Whole-token wildcards, `>` only last, stand in as a plain character of the same length.
+    let tokens: Vec<&str> = address.split('.').collect();
+    let last = tokens.len().saturating_sub(1);
+    let masked: Vec<&str> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| match (*t, i == last) {
+            ("*", _) | (">", true) => "w",
+            _ => t,
+        })
+        .collect();
+    match resolve(&masked.join("."), hint, default) {
+        Ok(Resolved::Node {
+            pattern: Pattern::Events,
+            channel,
+        }) => Ok(Resolved::Node {
+            pattern: Pattern::Events,
+            // The mask kept every length: the channel is the same tail of the address.
+            channel: address
+                .get(address.len() - channel.len()..)
+                .unwrap_or_default()
+                .to_string(),
+        }),
+        _ => Err(refused),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Wildcards are a subscription's, on events only, and only as whole tokens.
+    #[test]
+    fn wildcard_subscriptions() {
+        let q = Pattern::Queues;
+        for ok in ["events/a.*", "events/a.>", "events/*.b.>", "/events/*"] {
+            let channel = ok.trim_start_matches('/').trim_start_matches("events/");
+            assert_eq!(
+                resolve_subscription(ok, None, q),
+                node(Pattern::Events, channel),
+                "{ok}"
+            );
+        }
+        let wildcard = Err(AddressError::InvalidChannel("channel contains wildcard"));
+        for bad in [
+            "events/a*",
+            "events/a.>.b",
+            "queues/a.*",
+            "events-store/a.*",
+        ] {
+            assert_eq!(resolve_subscription(bad, None, q), wildcard, "{bad}");
+        }
+        assert_eq!(resolve("events/a.*", None, q), wildcard, "not for senders");
+    }
 
     fn node(p: Pattern, c: &str) -> Result<Resolved, AddressError> {
         Ok(Resolved::Node {

@@ -3,5 +3,6 @@
 
 pub mod address;
 pub mod envelope;
+pub mod events;
 pub mod queues;
 pub mod selector;

@@ -440,20 +440,30 @@ impl Streams {
         Ok(rx)
     }
 
-    /// Deletes the subscription cursor of (`client_id`, `channel`): the next subscription with
-    /// that ClientID starts from its start position. False if there was none.
-    pub fn forget(&self, client_id: &str, channel: &str) -> bool {
-        let key = CursorKey::Client {
-            client_id: client_id.to_string(),
-            channel: channel.to_string(),
+    /// Deletes every subscription cursor of `client_id` (one per channel it subscribed to): the
+    /// next subscription with that ClientID starts from its start position. Returns how many
+    /// there were.
+    pub fn forget(&self, client_id: &str) -> usize {
+        let removed: Vec<CursorKey> = {
+            let mut st = self.lock();
+            let keys: Vec<CursorKey> = st
+                .cursors
+                .keys()
+                .filter(|k| matches!(k, CursorKey::Client { client_id: c, .. } if c == client_id))
+                .cloned()
+                .collect();
+            for k in &keys {
+                st.cursors.remove(k);
+            }
+            keys
         };
-        let removed = self.lock().cursors.remove(&key).is_some();
-        if removed {
+        let now = now_ns();
+        for key in &removed {
             let mut b = BytesMut::new();
-            record::frame(&mut b, Kind::Cursor(key.record(0, now_ns(), true)));
+            record::frame(&mut b, Kind::Cursor(key.record(0, now, true)));
             self.log.append_nowait(b);
         }
-        removed
+        removed.len()
     }
 
     /// Whether (`client_id`, `channel`) has a cursor.
@@ -874,7 +884,7 @@ mod tests {
         nothing_more(&mut rx).await;
         drop(rx);
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(s.forget("d", "ch"));
+        assert_eq!(s.forget("d"), 1);
         let mut rx = s.subscribe("d", "ch", "", StartAt::Sequence(8)).unwrap();
         assert_eq!(take(&mut rx, 2).await, ["away-1", "away-2"]);
     }

@@ -29,8 +29,9 @@ use self::fetcher::{
     ToConsumer,
 };
 use self::sender::{Done, Lane, ToStore};
-use super::address::{capability_hint, resolve, Pattern, Resolved};
+use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
+use super::events::{ConsumeRequest, EventLinks, Target};
 use crate::auth::policy::Action;
 use crate::auth::Access;
 use crate::backend::Backend;
@@ -60,6 +61,8 @@ pub struct Queues<B: Backend> {
     metrics: Arc<Metrics>,
     /// Who may read and write which channel (AUTHZ-1).
     access: Access,
+    /// The events and events-store bridge's process-wide part.
+    events: super::events::Shared,
 }
 
 impl<B: Backend> Queues<B> {
@@ -86,6 +89,11 @@ impl<B: Backend> Queues<B> {
             next_lane: AtomicU64::new(0),
             metrics,
             access,
+            events: super::events::Shared {
+                durable: Default::default(),
+                buffer: settings.max_unsettled_per_link.max(1) as usize,
+                credit_window: settings.produce_credit_window(),
+            },
         })
     }
 
@@ -112,6 +120,8 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             credential: None,
             connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
             client_id: String::new(),
+            container_id: String::new(),
+            events: Default::default(),
             links: FastMap::default(),
             lanes: FastMap::default(),
             closing_lanes: Vec::new(),
@@ -202,6 +212,10 @@ pub struct QueuesHandler<B: Backend> {
     credential: Option<Credential>,
     connection: u64,
     client_id: String,
+    /// The OPEN container-id as sent: with a link's name, it names a durable subscription (DUR-2).
+    container_id: String,
+    /// The connection's events and events-store links.
+    events: EventLinks,
     links: FastMap<LinkId, LinkKind>,
     /// Produce links' sends, driven by this connection's task.
     lanes: FastMap<LinkId, Lane>,
@@ -253,6 +267,17 @@ impl<B: Backend> Drop for QueuesHandler<B> {
     }
 }
 
+/// The events pattern a message's `to` names, if it names one.
+fn events_pattern(to: Option<&str>) -> Option<Pattern> {
+    match resolve(to?, None, Pattern::Queues).ok()? {
+        Resolved::Node {
+            pattern: p @ (Pattern::Events | Pattern::EventsStore),
+            ..
+        } => Some(p),
+        _ => None,
+    }
+}
+
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
 pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
 
@@ -293,6 +318,13 @@ impl<B: Backend> QueuesHandler<B> {
         } else {
             a.source.as_deref().is_some_and(|s| s.dynamic)
         };
+        if !client_sends && a.source.is_none() {
+            // DUR-9: a receiver with no source names a durable subscription to delete.
+            let identity = super::events::durable::identity(&self.container_id, &a.name);
+            return self
+                .events
+                .forget_durable(link, identity, &self.backend, &self.bridge.events);
+        }
         let Some(address) = address.filter(|a| !a.is_empty()) else {
             if client_sends && !dynamic {
                 // ADDR-13: an anonymous link; every message names its node in `to`.
@@ -342,8 +374,19 @@ impl<B: Backend> QueuesHandler<B> {
             ));
         }
         let hint = capability_hint(caps.iter().map(String::as_str));
-        let resolved =
-            resolve(&address, hint, self.bridge.default_pattern).map_err(|e| e.to_amqp())?;
+        let resolved = if client_sends {
+            resolve(&address, hint, self.bridge.default_pattern)
+        } else {
+            resolve_subscription(&address, hint, self.bridge.default_pattern)
+        }
+        .map_err(|e| e.to_amqp())?;
+        if let Resolved::Node {
+            pattern: pattern @ (Pattern::Events | Pattern::EventsStore),
+            channel,
+        } = resolved
+        {
+            return self.attach_events(conn, link, a, pattern, channel);
+        }
         let channel = queue_channel(resolved, client_sends)?;
         // AUTHZ-2: after the address resolved, before the link is accepted.
         let action = if client_sends {
@@ -396,6 +439,56 @@ impl<B: Backend> QueuesHandler<B> {
             },
         );
         Ok(())
+    }
+
+    /// Accepts or starts an events or events-store link, after the authorization check
+    /// (AUTHZ-2).
+    fn attach_events(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        a: &Attach,
+        pattern: Pattern,
+        channel: String,
+    ) -> Result<(), AmqpError> {
+        let client_sends = a.role == Role::Sender;
+        let action = if client_sends {
+            Action::Write
+        } else {
+            Action::Read
+        };
+        self.bridge
+            .access
+            .check(&self.client_id, pattern, &channel, action)?;
+        if client_sends {
+            if super::events::options::has_filter(a.source.as_deref()) {
+                // SEL-3, OP-EV-4: a filter selects what a receiver gets; a sender has none.
+                return Err(AmqpError::new(
+                    Condition::NotAllowed,
+                    "selectors apply only to receiving links",
+                ));
+            }
+            self.events.attach_publisher(
+                conn,
+                link,
+                pattern,
+                channel,
+                &self.bridge.events,
+                &self.bridge.metrics,
+            );
+            return Ok(());
+        }
+        self.events.attach_subscriber(
+            link,
+            ConsumeRequest {
+                pattern,
+                channel: &channel,
+                attach: a,
+                container_id: &self.container_id,
+            },
+            &self.backend,
+            &self.bridge.events,
+        )
     }
 
     /// Settles an inbound delivery, counting a rejection as a link-scope error when it goes on the
@@ -486,18 +579,30 @@ impl<B: Backend> QueuesHandler<B> {
 
     /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14): what does not
     /// resolve is a precondition failure of that message.
-    fn route(&self, to: Option<&str>) -> Result<String, AmqpError> {
+    fn route(&self, to: Option<&str>) -> Result<Target, AmqpError> {
         let to = to
             .filter(|t| !t.is_empty())
             .ok_or_else(|| AmqpError::new(Condition::PreconditionFailed, "message has no to"))?;
         let resolved = resolve(to, None, self.bridge.default_pattern)
             .map_err(|e| AmqpError::new(Condition::PreconditionFailed, e.description()))?;
-        let channel = queue_channel(resolved, true)?;
+        let target = match resolved {
+            Resolved::Node {
+                pattern: pattern @ (Pattern::Events | Pattern::EventsStore),
+                channel,
+            } => Target { pattern, channel },
+            other => Target {
+                pattern: Pattern::Queues,
+                channel: queue_channel(other, true)?,
+            },
+        };
         // AUTHZ-4: each message of an anonymous link is checked for Write on its node.
-        self.bridge
-            .access
-            .check(&self.client_id, Pattern::Queues, &channel, Action::Write)?;
-        Ok(channel)
+        self.bridge.access.check(
+            &self.client_id,
+            target.pattern,
+            &target.channel,
+            Action::Write,
+        )?;
+        Ok(target)
     }
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
@@ -524,12 +629,27 @@ impl<B: Backend> QueuesHandler<B> {
         (conn.credit(link) as usize).min(room).min(wire) as u32
     }
     fn produce(&mut self, conn: &mut Connection, d: crate::engine::Delivery) {
+        if self.events.produce(
+            conn,
+            &d,
+            &self.client_id,
+            &self.backend,
+            &self.bridge.metrics,
+        ) {
+            return;
+        }
         let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
             return;
         };
-        // MET-4: every complete inbound message on a queues link.
-        self.bridge.metrics.transfer(Direction::In, "queues");
-        let stored = match ingress(&d.payload) {
+        let ingressed = ingress(&d.payload);
+        // MET-4: every complete inbound message, under the pattern it is for (an anonymous
+        // link's under the pattern its `to` names; queues when it names none).
+        let pattern = match (channel, &ingressed) {
+            (None, Ok(s)) => events_pattern(s.to.as_deref()).unwrap_or(Pattern::Queues),
+            _ => Pattern::Queues,
+        };
+        self.bridge.metrics.transfer(Direction::In, pattern.name());
+        let stored = match ingressed {
             Ok(s) => s,
             Err(IngressError::SequenceBody) => {
                 // rejected, then the link is detached, both not-implemented.
@@ -593,7 +713,13 @@ impl<B: Backend> QueuesHandler<B> {
         let channel = match channel {
             Some(c) => c.clone(),
             None => match self.route(stored.to.as_deref()) {
-                Ok(c) => c,
+                // ADDR-18: one anonymous link reaches every pattern, message by message.
+                Ok(target) if target.pattern != Pattern::Queues => {
+                    self.events
+                        .routed(&d, target, stored, &self.client_id, &self.backend);
+                    return;
+                }
+                Ok(target) => target.channel,
                 Err(e) => {
                     // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
                     // is dropped (settle sends nothing for it).
@@ -785,9 +911,11 @@ impl<B: Backend> QueuesHandler<B> {
             Event::Opened {
                 client_id,
                 credential,
+                container_id,
                 ..
             } => {
                 self.client_id = client_id;
+                self.container_id = container_id;
                 if let Some(c) = credential {
                     if let Some(b) = self.bridge.backend.with_credential(&c) {
                         self.backend = Arc::new(b);
@@ -804,6 +932,9 @@ impl<B: Backend> QueuesHandler<B> {
             }
             Event::Delivery(d) => self.produce(conn, d),
             Event::Credit { link, drain, .. } => {
+                if self.events.credit(conn, link, drain, &self.bridge.metrics) {
+                    return;
+                }
                 if drain {
                     // FLOW-5: the fetcher hands over what is immediately available, then says
                     // DrainDone; it never waits for new messages.
@@ -886,6 +1017,10 @@ impl<B: Backend> QueuesHandler<B> {
             Event::LinkClosed {
                 link, unsettled, ..
             } => {
+                if let Some(role) = self.events.closed(link) {
+                    self.bridge.metrics.link(role).dec();
+                    return;
+                }
                 let kind = self.links.remove(&link);
                 match &kind {
                     Some(LinkKind::Produce { .. }) => {
@@ -939,7 +1074,8 @@ impl<B: Backend> QueuesHandler<B> {
         while let Poll::Ready(Some(h)) = self.handout_rx.poll_recv(cx) {
             self.ready_handouts.push(h);
         }
-        if self.ready_done.is_empty() && self.ready_handouts.is_empty() {
+        let events = self.events.poll(cx).is_ready();
+        if !events && self.ready_done.is_empty() && self.ready_handouts.is_empty() {
             Poll::Pending
         } else {
             Poll::Ready(())
@@ -947,6 +1083,8 @@ impl<B: Backend> QueuesHandler<B> {
     }
 
     fn do_work(&mut self, conn: &mut Connection) {
+        self.events
+            .work(conn, &self.bridge.events, &self.bridge.metrics);
         for d in std::mem::take(&mut self.ready_done) {
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             self.settle_in(conn, d.link, d.delivery_id, d.presettled, d.state);

@@ -1,0 +1,635 @@
+//! The events and events-store bridge: AMQP links on `events/<channel>` and
+//! `events-store/<channel>` ⇄ KubeMQ event sends and subscriptions (EV-*, ES-*, GRP-*, SEL-*,
+//! SP-*, DUR-*).
+//!
+//! Produce: each complete message becomes one event send carrying the `amqp10` envelope; an
+//! unsettled delivery is `accepted` once the backend took it (EV-3, ES-2). Consume: the link is a
+//! subscription, answered (the reply ATTACH) once the backend confirmed it, so that nothing
+//! published after the attach completes is missed (OP-EV-1). Every delivery is pre-settled
+//! (EV-5, ES-4). An event that finds its link without credit is dropped and counted (EV-6); an
+//! events-store message waits in the link's buffer of MaxUnsettledPerLink until credit comes,
+//! and a buffer that overflows at zero credit ends the link (ES-5 … ES-7). Selectors are
+//! evaluated here, per message, before delivery (SEL-2).
+
+pub mod durable;
+pub mod options;
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
+use fe2o3_amqp_types::performatives::Attach;
+use tokio_stream::{Stream, StreamMap};
+
+use self::durable::Claim;
+use self::options::StartPosition;
+use super::address::Pattern;
+use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
+use super::selector::{EnvelopeOperands, Selector};
+use crate::backend::{Backend, BackendError, EventStream};
+use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
+use crate::kubemq::subscribe::SubscribeType;
+use crate::kubemq::{Event, EventReceive, Subscribe};
+use crate::metrics::{self, Direction, Metrics};
+
+/// Most arrivals handled per turn, so one busy subscription cannot hold the connection's task.
+const ARRIVALS_PER_TURN: usize = 1024;
+
+/// Process-wide part of the bridge.
+#[derive(Debug)]
+pub struct Shared {
+    /// Durable identities attached in this process (DUR-6).
+    pub durable: durable::Registry,
+    /// Capacity of an events-store link's buffer: MaxUnsettledPerLink (ES-5).
+    pub buffer: usize,
+    /// Credit window of produce links.
+    pub credit_window: u32,
+}
+
+/// The metric label of a pattern (MET-4).
+fn label(pattern: Pattern) -> &'static str {
+    pattern.name()
+}
+
+/// Where an event goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Events or events-store.
+    pub pattern: Pattern,
+    /// The channel.
+    pub channel: String,
+}
+
+/// A produce link.
+struct Publisher {
+    pattern: Pattern,
+    channel: String,
+}
+
+/// A consume link.
+struct Subscriber {
+    pattern: Pattern,
+    selector: Option<Selector>,
+    /// Events-store messages waiting for credit, oldest first (ES-5, ES-6).
+    buffer: VecDeque<EventReceive>,
+    /// The durable identity this link holds, if durable (DUR-6).
+    _claim: Option<Claim>,
+}
+
+/// A subscription the backend is opening, for a link not yet answered.
+struct Opening {
+    link: LinkId,
+    subscriber: Subscriber,
+    result: Result<EventStream, BackendError>,
+}
+
+/// A send the backend finished.
+struct Sent {
+    link: LinkId,
+    delivery_id: u32,
+    presettled: bool,
+    result: Result<String, BackendError>,
+}
+
+/// A cursor deletion the backend finished (DUR-9).
+struct Forgotten {
+    link: LinkId,
+    result: Result<bool, BackendError>,
+}
+
+type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One connection's events and events-store links.
+#[derive(Default)]
+pub struct EventLinks {
+    publishers: FastMap<LinkId, Publisher>,
+    subscribers: FastMap<LinkId, Subscriber>,
+    streams: StreamMap<LinkId, EventStream>,
+    opening: futures_util::stream::FuturesUnordered<Pending<Opening>>,
+    sends: futures_util::stream::FuturesUnordered<Pending<Sent>>,
+    forgetting: futures_util::stream::FuturesUnordered<Pending<Forgotten>>,
+    ready_opened: Vec<Opening>,
+    ready_sent: Vec<Sent>,
+    ready_forgotten: Vec<Forgotten>,
+    arrived: Vec<(LinkId, Option<Result<EventReceive, BackendError>>)>,
+    egress: Egress,
+}
+
+/// What a consume attach asks for, read before anything is opened.
+pub struct ConsumeRequest<'a> {
+    /// The events or events-store pattern.
+    pub pattern: Pattern,
+    /// The channel (wildcards allowed for events).
+    pub channel: &'a str,
+    /// The client's ATTACH.
+    pub attach: &'a Attach,
+    /// The connection's container-id as sent (DUR-2).
+    pub container_id: &'a str,
+}
+
+impl EventLinks {
+    /// Whether `link` is one of this bridge's.
+    pub fn owns(&self, link: LinkId) -> bool {
+        self.publishers.contains_key(&link) || self.subscribers.contains_key(&link)
+    }
+
+    /// Accepts a produce link on `channel`.
+    pub fn attach_publisher(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        pattern: Pattern,
+        channel: String,
+        shared: &Shared,
+        metrics: &Metrics,
+    ) {
+        if conn
+            .accept_link(
+                link,
+                LinkAccept {
+                    credit_window: shared.credit_window,
+                },
+            )
+            .is_err()
+        {
+            return; // detached while attaching
+        }
+        metrics.link(metrics::Role::receiver).inc();
+        self.publishers.insert(link, Publisher { pattern, channel });
+    }
+
+    /// Starts a subscription for a consume link; the link is answered when it is open.
+    pub fn attach_subscriber<B: Backend>(
+        &mut self,
+        link: LinkId,
+        req: ConsumeRequest<'_>,
+        backend: &Arc<B>,
+        shared: &Shared,
+    ) -> Result<(), AmqpError> {
+        let attach = req.attach;
+        let source = attach.source.as_deref();
+        let props = attach.properties.as_ref();
+        let group = options::group(props)?;
+        let selector = options::selector(source)?;
+        let store = req.pattern == Pattern::EventsStore;
+        // SP-6, EV-11: the start position means something only on events-store.
+        let start = if store {
+            options::start(props)?
+        } else {
+            StartPosition::NEW_ONLY
+        };
+        let (client_id, claim) = if store && options::durable(source) {
+            let identity = durable::identity(req.container_id, &attach.name);
+            let claim = shared.durable.claim(&identity).ok_or_else(|| {
+                AmqpError::new(Condition::NotAllowed, "durable subscription in use")
+            })?;
+            (identity, Some(claim))
+        } else {
+            // A fresh ClientID per link: KubeMQ resumes a ClientID's cursor, and a non-durable
+            // subscription must start where it asks (OP-EV-6).
+            (format!("amqp10-{}", uuid::Uuid::new_v4().simple()), None)
+        };
+        let request = Subscribe {
+            subscribe_type_data: if store {
+                SubscribeType::EventsStore as i32
+            } else {
+                SubscribeType::Events as i32
+            },
+            client_id,
+            channel: req.channel.to_string(),
+            group,
+            events_store_type_data: if store { start.kind as i32 } else { 0 },
+            events_store_type_value: if store { start.value } else { 0 },
+        };
+        let subscriber = Subscriber {
+            pattern: req.pattern,
+            selector,
+            buffer: VecDeque::new(),
+            _claim: claim,
+        };
+        let backend = backend.clone();
+        self.opening.push(Box::pin(async move {
+            let result = backend.subscribe_events(request).await;
+            Opening {
+                link,
+                subscriber,
+                result,
+            }
+        }));
+        Ok(())
+    }
+
+    /// Deletes the durable subscription a null-source receiver names (DUR-9); the link is
+    /// answered once the backend has done it.
+    pub fn forget_durable<B: Backend>(
+        &mut self,
+        link: LinkId,
+        identity: String,
+        backend: &Arc<B>,
+        shared: &Shared,
+    ) -> Result<(), AmqpError> {
+        if shared.durable.in_use(&identity) {
+            return Err(AmqpError::new(
+                Condition::NotAllowed,
+                "durable subscription in use",
+            ));
+        }
+        let backend = backend.clone();
+        self.forgetting.push(Box::pin(async move {
+            let result = backend.forget_cursor(&identity).await;
+            Forgotten { link, result }
+        }));
+        Ok(())
+    }
+
+    /// Sends a complete message of a produce link; false if the link is not this bridge's.
+    pub fn produce<B: Backend>(
+        &mut self,
+        conn: &mut Connection,
+        d: &Delivery,
+        client_id: &str,
+        backend: &Arc<B>,
+        metrics: &Metrics,
+    ) -> bool {
+        let Some(p) = self.publishers.get(&d.link) else {
+            return false;
+        };
+        let (pattern, channel) = (p.pattern, p.channel.clone());
+        metrics.transfer(Direction::In, label(pattern));
+        let stored = match ingress(&d.payload) {
+            Ok(s) => s,
+            Err(e) => {
+                let (condition, text) = match e {
+                    IngressError::SequenceBody => (
+                        Condition::NotImplemented,
+                        "amqp-sequence bodies are not supported".to_string(),
+                    ),
+                    e => (Condition::DecodeError, e.to_string()),
+                };
+                settle(
+                    conn,
+                    metrics,
+                    d.link,
+                    d.delivery_id,
+                    d.settled,
+                    rejected(condition, &text),
+                );
+                if condition == Condition::NotImplemented {
+                    let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
+                }
+                return true;
+            }
+        };
+        self.send(d, Target { pattern, channel }, stored, client_id, backend);
+        true
+    }
+
+    /// Sends a message an anonymous link routed here by its `to` (ADDR-13, ADDR-18); the
+    /// delivery is settled with the send's outcome like any produce delivery.
+    pub fn routed<B: Backend>(
+        &mut self,
+        d: &Delivery,
+        target: Target,
+        stored: Stored,
+        client_id: &str,
+        backend: &Arc<B>,
+    ) {
+        self.send(d, target, stored, client_id, backend);
+    }
+
+    fn send<B: Backend>(
+        &mut self,
+        d: &Delivery,
+        target: Target,
+        stored: Stored,
+        client_id: &str,
+        backend: &Arc<B>,
+    ) {
+        let event = Event {
+            event_id: String::new(),
+            client_id: if client_id.is_empty() {
+                "amqp10".to_string()
+            } else {
+                client_id.to_string()
+            },
+            channel: target.channel,
+            metadata: stored.metadata,
+            body: stored.body,
+            store: target.pattern == Pattern::EventsStore,
+            tags: Default::default(),
+        };
+        let backend = backend.clone();
+        let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
+        self.sends.push(Box::pin(async move {
+            let result = backend.send_event(event).await;
+            Sent {
+                link,
+                delivery_id,
+                presettled,
+                result,
+            }
+        }));
+    }
+
+    /// New credit (or a drain) on a consume link; false if the link is not this bridge's.
+    pub fn credit(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        drain: bool,
+        metrics: &Metrics,
+    ) -> bool {
+        if !self.subscribers.contains_key(&link) {
+            return false;
+        }
+        self.pump(conn, link, metrics);
+        if drain {
+            // FLOW-5, EV-12, ES-9: what is here went out; nothing is waited for.
+            let _ = conn.drain_done(link);
+        }
+        true
+    }
+
+    /// A link ended: its subscription ends with it (EV-4, DUR-8 keeps a durable cursor);
+    /// returns the role it was counted under, if it was this bridge's.
+    pub fn closed(&mut self, link: LinkId) -> Option<metrics::Role> {
+        if self.publishers.remove(&link).is_some() {
+            return Some(metrics::Role::receiver);
+        }
+        if self.subscribers.remove(&link).is_some() {
+            self.streams.remove(&link);
+            return Some(metrics::Role::sender);
+        }
+        None
+    }
+
+    /// Collects finished backend work; Ready when there is some to apply.
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while let Poll::Ready(Some(o)) = Pin::new(&mut self.opening).poll_next(cx) {
+            self.ready_opened.push(o);
+        }
+        while let Poll::Ready(Some(s)) = Pin::new(&mut self.sends).poll_next(cx) {
+            self.ready_sent.push(s);
+        }
+        while let Poll::Ready(Some(f)) = Pin::new(&mut self.forgetting).poll_next(cx) {
+            self.ready_forgotten.push(f);
+        }
+        while self.arrived.len() < ARRIVALS_PER_TURN {
+            match Pin::new(&mut self.streams).poll_next(cx) {
+                Poll::Ready(Some((link, item))) => self.arrived.push((link, Some(item))),
+                _ => break,
+            }
+        }
+        if self.ready_opened.is_empty()
+            && self.ready_sent.is_empty()
+            && self.ready_forgotten.is_empty()
+            && self.arrived.is_empty()
+        {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    }
+
+    /// Applies what [`EventLinks::poll`] collected.
+    pub fn work(&mut self, conn: &mut Connection, shared: &Shared, metrics: &Metrics) {
+        for s in std::mem::take(&mut self.ready_sent) {
+            let state = match s.result {
+                Ok(_) => DeliveryState::Accepted(Accepted {}),
+                Err(e) => send_failure(&e),
+            };
+            // A link gone meanwhile needs nothing (the engine refuses the settlement).
+            settle(conn, metrics, s.link, s.delivery_id, s.presettled, state);
+        }
+        for o in std::mem::take(&mut self.ready_opened) {
+            match o.result {
+                Ok(stream) => {
+                    if conn
+                        .accept_link(o.link, LinkAccept { credit_window: 0 })
+                        .is_err()
+                    {
+                        // Detached while the subscription opened: it ends here.
+                        continue;
+                    }
+                    metrics.link(metrics::Role::sender).inc();
+                    self.subscribers.insert(o.link, o.subscriber);
+                    self.streams.insert(o.link, stream);
+                }
+                Err(e) => {
+                    let _ = conn.refuse_link(o.link, subscribe_failure(&e));
+                }
+            }
+        }
+        for f in std::mem::take(&mut self.ready_forgotten) {
+            match f.result {
+                Ok(_) => {
+                    // DUR-9: done; the link stays until the client detaches it.
+                    if conn
+                        .accept_link(f.link, LinkAccept { credit_window: 0 })
+                        .is_ok()
+                    {
+                        metrics.link(metrics::Role::sender).inc();
+                        self.subscribers.insert(
+                            f.link,
+                            Subscriber {
+                                pattern: Pattern::EventsStore,
+                                selector: None,
+                                buffer: VecDeque::new(),
+                                _claim: None,
+                            },
+                        );
+                    }
+                }
+                Err(e) => {
+                    let _ = conn.refuse_link(
+                        f.link,
+                        AmqpError::new(Condition::NotImplemented, truncate(&e.to_string())),
+                    );
+                }
+            }
+        }
+        for (link, item) in std::mem::take(&mut self.arrived) {
+            match item {
+                Some(Ok(event)) => self.arrive(conn, link, event, shared, metrics),
+                Some(Err(e)) => {
+                    self.end(link);
+                    let error = match e {
+                        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
+                        e => AmqpError::new(
+                            Condition::InternalError,
+                            truncate(&format!("subscription ended: {e}")),
+                        ),
+                    };
+                    let _ = conn.detach(link, Some(error));
+                }
+                None => {}
+            }
+        }
+    }
+
+    /// One event from a link's subscription.
+    fn arrive(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        event: EventReceive,
+        shared: &Shared,
+        metrics: &Metrics,
+    ) {
+        let Some(s) = self.subscribers.get_mut(&link) else {
+            return;
+        };
+        if let Some(selector) = &s.selector {
+            // SEL-7, EV-10: withheld silently, not a drop.
+            if !selector.matches(&EnvelopeOperands::new(&event.metadata)) {
+                return;
+            }
+        }
+        match s.pattern {
+            Pattern::EventsStore => {
+                if s.buffer.len() >= shared.buffer.max(1) && conn.credit(link) == 0 {
+                    // ES-7: the buffer and the newcomer are discarded and the link ends.
+                    let dropped = s.buffer.len() as u64 + 1;
+                    metrics.events_store_dropped_stalled.inc_by(dropped);
+                    tracing::warn!(link, dropped, "events-store consumer stalled; detaching");
+                    self.end(link);
+                    let _ = conn.detach(
+                        link,
+                        Some(AmqpError::new(
+                            Condition::ResourceLimitExceeded,
+                            "credit stalled",
+                        )),
+                    );
+                    return;
+                }
+                s.buffer.push_back(event);
+                self.pump(conn, link, metrics);
+            }
+            _ => {
+                if conn.credit(link) == 0 {
+                    // EV-6, GRP-4: dropped and counted, never kept for later credit.
+                    metrics.events_dropped_no_credit.inc();
+                    return;
+                }
+                self.deliver(conn, link, Pattern::Events, &event, metrics);
+            }
+        }
+    }
+
+    /// Sends what an events-store link's buffer holds, within credit (ES-6).
+    fn pump(&mut self, conn: &mut Connection, link: LinkId, metrics: &Metrics) {
+        while conn.credit(link) > 0 {
+            let Some(event) = self
+                .subscribers
+                .get_mut(&link)
+                .and_then(|s| s.buffer.pop_front())
+            else {
+                return;
+            };
+            if !self.deliver(conn, link, Pattern::EventsStore, &event, metrics) {
+                if let Some(s) = self.subscribers.get_mut(&link) {
+                    s.buffer.push_front(event);
+                }
+                return;
+            }
+        }
+    }
+
+    /// One pre-settled delivery (EV-5, EV-7, ES-4); false if the engine took none.
+    fn deliver(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        pattern: Pattern,
+        event: &EventReceive,
+        metrics: &Metrics,
+    ) -> bool {
+        let payload = self.egress.message(
+            &event.metadata,
+            &event.body,
+            &event.tags,
+            DeliveryInfo { receive_count: 1 },
+        );
+        let tag = event.sequence.to_be_bytes();
+        if conn.send(link, &tag, &payload, true, 0).is_ok() {
+            metrics.transfer(Direction::Out, label(pattern));
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Forgets a link that ends on the server's side.
+    fn end(&mut self, link: LinkId) {
+        self.streams.remove(&link);
+        if let Some(s) = self.subscribers.get_mut(&link) {
+            s.buffer.clear();
+        }
+    }
+}
+
+/// Sends the outcome of an inbound delivery, counting a rejection (ERR-6, Q-7, MET-8).
+fn settle(
+    conn: &mut Connection,
+    metrics: &Metrics,
+    link: LinkId,
+    delivery_id: u32,
+    presettled: bool,
+    state: DeliveryState,
+) {
+    if matches!(state, DeliveryState::Rejected(_)) {
+        if presettled {
+            metrics.transfers_in_dropped.inc();
+        } else {
+            metrics.errors(metrics::Scope::link, 1);
+        }
+    }
+    let _ = conn.settle(link, delivery_id, state);
+}
+
+fn rejected(condition: Condition, text: &str) -> DeliveryState {
+    DeliveryState::Rejected(Rejected {
+        error: Some(AmqpError::new(condition, truncate(text)).to_wire()),
+    })
+}
+
+/// ERR-3: a broker text is cut to 512 characters.
+fn truncate(s: &str) -> String {
+    s.chars().take(512).collect()
+}
+
+/// ERR-9 for an event send.
+fn send_failure(e: &BackendError) -> DeliveryState {
+    match e {
+        BackendError::Unavailable(t) => {
+            rejected(Condition::NotAllowed, &format!("broker not ready: {t}"))
+        }
+        // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
+        BackendError::Rejected(t) if t.starts_with("Error 1") => {
+            rejected(Condition::InvalidField, t)
+        }
+        BackendError::Rejected(t) => rejected(Condition::InternalError, t),
+        BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
+            error: Some(crate::auth::refused_by_kubemq().to_wire()),
+        }),
+    }
+}
+
+/// The refusal of a consume link whose subscription did not open.
+fn subscribe_failure(e: &BackendError) -> AmqpError {
+    match e {
+        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
+        BackendError::Unavailable(t) => AmqpError::new(
+            Condition::InternalError,
+            truncate(&format!("broker not ready: {t}")),
+        ),
+        // A ClientID another node holds: the durable subscription is in use there (DUR-7).
+        BackendError::Rejected(t) if t.contains("clientID already registered") => {
+            AmqpError::new(Condition::NotAllowed, "durable subscription in use")
+        }
+        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, truncate(t)),
+    }
+}
