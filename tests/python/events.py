@@ -11,6 +11,8 @@ from proton.reactor import AtMostOnce, DurableSubscription, LinkOption, Selector
 from proton.utils import BlockingConnection, LinkDetached
 
 TIMEOUT = 10
+# Bodies of messages delivered unsettled (events and events-store deliveries never are).
+UNSETTLED = []
 # The selector filter's key (SEL-1); proton's Selector names it `selector` unless told.
 SELECTOR = "apache.org:selector-filter:string"
 
@@ -53,6 +55,7 @@ def drain_all(receiver, seconds=1.0):
             return got
         got.append(m)
         if receiver.fetcher.unsettled:
+            UNSETTLED.append(m.body)
             receiver.accept()
 
 
@@ -91,6 +94,12 @@ def unsettled(url):
     m = r.receive(timeout=TIMEOUT)
     check(m.body == "x" and m.properties == {"k": "v"}, (m.body, m.properties))
     check(not r.fetcher.unsettled, "EV-5: delivered pre-settled")
+    # EV-13: what was published while no subscription existed is never delivered.
+    r.close()
+    s.send(Message(body="lost"))
+    r2 = receiver(c, "events/" + ch)
+    s.send(Message(body="new"))
+    check([m.body for m in drain_all(r2)] == ["new"], "EV-13")
     c.close()
 
 
@@ -113,6 +122,8 @@ def groups(url):
     check(a and b, "each g1 member got a share: %d / %d" % (len(a), len(b)))
     check([m.body for m in drain_all(g2)] == sent, "g2 got every event")
     check([m.body for m in drain_all(solo)] == sent, "the ungrouped receiver got every event")
+    # GRP-5: no shared subscriptions are advertised.
+    check("SHARED-SUBS" not in str(c.conn.remote_offered_capabilities), "GRP-5")
     c.close()
 
 
@@ -247,6 +258,7 @@ def start_positions(url):
     r = receiver(c, "events-store/" + ch, credit=100)
     nothing(r)
     r.close()
+    check(UNSETTLED == [], "ES-4: deliveries are pre-settled: %r" % UNSETTLED)
     c.close()
 
 
@@ -389,7 +401,45 @@ def stalled(url):
     print("DROPPED 5")
 
 
+def store_groups(url):
+    """GRP-3, ES-8, SEL-2: on events-store, a group's members share the stream (each event once,
+    replayed history included), and a selector applies to replayed history too."""
+    ch = unique("es.grp")
+    c = BlockingConnection(url, timeout=TIMEOUT, container_id="es-grp")
+    s = c.create_sender("events-store/" + ch)
+    for i in range(10):
+        s.send(Message(body="h%d" % i, properties={"n": i}))
+    sel = receiver(c, "events-store/" + ch, options=[start("first"), Selector("n >= 5", SELECTOR)])
+    check([m.body for m in drain_all(sel)] == ["h%d" % i for i in range(5, 10)], "selector on replay")
+    both = Props(x_opt_kubemq_start="first", x_opt_kubemq_group="g")
+    a = receiver(c, "events-store/" + ch, options=both)
+    b = receiver(c, "events-store/" + ch, options=both)
+    for i in range(10, 20):
+        s.send(Message(body="h%d" % i, properties={"n": i}))
+    got_a = [m.body for m in drain_all(a)]
+    got_b = [m.body for m in drain_all(b)]
+    check(sorted(got_a + got_b, key=lambda x: int(x[1:])) == ["h%d" % i for i in range(20)], (got_a, got_b))
+    c.close()
+
+
+def group_zero_credit(url):
+    """GRP-4: an event the group assigned to a member without credit is dropped (and counted),
+    not given to the other member."""
+    ch = unique("ev.gz")
+    c = BlockingConnection(url, timeout=TIMEOUT, container_id="ev-gz")
+    live = receiver(c, "events/" + ch, credit=100, options=group("g"))
+    receiver(c, "events/" + ch, credit=0, options=group("g"))
+    s = c.create_sender("events/" + ch)
+    for i in range(10):
+        s.send(Message(body="e%d" % i))
+    got = drain_all(live)
+    check(0 < len(got) < 10, "the live member got only its share: %d" % len(got))
+    c.close()
+
+
 SCENARIOS = {
+    "store_groups": store_groups,
+    "group_zero_credit": group_zero_credit,
     "fanout": fanout,
     "unsettled": unsettled,
     "groups": groups,

@@ -36,13 +36,14 @@ fn ev_9_fan_out_to_three() {
     });
 }
 
-/// EV-3, EV-5: unsettled publishes are accepted; deliveries are pre-settled.
+/// EV-3, EV-5, EV-13: unsettled publishes are accepted; deliveries are pre-settled; nothing
+/// published without a subscription is delivered later.
 #[test]
 fn ev_3_unsettled_publish_accepted() {
     run("unsettled");
 }
 
-/// GRP-1, GRP-2, GRP-3: two groups and an ungrouped subscriber.
+/// GRP-1, GRP-2, GRP-5: two groups and an ungrouped subscriber; no SHARED-SUBS.
 #[test]
 fn grp_2_groups_share_and_fan_out() {
     run("groups");
@@ -54,10 +55,13 @@ fn ev_wildcards_through_an_anonymous_link() {
     run("wildcard");
 }
 
-/// SEL-1, SEL-2, SEL-4, SEL-9: the selector vector; the filter echoed.
+/// SEL-1, SEL-2, SEL-4, SEL-9, EV-10: the selector vector; the filter echoed; withheld events
+/// are not drops.
 #[test]
 fn sel_9_selector_vector() {
-    run("selectors");
+    each(Settings::default(), "selectors", |c| {
+        assert_eq!(c.metrics.events_dropped_no_credit.get(), 0, "EV-10");
+    });
 }
 
 /// SEL-3, SEL-5: refused selectors.
@@ -80,10 +84,17 @@ fn ev_12_drain() {
     run("drain");
 }
 
-/// ES-1, ES-2, ES-3, SP-1, SP-3, SP-4, SP-9: start positions.
+/// ES-1, ES-2, ES-3, ES-4, ES-6, ES-10, SP-1, SP-3, SP-4, SP-9: start positions, counted under
+/// the events-store pattern.
 #[test]
 fn sp_9_start_positions() {
-    run("start_positions");
+    each(Settings::default(), "start_positions", |c| {
+        assert_eq!(c.metrics.transfers_counted("in", "events-store"), 7);
+        assert_eq!(
+            c.metrics.transfers_counted("out", "events-store"),
+            6 + 3 + 6 + 1 + 6 + 1
+        );
+    });
 }
 
 /// SP-7, EV-11: malformed start positions refused; ignored on events.
@@ -116,5 +127,23 @@ fn es_7_stalled_subscriber_detached() {
     };
     each(settings, "stalled", |c| {
         assert_eq!(c.metrics.events_store_dropped_stalled.get(), 5);
+    });
+}
+
+/// GRP-3, ES-8, SEL-2: groups and selectors on events-store, replayed history included.
+#[test]
+fn es_8_groups_and_selectors_on_the_store() {
+    run("store_groups");
+}
+
+/// GRP-4: a group member without credit loses its share; the drops are counted and every
+/// event was either delivered or dropped.
+#[test]
+fn grp_4_zero_credit_member_drops_its_share() {
+    each(Settings::default(), "group_zero_credit", |c| {
+        let dropped = c.metrics.events_dropped_no_credit.get();
+        let delivered = c.metrics.transfers_counted("out", "events");
+        assert!(dropped > 0, "the idle member's share was dropped");
+        assert_eq!(dropped + delivered, 10);
     });
 }

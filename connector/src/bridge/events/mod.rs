@@ -633,3 +633,35 @@ fn subscribe_failure(e: &BackendError) -> AmqpError {
         BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, truncate(t)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DUR-7: a ClientID another node holds (KubeMQ's own uniqueness) is the same refusal as
+    /// a second attach here; ERR-9: send failures map to their conditions.
+    #[test]
+    fn dur_7_broker_side_uniqueness() {
+        let e = subscribe_failure(&BackendError::Rejected(
+            "stan: clientID already registered".into(),
+        ));
+        assert_eq!(e.condition, Condition::NotAllowed);
+        assert_eq!(
+            e.description.as_deref(),
+            Some("durable subscription in use")
+        );
+        let condition = |e: BackendError| match send_failure(&e) {
+            DeliveryState::Rejected(r) => r.error.map(|e| e.condition),
+            _ => None,
+        };
+        let wire = |c: Condition| Some(AmqpError::bare(c).to_wire().condition);
+        assert_eq!(
+            condition(BackendError::Rejected("Error 110: invalid message".into())),
+            wire(Condition::InvalidField)
+        );
+        assert_eq!(
+            condition(BackendError::Unavailable("down".into())),
+            wire(Condition::NotAllowed)
+        );
+    }
+}

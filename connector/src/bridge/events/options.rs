@@ -181,6 +181,51 @@ pub fn durable(source: Option<&Source>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fe2o3_amqp_types::messaging::FilterSet;
+    use serde_amqp::described::Described;
+    use serde_amqp::primitives::Symbol;
+
+    fn source(key: &str, value: Value) -> Source {
+        let mut filter = FilterSet::new();
+        filter.insert(Symbol::from(key), value);
+        Source::builder().filter(filter).build()
+    }
+
+    fn described(descriptor: Descriptor, text: &str) -> Value {
+        Value::Described(Box::new(Described {
+            descriptor,
+            value: Value::String(text.into()),
+        }))
+    }
+
+    /// SEL-1, OP-EV-5: both descriptor forms, the alias key and a plain string are read;
+    /// another key is ignored; a filter that is not a string refuses the attach.
+    #[test]
+    fn sel_1_filter_forms() {
+        let text = |s: &Source| selector(Some(s)).unwrap().map(|s| s.text().to_string());
+        let by_code = source(
+            SELECTOR_FILTER,
+            described(Descriptor::Code(SELECTOR_CODE), "a = 1"),
+        );
+        assert_eq!(text(&by_code).as_deref(), Some("a = 1"));
+        let by_name = source(
+            SELECTOR_ALIAS,
+            described(Descriptor::Name(Symbol::from(SELECTOR_FILTER)), "b = 2"),
+        );
+        assert_eq!(text(&by_name).as_deref(), Some("b = 2"));
+        let plain = source(SELECTOR_FILTER, Value::String("c = 3".into()));
+        assert_eq!(text(&plain).as_deref(), Some("c = 3"));
+        let other = source(
+            "selector",
+            described(Descriptor::Code(SELECTOR_CODE), "d = 4"),
+        );
+        assert_eq!(text(&other), None);
+        let wrong = source(SELECTOR_FILTER, Value::Long(1));
+        assert_eq!(
+            selector(Some(&wrong)).unwrap_err().condition,
+            Condition::InvalidField
+        );
+    }
 
     fn err(text: &str) -> String {
         StartPosition::parse(text)
@@ -228,6 +273,8 @@ mod tests {
         assert_eq!(err("time-delta:nope"), "invalid start time-delta: nope");
         assert_eq!(err("time-delta:-5"), "invalid start time-delta: -5");
         assert_eq!(err("whenever"), "unknown start position: whenever");
+        // SP-8: there is no "last N" form.
+        assert_eq!(err("last:5"), "unknown start position: last:5");
         let e = StartPosition::parse("whenever").unwrap_err();
         assert_eq!(e.condition, Condition::InvalidField);
     }
