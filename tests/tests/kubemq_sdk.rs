@@ -56,3 +56,32 @@ fn proto_matches_kubemq_wheel() {
     );
     assert!(stdout.contains("PASS proto_compat"), "{stdout}");
 }
+
+/// KubeMQ's Python SDK on events and events-store through the façade: fan-out, stored
+/// sequences from 1, StartFromFirst and StartAtSequence (KubeMQ 4.5, 4.6).
+#[test]
+fn python_sdk_events_against_facade() {
+    let facade = TestFacade::start();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kubemq_sdk_events.py");
+    sdk(Command::new("python3").args([script, "facade", &facade.addr.to_string()]));
+}
+
+/// ENV-12, ENV-15 for events: a KubeMQ SDK publisher and an AMQP subscriber, and an AMQP
+/// publisher and a KubeMQ SDK subscriber, on one store (the connector over the façade).
+#[test]
+fn python_sdk_and_amqp_events_both_ways() {
+    let c = interop_tests::TestConnector::start_over_grpc(connector::config::Settings::default());
+    let grpc = c.facade_addr().expect("a façade").to_string();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/kubemq_sdk_events.py");
+    sdk(Command::new("python3").args([script, "interop", &grpc, &format!("amqp://{}", c.addr)]));
+}
+
+fn sdk(cmd: &mut Command) {
+    let out = cmd.output().expect("python3 with the kubemq SDK");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("PASS kubemq_sdk_events"),
+        "kubemq SDK events scenario failed:\n{stdout}\n{stderr}"
+    );
+}

@@ -209,8 +209,12 @@ pub fn resolve_subscription(
         Err(e @ AddressError::InvalidChannel("channel contains wildcard")) => e,
         other => return other,
     };
-    // Whole-token wildcards, `>` only last, stand in as a plain character of the same length.
-    let tokens: Vec<&str> = address.split('.').collect();
+    let stripped = address.strip_prefix('/').unwrap_or(address);
+    let Some(channel) = stripped.strip_prefix("events/") else {
+        return Err(refused);
+    };
+    // Whole-token wildcards, `>` only last, stand in as a plain token for the other rules.
+    let tokens: Vec<&str> = channel.split('.').collect();
     let last = tokens.len().saturating_sub(1);
     let masked: Vec<&str> = tokens
         .iter()
@@ -220,20 +224,11 @@ pub fn resolve_subscription(
             _ => t,
         })
         .collect();
-    match resolve(&masked.join("."), hint, default) {
-        Ok(Resolved::Node {
-            pattern: Pattern::Events,
-            channel,
-        }) => Ok(Resolved::Node {
-            pattern: Pattern::Events,
-            // The mask kept every length: the channel is the same tail of the address.
-            channel: address
-                .get(address.len() - channel.len()..)
-                .unwrap_or_default()
-                .to_string(),
-        }),
-        _ => Err(refused),
-    }
+    validate_channel(&masked.join("."))?;
+    Ok(Resolved::Node {
+        pattern: Pattern::Events,
+        channel: channel.to_string(),
+    })
 }
 
 #[cfg(test)]
