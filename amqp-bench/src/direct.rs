@@ -44,6 +44,8 @@ pub async fn produce(
     let channel = channel(args);
     let client_id = format!("amqp-bench-producer-{who}");
     let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
+    // The rate counts from this producer's start, not the run's: no burst to catch up.
+    let paced = Instant::now();
     let window = args.pipeline.max(1) as u64;
     let message = |i: u64| QueueMessage {
         message_id: format!("{who}-{i}"),
@@ -56,7 +58,7 @@ pub async fn produce(
     let mut sent = 0u64;
     loop {
         let due = (per_producer_rate > 0.0)
-            .then(|| started + Duration::from_secs_f64(sent as f64 / per_producer_rate));
+            .then(|| paced + Duration::from_secs_f64(sent as f64 / per_producer_rate));
         let may_send = sent < count && (in_flight.len() as u64) < window;
         if may_send && due.is_none_or(|d| d <= Instant::now()) {
             let m = message(sent);

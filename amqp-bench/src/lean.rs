@@ -365,6 +365,8 @@ pub async fn produce(
     w.flush().await?;
     w.attached(true).await?;
     let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
+    // The rate counts from this producer's start, not the run's: no burst to catch up.
+    let paced = Instant::now();
     let pipeline = args.pipeline.max(1);
     let chunk = w.max_frame.saturating_sub(TRANSFER_OVERHEAD).max(1);
     // Link credit and the session's room, as the server last granted them.
@@ -421,7 +423,7 @@ pub async fn produce(
         let mut due = None;
         while sent < count && flight.open < pipeline && serial::lt(delivery_count, credit_limit) {
             if per_producer_rate > 0.0 {
-                let at = started + Duration::from_secs_f64(sent as f64 / per_producer_rate);
+                let at = paced + Duration::from_secs_f64(sent as f64 / per_producer_rate);
                 if at > Instant::now() {
                     due = Some(at);
                     break;
@@ -508,7 +510,11 @@ pub async fn consume(
         &format!("amqp-bench-consumer-{who}"),
     )
     .await?;
-    let attach = peer::attach_receiver(&format!("consumer-{who}"), HANDLE, &args.address);
+    let mut attach = peer::attach_receiver(&format!("consumer-{who}"), HANDLE, &args.address);
+    let properties = args.link_properties();
+    if !properties.is_empty() {
+        attach.properties = Some(properties);
+    }
     write_amqp(&mut w.out, 0, &attach, &[]);
     w.flush().await?;
     let window = args.credit.max(1);

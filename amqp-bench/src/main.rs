@@ -1,5 +1,6 @@
-//! amqp-bench: drives an AMQP 1.0 queue with pipelined producers and credit-window consumers and
-//! reports throughput, latency percentiles and whether every message sent was received.
+//! amqp-bench: drives an AMQP 1.0 queue (or an events or events-store channel) with pipelined
+//! producers and credit-window consumers and reports throughput, latency percentiles and whether
+//! every message sent was received (by every consumer, with `--fanout`).
 //!
 //! Each message carries its number and send time, so the consumers can tell lost, duplicated
 //! and late messages apart. Exits 1 when a message is lost.
@@ -74,6 +75,52 @@ struct Args {
     /// client only).
     #[arg(long)]
     ca: Option<std::path::PathBuf>,
+    /// Every consumer gets every message (events without groups): the run waits for
+    /// messages × consumers deliveries, and a message some consumer missed counts as lost.
+    #[arg(long)]
+    fanout: bool,
+    /// Consumers join this consumer group (`x-opt-kubemq-group`).
+    #[arg(long)]
+    group: Option<String>,
+    /// Consumers start here (`x-opt-kubemq-start`, events-store).
+    #[arg(long)]
+    start: Option<String>,
+    /// Send everything first, then start the consumers (an events-store replay).
+    #[arg(long)]
+    replay: bool,
+}
+
+impl Args {
+    /// Deliveries the run waits for.
+    fn expected(&self) -> u64 {
+        if self.fanout {
+            self.messages * self.consumers as u64
+        } else {
+            self.messages
+        }
+    }
+
+    /// Times each message must be received.
+    fn copies(&self) -> u8 {
+        if self.fanout {
+            u8::try_from(self.consumers).unwrap_or(u8::MAX)
+        } else {
+            1
+        }
+    }
+
+    /// The consumers' ATTACH link properties.
+    fn link_properties(&self) -> fe2o3_amqp::types::definitions::Fields {
+        use fe2o3_amqp::types::primitives::{Symbol, Value};
+        let mut f = fe2o3_amqp::types::definitions::Fields::new();
+        if let Some(g) = &self.group {
+            f.insert(Symbol::from("x-opt-kubemq-group"), Value::String(g.clone()));
+        }
+        if let Some(s) = &self.start {
+            f.insert(Symbol::from("x-opt-kubemq-start"), Value::String(s.clone()));
+        }
+        f
+    }
 }
 
 /// Which AMQP client drives the load.
@@ -194,10 +241,12 @@ async fn produce_amqp(
     } else {
         args.rate as f64 / args.producers as f64
     };
+    // The rate counts from this producer's start, not the run's: no burst to catch up.
+    let paced = Instant::now();
     let mut in_flight = tokio::task::JoinSet::new();
     for i in 0..count {
         if per_producer_rate > 0.0 {
-            let due = started + Duration::from_secs_f64(i as f64 / per_producer_rate);
+            let due = paced + Duration::from_secs_f64(i as f64 / per_producer_rate);
             tokio::time::sleep_until(due.into()).await;
         }
         let msg = Message::builder()
@@ -257,6 +306,7 @@ async fn consume_amqp(
     let mut receiver = Receiver::builder()
         .name(format!("consumer-{who}"))
         .source(args.address.clone())
+        .properties(args.link_properties())
         .credit_mode(CreditMode::Auto(args.credit))
         .attach(&mut session)
         .await
@@ -326,18 +376,25 @@ async fn main() {
         latencies: Vec::with_capacity(args.messages as usize),
     }));
     let (stop_all, stop) = tokio::sync::watch::channel(());
+    let start_consumers = || {
+        (0..args.consumers)
+            .map(|c| {
+                tokio::spawn(consume(
+                    args.clone(),
+                    c,
+                    started,
+                    tally.clone(),
+                    seen.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect::<Vec<_>>()
+    };
     let mut consumers = Vec::new();
-    for c in 0..args.consumers {
-        consumers.push(tokio::spawn(consume(
-            args.clone(),
-            c,
-            started,
-            tally.clone(),
-            seen.clone(),
-            stop.clone(),
-        )));
+    if !args.replay {
+        consumers = start_consumers();
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut producers = Vec::new();
     let per = args.messages / args.producers.max(1) as u64;
     for p in 0..args.producers {
@@ -356,8 +413,24 @@ async fn main() {
             tally.clone(),
         )));
     }
+    let mut replay_started = None;
+    if args.replay {
+        for p in producers.drain(..) {
+            if let Ok(Err(e)) = p.await {
+                eprintln!("producer failed: {e}");
+            }
+        }
+        eprintln!(
+            "[{:>5.1}s] {} stored; replaying",
+            started.elapsed().as_secs_f64(),
+            tally.accepted.load(Ordering::Relaxed)
+        );
+        replay_started = Some(Instant::now());
+        consumers = start_consumers();
+    }
     // Check every 10 ms (so the elapsed time is exact to that) and print progress once a second,
     // until everything arrived or nothing moved for idle_timeout.
+    let expected = args.expected();
     let mut last = (0, Instant::now());
     let mut printed = Instant::now();
     loop {
@@ -366,7 +439,7 @@ async fn main() {
             tally.sent.load(Ordering::Relaxed),
             tally.received.load(Ordering::Relaxed),
         );
-        if r < args.messages && printed.elapsed() < Duration::from_secs(1) {
+        if r < expected && printed.elapsed() < Duration::from_secs(1) {
             continue;
         }
         printed = Instant::now();
@@ -376,7 +449,7 @@ async fn main() {
             tally.accepted.load(Ordering::Relaxed),
             r as f64 / started.elapsed().as_secs_f64()
         );
-        if r >= args.messages {
+        if r >= expected {
             break;
         }
         if r > last.0 {
@@ -386,7 +459,8 @@ async fn main() {
             break;
         }
     }
-    let elapsed = started.elapsed().as_secs_f64();
+    // A replay is timed from the consumers' start: the sends before it are not part of it.
+    let elapsed = replay_started.unwrap_or(started).elapsed().as_secs_f64();
     for p in producers {
         if let Ok(Err(e)) = p.await {
             eprintln!("producer failed: {e}");
@@ -403,8 +477,9 @@ async fn main() {
         }
     }
     let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-    let lost = seen.counts.iter().filter(|c| **c == 0).count();
-    let duplicated = seen.counts.iter().filter(|c| **c > 1).count();
+    let copies = args.copies();
+    let lost = seen.counts.iter().filter(|c| **c < copies).count();
+    let duplicated = seen.counts.iter().filter(|c| **c > copies).count();
     let mut lat = seen.latencies.clone();
     lat.sort_unstable();
     let received = tally.received.load(Ordering::Relaxed);
@@ -433,7 +508,7 @@ async fn main() {
     if lost > 0 {
         // Runs of consecutive numbers tell a lost send (one producer's run) from a lost Get.
         let mut runs: Vec<(usize, usize)> = Vec::new();
-        for (n, _) in seen.counts.iter().enumerate().filter(|(_, c)| **c == 0) {
+        for (n, _) in seen.counts.iter().enumerate().filter(|(_, c)| **c < copies) {
             match runs.last_mut() {
                 Some((_, last)) if *last + 1 == n => *last = n,
                 _ => runs.push((n, n)),

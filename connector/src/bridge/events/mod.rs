@@ -118,6 +118,19 @@ pub struct EventLinks {
     egress: Egress,
 }
 
+impl Drop for EventLinks {
+    fn drop(&mut self) {
+        // The connection ended: what its publishers sent is still sent (their outcomes find no
+        // link), like a queue producer's messages are still stored.
+        let mut sends = std::mem::take(&mut self.sends);
+        if !sends.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(async move {
+                while futures_util::StreamExt::next(&mut sends).await.is_some() {}
+            });
+        }
+    }
+}
+
 /// What a consume attach asks for, read before anything is opened.
 pub struct ConsumeRequest<'a> {
     /// The events or events-store pattern.
