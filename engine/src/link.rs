@@ -414,6 +414,22 @@ impl Connection {
         self.accept_link(id, accept)
     }
 
+    /// Accepts a client receiver's link, answering with `source` in the reply ATTACH instead of
+    /// the one the client sent (what a JMS client reads back when it removes a durable
+    /// subscription: the subscription's source when there was one, none otherwise).
+    pub fn accept_with_source(
+        &mut self,
+        id: LinkId,
+        accept: LinkAccept,
+        source: Option<fe2o3_amqp_types::messaging::Source>,
+    ) -> Result<(), CommandError> {
+        let link = self.links.get_mut(&id).ok_or(CommandError::NoLink)?;
+        if let Some(req) = link.request.as_mut() {
+            req.source = source.map(Box::new);
+        }
+        self.accept_link(id, accept)
+    }
+
     /// Refuses a link: a reply ATTACH with a null terminus, then DETACH (closed) with `err`
     /// (LINK-5, and the specification's form of OP-LINK-1).
     pub fn refuse_link(&mut self, id: LinkId, err: AmqpError) -> Result<(), CommandError> {

@@ -84,3 +84,22 @@ fn qpid_jms_reject() {
 fn qpid_jms_teardown() {
     scenario("teardown");
 }
+
+/// EV-9, SEL-1, SEL-4 with Qpid JMS topics: fan-out, and a selector JMS trusts because the
+/// reply ATTACH echoes it.
+#[test]
+fn ev_9_qpid_jms_topic_subscribers_and_selector() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        let out = java(c, "EventsScenarios", &["topic", &c.url()]);
+        assert!(out.contains("PASS topic"), "{out}");
+    });
+}
+
+/// DUR-1, DUR-4, DUR-9, OP-ES-6 with Qpid JMS durable subscriptions: resume after close, and
+/// `unsubscribe` (on the embedded store: KubeMQ's API cannot delete a subscription).
+#[test]
+fn dur_9_qpid_jms_durable_subscription_and_unsubscribe() {
+    let c = TestConnector::start(Settings::default());
+    let out = java(&c, "EventsScenarios", &["durable", &c.url()]);
+    assert!(out.contains("PASS durable"), "{out}");
+}

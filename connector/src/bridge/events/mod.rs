@@ -438,10 +438,17 @@ impl EventLinks {
         }
         for f in std::mem::take(&mut self.ready_forgotten) {
             match f.result {
-                Ok(_) => {
-                    // DUR-9: done; the link stays until the client detaches it.
+                Ok(existed) => {
+                    // DUR-9: done; the link stays until the client detaches it. The reply names
+                    // a source when a subscription was removed (JMS reads "none" as "there was
+                    // no such subscription"), OP-ES-6.
+                    let source = existed.then(|| {
+                        fe2o3_amqp_types::messaging::Source::builder()
+                            .expiry_policy(fe2o3_amqp_types::messaging::TerminusExpiryPolicy::Never)
+                            .build()
+                    });
                     if conn
-                        .accept_link(f.link, LinkAccept { credit_window: 0 })
+                        .accept_with_source(f.link, LinkAccept { credit_window: 0 }, source)
                         .is_ok()
                     {
                         metrics.link(metrics::Role::sender).inc();
