@@ -65,3 +65,15 @@ fn go_amqp_reject() {
 fn go_amqp_teardown() {
     scenario("teardown");
 }
+
+/// EV-9, GRP-2, SEL-1 (go-amqp's numeric selector descriptor) with Azure/go-amqp.
+#[test]
+fn ev_9_go_amqp_fan_out_group_and_selector() {
+    scenario("events");
+}
+
+/// SP-9, DUR-4 with Azure/go-amqp: start positions and a durable subscription resumed.
+#[test]
+fn sp_9_go_amqp_start_positions_and_durable_resume() {
+    scenario("store");
+}

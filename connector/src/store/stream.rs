@@ -956,4 +956,36 @@ mod tests {
         );
         assert!(s.append(event("a/b", "x")).await.is_err());
     }
+
+    /// A ClientID that comes back at once, while events arrive, resumes exactly where it
+    /// stopped.
+    #[tokio::test]
+    async fn an_immediate_resume_misses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Streams::open(dir.path(), log::SEGMENT_BYTES, DEFAULT_RETENTION)
+            .unwrap()
+            .0;
+        let ev = |l: &str| Event {
+            client_id: "p".into(),
+            channel: "ch".into(),
+            metadata: l.into(),
+            store: true,
+            ..Default::default()
+        };
+        s.append(ev("s0")).await.unwrap();
+        let mut rx = s.subscribe("d", "ch", "", StartAt::NewOnly).unwrap();
+        s.append(ev("d0")).await.unwrap();
+        assert_eq!(rx.recv().await.unwrap().metadata, "d0");
+        drop(rx);
+        s.append(ev("d1")).await.unwrap();
+        s.append(ev("d2")).await.unwrap();
+        let mut rx = loop {
+            match s.subscribe("d", "ch", "", StartAt::NewOnly) {
+                Ok(rx) => break rx,
+                Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        };
+        let a = tokio::time::timeout(Duration::from_secs(2), rx.recv()).await;
+        assert_eq!(a.unwrap().unwrap().metadata, "d1");
+    }
 }

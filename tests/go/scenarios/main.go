@@ -183,6 +183,90 @@ func teardown(ctx context.Context, url string) {
 	check(fmt.Sprint(got) == "[t0 t1 t2]", "redelivered %v", got)
 }
 
+// collect receives until no message arrives for quiet.
+func collect(ctx context.Context, r *amqp.Receiver, quiet time.Duration) []string {
+	var got []string
+	for {
+		c, cancel := context.WithTimeout(ctx, quiet)
+		m, err := r.Receive(c, nil)
+		cancel()
+		if err != nil {
+			return got
+		}
+		got = append(got, string(m.GetData()))
+	}
+}
+
+func equal(a, b []string) bool {
+	return fmt.Sprint(a) == fmt.Sprint(b)
+}
+
+// events: EV-9 fan-out to two subscribers, GRP-2 a group of two, SEL-1 go-amqp's selector
+// filter (the numeric descriptor), from a pre-settled publisher.
+func events(ctx context.Context, url string) {
+	conn, s := session(ctx, url)
+	defer conn.Close()
+	addr := fmt.Sprintf("events/go.ev.%d", time.Now().UnixNano())
+	opts := func(props map[string]any, filters ...amqp.LinkFilter) *amqp.ReceiverOptions {
+		return &amqp.ReceiverOptions{Credit: 100, Properties: props, Filters: filters}
+	}
+	a := must(s.NewReceiver(ctx, addr, opts(nil)))
+	b := must(s.NewReceiver(ctx, addr, opts(nil)))
+	g := map[string]any{"x-opt-kubemq-group": "g"}
+	g1 := must(s.NewReceiver(ctx, addr, opts(g)))
+	g2 := must(s.NewReceiver(ctx, addr, opts(g)))
+	red := must(s.NewReceiver(ctx, addr, opts(nil, amqp.NewSelectorFilter("color = 'red'"))))
+	sender := must(s.NewSender(ctx, addr, &amqp.SenderOptions{SettlementMode: amqp.SenderSettleModeSettled.Ptr()}))
+	var sent []string
+	for i := 0; i < 10; i++ {
+		body := fmt.Sprintf("e%d", i)
+		m := amqp.NewMessage([]byte(body))
+		color := "blue"
+		if i%2 == 0 {
+			color = "red"
+		}
+		m.ApplicationProperties = map[string]any{"color": color}
+		check(sender.Send(ctx, m, nil) == nil, "send %s", body)
+		sent = append(sent, body)
+	}
+	check(equal(collect(ctx, a, time.Second), sent), "a got every event")
+	check(equal(collect(ctx, b, time.Second), sent), "b got every event")
+	shared := append(collect(ctx, g1, time.Second), collect(ctx, g2, time.Second)...)
+	sort.Strings(shared)
+	check(equal(shared, sent), "the group got each event once: %v", shared)
+	check(equal(collect(ctx, red, time.Second), []string{"e0", "e2", "e4", "e6", "e8"}), "the selector")
+}
+
+// store: SP-9 start positions and DUR-4 a durable subscription resumed after its link closed.
+func store(ctx context.Context, url string) {
+	conn, s := session(ctx, url)
+	defer conn.Close()
+	addr := fmt.Sprintf("events-store/go.es.%d", time.Now().UnixNano())
+	produce(ctx, s, addr, "s0", "s1", "s2")
+	from := func(position string) []string {
+		r := must(s.NewReceiver(ctx, addr, &amqp.ReceiverOptions{
+			Credit: 100, Properties: map[string]any{"x-opt-kubemq-start": position},
+		}))
+		defer r.Close(ctx)
+		return collect(ctx, r, time.Second)
+	}
+	check(equal(from("first"), []string{"s0", "s1", "s2"}), "first")
+	check(equal(from("sequence:3"), []string{"s2"}), "sequence:3")
+	// DUR-1: the source's expiry policy (go-amqp's ExpiryPolicy is the target's).
+	durable := &amqp.ReceiverOptions{
+		Credit: 100, Name: "go-durable", SourceDurability: amqp.DurabilityUnsettledState,
+		SourceExpiryPolicy: amqp.ExpiryPolicyNever,
+	}
+	r := must(s.NewReceiver(ctx, addr, durable))
+	produce(ctx, s, addr, "d0")
+	check(equal(collect(ctx, r, time.Second), []string{"d0"}), "the durable subscription's first event")
+	check(r.Close(ctx) == nil, "close")
+	produce(ctx, s, addr, "d1", "d2")
+	r = must(s.NewReceiver(ctx, addr, durable))
+	got := collect(ctx, r, time.Second)
+	check(equal(got, []string{"d1", "d2"}), "resumed with what came meanwhile: %v", got)
+}
+
 func main() {
 	log.SetFlags(log.Lshortfile)
 	if len(os.Args) != 3 {
@@ -190,6 +274,7 @@ func main() {
 	}
 	scenarios := map[string]func(context.Context, string){
 		"basic": basic, "credit": credit, "release": release, "reject": reject, "teardown": teardown,
+		"events": events, "store": store,
 	}
 	run, ok := scenarios[os.Args[1]]
 	if !ok {

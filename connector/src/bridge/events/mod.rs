@@ -35,6 +35,19 @@ use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
 use crate::metrics::{self, Direction, Metrics};
 
+/// First and last pause before a durable subscription asks again for a ClientID its previous
+/// link still held (about 1.3 s in all).
+const RESUME_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
+const RESUME_LAST_WAIT: std::time::Duration = std::time::Duration::from_millis(640);
+
+/// What KubeMQ (and the embedded store) say when a ClientID is subscribed already.
+const CLIENT_ID_IN_USE: &str = "clientID already registered";
+
+/// Whether the backend refused a subscription because its ClientID is subscribed already.
+fn in_use<T>(r: &Result<T, BackendError>) -> bool {
+    matches!(r, Err(BackendError::Rejected(t)) if t.contains(CLIENT_ID_IN_USE))
+}
+
 /// Most arrivals handled per turn, so one busy subscription cannot hold the connection's task.
 const ARRIVALS_PER_TURN: usize = 1024;
 
@@ -224,8 +237,19 @@ impl EventLinks {
             _claim: claim,
         };
         let backend = backend.clone();
+        let durable = subscriber._claim.is_some();
         self.opening.push(Box::pin(async move {
-            let result = backend.subscribe_events(request).await;
+            let mut result = backend.subscribe_events(request.clone()).await;
+            // A durable subscription re-attached right after its last link ended: the backend
+            // lets go of the ClientID once that subscription's reader has stopped and saved its
+            // cursor, a moment later (KubeMQ likewise). This process holds the identity, so the
+            // holder is that ending subscription: wait for it, briefly.
+            let mut wait = RESUME_FIRST_WAIT;
+            while durable && in_use(&result) && wait <= RESUME_LAST_WAIT {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+                result = backend.subscribe_events(request.clone()).await;
+            }
             Opening {
                 link,
                 subscriber,
@@ -427,11 +451,13 @@ impl EventLinks {
                         // Detached while the subscription opened: it ends here.
                         continue;
                     }
+                    tracing::debug!(link = o.link, "subscription open");
                     metrics.link(metrics::Role::sender).inc();
                     self.subscribers.insert(o.link, o.subscriber);
                     self.streams.insert(o.link, stream);
                 }
                 Err(e) => {
+                    tracing::debug!(link = o.link, error = %e, "subscription refused");
                     let _ = conn.refuse_link(o.link, subscribe_failure(&e));
                 }
             }
@@ -502,6 +528,12 @@ impl EventLinks {
         let Some(s) = self.subscribers.get_mut(&link) else {
             return;
         };
+        tracing::trace!(
+            link,
+            sequence = event.sequence,
+            credit = conn.credit(link),
+            "event"
+        );
         if let Some(selector) = &s.selector {
             // SEL-7, EV-10: withheld silently, not a drop.
             if !selector.matches(&EnvelopeOperands::new(&event.metadata)) {
@@ -647,7 +679,7 @@ fn subscribe_failure(e: &BackendError) -> AmqpError {
             truncate(&format!("broker not ready: {t}")),
         ),
         // A ClientID another node holds: the durable subscription is in use there (DUR-7).
-        BackendError::Rejected(t) if t.contains("clientID already registered") => {
+        BackendError::Rejected(t) if t.contains(CLIENT_ID_IN_USE) => {
             AmqpError::new(Condition::NotAllowed, "durable subscription in use")
         }
         BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, truncate(t)),
