@@ -26,13 +26,19 @@ fn run(scenario: &str) {
     each(Settings::default(), scenario, |_| {});
 }
 
-/// EV-1, EV-2, EV-4, EV-7, EV-9, EV-14: fan-out to three subscribers, counted per pattern.
+/// EV-1, EV-2, EV-4, EV-7, EV-9, EV-14: fan-out to three subscribers, counted per pattern; the
+/// subscriptions end with their links (on every backend the store behind it holds none after).
 #[test]
 fn ev_9_fan_out_to_three() {
     each(Settings::default(), "fanout", |c| {
         let out = c.metrics.transfers_counted("out", "events");
         assert_eq!(out, 30, "EV-14: 3 × 10 deliveries counted");
         assert_eq!(c.metrics.transfers_counted("in", "events"), 10);
+        testkit::eventually(
+            "EV-4: every subscription ended with its link",
+            std::time::Duration::from_secs(5),
+            || c.store.events().subscriptions() == 0,
+        );
     });
 }
 

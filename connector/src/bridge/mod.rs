@@ -1,5 +1,6 @@
 //! Pattern bridges: what sits between AMQP links and the KubeMQ backend. Address resolution and
-//! the `amqp10` envelope are shared; [`queues`] is the first pattern.
+//! the `amqp10` envelope are shared; [`queues`] runs a connection's links and hands those on
+//! `events/` and `events-store/` to [`events`], whose selectors are [`selector`]'s.
 
 pub mod address;
 pub mod envelope;

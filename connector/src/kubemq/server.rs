@@ -34,6 +34,7 @@ use tonic::codegen::http;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The gRPC service over a store.
+#[derive(Clone)]
 pub struct Facade {
     store: Arc<Store>,
     started: Instant,
@@ -190,15 +191,6 @@ impl Facade {
         }
     }
 
-    /// What a stream's task needs of the façade.
-    fn clone_for_stream(&self) -> Facade {
-        Facade {
-            store: self.store.clone(),
-            started: self.started,
-            started_unix: self.started_unix,
-            capture: self.capture.clone(),
-        }
-    }
 }
 
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
@@ -229,7 +221,7 @@ impl Kubemq for Facade {
     ) -> Result<Response<Self::SendEventsStreamStream>, Status> {
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
-        let facade = self.clone_for_stream();
+        let facade = self.clone();
         tokio::spawn(async move {
             while let Some(Ok(event)) = incoming.next().await {
                 // KubeMQ answers every events-store send, and an events send only when it failed;

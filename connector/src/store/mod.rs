@@ -7,6 +7,9 @@
 //! waits for MaxItems or WaitTimeout exactly like KubeMQ (4.3.2) and locks what it hands out;
 //! settlement ([`downstream`]) acks, NAcks to the tail, dead-letters, re-queues or returns them.
 //! Message bodies live only on disk; memory holds an index of where each one is.
+//!
+//! Events fan out in memory ([`events`]); the events-store keeps its streams and cursors in a
+//! log of its own ([`stream`]).
 
 pub mod capture;
 pub mod downstream;

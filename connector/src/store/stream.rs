@@ -466,14 +466,6 @@ impl Streams {
         removed.len()
     }
 
-    /// Whether (`client_id`, `channel`) has a cursor.
-    pub fn has_cursor(&self, client_id: &str, channel: &str) -> bool {
-        self.lock().cursors.contains_key(&CursorKey::Client {
-            client_id: client_id.to_string(),
-            channel: channel.to_string(),
-        })
-    }
-
     /// First retained and last sequence of `channel` (0, 0 when it has none).
     pub fn bounds(&self, channel: &str) -> (u64, u64) {
         let st = self.lock();
@@ -483,11 +475,6 @@ impl Streams {
                 c.last_sequence,
             )
         })
-    }
-
-    /// Segment files of the stream log.
-    pub fn segment_count(&self) -> usize {
-        self.log.segments().len()
     }
 
     /// Drops what is older than the retention period: whole segments, their index entries and

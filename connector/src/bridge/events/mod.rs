@@ -62,11 +62,6 @@ pub struct Shared {
     pub credit_window: u32,
 }
 
-/// The metric label of a pattern (MET-4).
-fn label(pattern: Pattern) -> &'static str {
-    pattern.name()
-}
-
 /// Where an event goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Target {
@@ -88,8 +83,8 @@ struct Subscriber {
     selector: Option<Selector>,
     /// Events-store messages waiting for credit, oldest first (ES-5, ES-6).
     buffer: VecDeque<EventReceive>,
-    /// The durable identity this link holds, if durable (DUR-6).
-    _claim: Option<Claim>,
+    /// The durable identity this link holds while it lives, if durable (DUR-6).
+    claim: Option<Claim>,
 }
 
 /// A subscription the backend is opening, for a link not yet answered.
@@ -234,10 +229,10 @@ impl EventLinks {
             pattern: req.pattern,
             selector,
             buffer: VecDeque::new(),
-            _claim: claim,
+            claim,
         };
         let backend = backend.clone();
-        let durable = subscriber._claim.is_some();
+        let durable = subscriber.claim.is_some();
         self.opening.push(Box::pin(async move {
             let mut result = backend.subscribe_events(request.clone()).await;
             // A durable subscription re-attached right after its last link ended: the backend
@@ -295,7 +290,7 @@ impl EventLinks {
             return false;
         };
         let (pattern, channel) = (p.pattern, p.channel.clone());
-        metrics.transfer(Direction::In, label(pattern));
+        metrics.transfer(Direction::In, pattern.name());
         let stored = match ingress(&d.payload) {
             Ok(s) => s,
             Err(e) => {
@@ -484,7 +479,7 @@ impl EventLinks {
                                 pattern: Pattern::EventsStore,
                                 selector: None,
                                 buffer: VecDeque::new(),
-                                _claim: None,
+                                claim: None,
                             },
                         );
                     }
@@ -607,7 +602,7 @@ impl EventLinks {
         );
         let tag = event.sequence.to_be_bytes();
         if conn.send(link, &tag, &payload, true, 0).is_ok() {
-            metrics.transfer(Direction::Out, label(pattern));
+            metrics.transfer(Direction::Out, pattern.name());
             true
         } else {
             false
