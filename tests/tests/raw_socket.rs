@@ -498,7 +498,7 @@ fn queues_bridge_attach_refusals() {
                 Some("channel contains whitespace"),
             ),
             (
-                peer::attach_sender("events", 2, "events/x"),
+                peer::attach_sender("commands", 2, "commands/x"),
                 "amqp:not-implemented",
                 None,
             ),

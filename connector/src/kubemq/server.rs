@@ -190,7 +190,6 @@ impl Facade {
                 .map_err(str::to_string)
         }
     }
-
 }
 
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
