@@ -152,11 +152,6 @@ pub struct ConsumeRequest<'a> {
 }
 
 impl EventLinks {
-    /// Whether `link` is one of this bridge's.
-    pub fn owns(&self, link: LinkId) -> bool {
-        self.publishers.contains_key(&link) || self.subscribers.contains_key(&link)
-    }
-
     /// Accepts a produce link on `channel`.
     pub fn attach_publisher(
         &mut self,
