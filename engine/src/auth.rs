@@ -283,8 +283,14 @@ pub fn parse_plain(response: &[u8]) -> Result<Plain<'_>, AuthFailure> {
 
 /// Maps every character outside `[A-Za-z0-9_-]` to `_` and cuts to 256 characters (CONN-6, SASL-6).
 pub fn sanitize_client_id(raw: &str) -> String {
+    sanitize_id(raw, 256)
+}
+
+/// Maps every character outside `[A-Za-z0-9_-]` to `_` and keeps the first `max_chars`
+/// characters: a string KubeMQ takes as a ClientID.
+pub fn sanitize_id(raw: &str, max_chars: usize) -> String {
     raw.chars()
-        .take(256)
+        .take(max_chars)
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
                 c

@@ -26,8 +26,8 @@ mod session;
 pub mod validate;
 
 pub use auth::{
-    sanitize_client_id, AuthFailure, AuthPolicy, ClientCertificate, Credential, Identity,
-    Mechanism, TokenVerifier, MAX_INITIAL_RESPONSE,
+    sanitize_client_id, sanitize_id, AuthFailure, AuthPolicy, ClientCertificate, Credential,
+    Identity, Mechanism, TokenVerifier, MAX_INITIAL_RESPONSE,
 };
 pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
 pub use codec::DeliveryOutcome;

@@ -51,6 +51,15 @@ pub enum Action {
 }
 
 impl Action {
+    /// What a link does: a client sender writes, a client receiver reads (AUTHZ-2).
+    pub fn of_link(client_sends: bool) -> Action {
+        if client_sends {
+            Action::Write
+        } else {
+            Action::Read
+        }
+    }
+
     /// The action's name in the policy.
     pub fn as_str(self) -> &'static str {
         match self {

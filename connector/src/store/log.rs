@@ -87,7 +87,35 @@ impl Drop for SegmentPin {
     }
 }
 
-type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
+/// Produces the framed record that opens every new segment.
+pub type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
+
+/// The [`CheckpointFn`] of a log whose in-memory state is `state`: `make` reads it under its lock.
+pub fn checkpoints<S: Send + 'static>(
+    state: Arc<Mutex<S>>,
+    make: fn(&S) -> record::Checkpoint,
+) -> CheckpointFn {
+    Box::new(move || {
+        let cp = make(&state.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut b = BytesMut::new();
+        record::frame(&mut b, record::Kind::Checkpoint(cp));
+        b
+    })
+}
+
+/// Logs what [`recover`] dropped from the log named `log`.
+pub fn warn_dropped(log: &'static str, dropped: &[Dropped]) {
+    for d in dropped {
+        tracing::warn!(
+            log,
+            segment = d.segment,
+            offset = d.offset,
+            bytes = d.bytes,
+            reason = d.reason,
+            "dropped damaged data"
+        );
+    }
+}
 
 /// The log; cheap to share behind an `Arc`.
 pub struct Log {

@@ -172,29 +172,13 @@ impl Store {
         let (segments, dropped) = log::recover(dir, |rec, loc, len| {
             replay(&mut st, rec, Entry { loc, len })
         })?;
-        for d in &dropped {
-            tracing::warn!(
-                segment = d.segment,
-                offset = d.offset,
-                bytes = d.bytes,
-                reason = d.reason,
-                "store dropped damaged data"
-            );
-        }
+        log::warn_dropped("store", &dropped);
         let (streams, stream_report) = stream::Streams::open(
             &dir.join(STREAM_DIR),
             segment_bytes,
             stream::DEFAULT_RETENTION,
         )?;
-        for d in &stream_report.dropped {
-            tracing::warn!(
-                segment = d.segment,
-                offset = d.offset,
-                bytes = d.bytes,
-                reason = d.reason,
-                "events-store dropped damaged data"
-            );
-        }
+        log::warn_dropped("events-store", &stream_report.dropped);
         let report = OpenReport {
             dropped: dropped.into_iter().chain(stream_report.dropped).collect(),
             ready: st.queues.values().map(|q| q.ready.len()).sum(),
@@ -202,20 +186,11 @@ impl Store {
             stored_events: stream_report.events,
         };
         let state = Arc::new(Mutex::new(st));
-        let cp_state = state.clone();
         let log = Log::start(
             dir,
             &segments,
             segment_bytes,
-            Box::new(move || {
-                let cp = cp_state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .checkpoint();
-                let mut b = BytesMut::new();
-                record::frame(&mut b, Kind::Checkpoint(cp));
-                b
-            }),
+            log::checkpoints(state.clone(), State::checkpoint),
         )?;
         let store = Arc::new(Store {
             log,

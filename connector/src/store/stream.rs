@@ -244,20 +244,11 @@ impl Streams {
             events: st.channels.values().map(|c| c.events.len()).sum(),
         };
         let state = Arc::new(Mutex::new(st));
-        let cp_state = state.clone();
         let log = Log::start(
             dir,
             &segments,
             segment_bytes,
-            Box::new(move || {
-                let cp = cp_state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .checkpoint();
-                let mut b = BytesMut::new();
-                record::frame(&mut b, Kind::Checkpoint(cp));
-                b
-            }),
+            log::checkpoints(state.clone(), State::checkpoint),
         )?;
         let streams = Arc::new(Streams {
             log,

@@ -18,16 +18,7 @@ pub fn identity(container_id: &str, link_name: &str) -> String {
 
 /// DUR-3: every character outside `[A-Za-z0-9_-]` becomes `_`; the first 40 characters are kept.
 fn sanitize40(s: &str) -> String {
-    s.chars()
-        .take(40)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    crate::engine::sanitize_id(s, 40)
 }
 
 /// DUR-3: 32-bit FNV-1a.

@@ -29,6 +29,7 @@ use self::options::StartPosition;
 use super::address::Pattern;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
 use super::selector::{EnvelopeOperands, Selector};
+use super::{rejected, settle_inbound};
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -296,13 +297,13 @@ impl EventLinks {
                     ),
                     e => (Condition::DecodeError, e.to_string()),
                 };
-                settle(
+                settle_inbound(
                     conn,
                     metrics,
                     d.link,
                     d.delivery_id,
                     d.settled,
-                    rejected(condition, &text),
+                    rejected(condition, text.clone()),
                 );
                 if condition == Condition::NotImplemented {
                     let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
@@ -314,20 +315,9 @@ impl EventLinks {
         true
     }
 
-    /// Sends a message an anonymous link routed here by its `to` (ADDR-13, ADDR-18); the
-    /// delivery is settled with the send's outcome like any produce delivery.
-    pub fn routed<B: Backend>(
-        &mut self,
-        d: &Delivery,
-        target: Target,
-        stored: Stored,
-        client_id: &str,
-        backend: &Arc<B>,
-    ) {
-        self.send(d, target, stored, client_id, backend);
-    }
-
-    fn send<B: Backend>(
+    /// Sends the event of delivery `d`, from a produce link or routed here by an anonymous link's
+    /// `to` (ADDR-13, ADDR-18); the delivery is settled with the send's outcome.
+    pub fn send<B: Backend>(
         &mut self,
         d: &Delivery,
         target: Target,
@@ -429,7 +419,7 @@ impl EventLinks {
                 Err(e) => send_failure(&e),
             };
             // A link gone meanwhile needs nothing (the engine refuses the settlement).
-            settle(conn, metrics, s.link, s.delivery_id, s.presettled, state);
+            settle_inbound(conn, metrics, s.link, s.delivery_id, s.presettled, state);
         }
         for o in std::mem::take(&mut self.ready_opened) {
             match o.result {
@@ -482,7 +472,7 @@ impl EventLinks {
                 Err(e) => {
                     let _ = conn.refuse_link(
                         f.link,
-                        AmqpError::new(Condition::NotImplemented, truncate(&e.to_string())),
+                        AmqpError::new(Condition::NotImplemented, e.to_string()),
                     );
                 }
             }
@@ -496,7 +486,7 @@ impl EventLinks {
                         BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
                         e => AmqpError::new(
                             Condition::InternalError,
-                            truncate(&format!("subscription ended: {e}")),
+                            format!("subscription ended: {e}"),
                         ),
                     };
                     let _ = conn.detach(link, Some(error));
@@ -613,47 +603,17 @@ impl EventLinks {
     }
 }
 
-/// Sends the outcome of an inbound delivery, counting a rejection (ERR-6, Q-7, MET-8).
-fn settle(
-    conn: &mut Connection,
-    metrics: &Metrics,
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    state: DeliveryState,
-) {
-    if matches!(state, DeliveryState::Rejected(_)) {
-        if presettled {
-            metrics.transfers_in_dropped.inc();
-        } else {
-            metrics.errors(metrics::Scope::link, 1);
-        }
-    }
-    let _ = conn.settle(link, delivery_id, state);
-}
-
-fn rejected(condition: Condition, text: &str) -> DeliveryState {
-    DeliveryState::Rejected(Rejected {
-        error: Some(AmqpError::new(condition, truncate(text)).to_wire()),
-    })
-}
-
-/// ERR-3: a broker text is cut to 512 characters.
-fn truncate(s: &str) -> String {
-    s.chars().take(512).collect()
-}
-
 /// ERR-9 for an event send.
 fn send_failure(e: &BackendError) -> DeliveryState {
     match e {
         BackendError::Unavailable(t) => {
-            rejected(Condition::NotAllowed, &format!("broker not ready: {t}"))
+            rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
         }
         // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
         BackendError::Rejected(t) if t.starts_with("Error 1") => {
-            rejected(Condition::InvalidField, t)
+            rejected(Condition::InvalidField, t.clone())
         }
-        BackendError::Rejected(t) => rejected(Condition::InternalError, t),
+        BackendError::Rejected(t) => rejected(Condition::InternalError, t.clone()),
         BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
             error: Some(crate::auth::refused_by_kubemq().to_wire()),
         }),
@@ -664,15 +624,14 @@ fn send_failure(e: &BackendError) -> DeliveryState {
 fn subscribe_failure(e: &BackendError) -> AmqpError {
     match e {
         BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-        BackendError::Unavailable(t) => AmqpError::new(
-            Condition::InternalError,
-            truncate(&format!("broker not ready: {t}")),
-        ),
+        BackendError::Unavailable(t) => {
+            AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
+        }
         // A ClientID another node holds: the durable subscription is in use there (DUR-7).
         BackendError::Rejected(t) if t.contains(CLIENT_ID_IN_USE) => {
             AmqpError::new(Condition::NotAllowed, "durable subscription in use")
         }
-        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, truncate(t)),
+        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),
     }
 }
 

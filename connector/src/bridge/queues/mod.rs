@@ -32,6 +32,7 @@ use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use super::events::{ConsumeRequest, EventLinks, Target};
+use super::{rejected, settle_inbound};
 use crate::auth::policy::Action;
 use crate::auth::Access;
 use crate::backend::Backend;
@@ -281,12 +282,6 @@ fn events_pattern(to: Option<&str>) -> Option<Pattern> {
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
 pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
 
-fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
-    DeliveryState::Rejected(Rejected {
-        error: Some(AmqpError::new(condition, text).to_wire()),
-    })
-}
-
 impl<B: Backend> QueuesHandler<B> {
     fn attach(&mut self, conn: &mut Connection, link: LinkId, a: &Attach) -> Result<(), AmqpError> {
         let client_sends = a.role == Role::Sender;
@@ -389,14 +384,12 @@ impl<B: Backend> QueuesHandler<B> {
         }
         let channel = queue_channel(resolved, client_sends)?;
         // AUTHZ-2: after the address resolved, before the link is accepted.
-        let action = if client_sends {
-            Action::Write
-        } else {
-            Action::Read
-        };
-        self.bridge
-            .access
-            .check(&self.client_id, Pattern::Queues, &channel, action)?;
+        self.bridge.access.check(
+            &self.client_id,
+            Pattern::Queues,
+            &channel,
+            Action::of_link(client_sends),
+        )?;
         if client_sends {
             return self.accept_producer(conn, link, Some(channel));
         }
@@ -408,10 +401,7 @@ impl<B: Backend> QueuesHandler<B> {
                 "distribution-mode copy is not supported on queues",
             ));
         }
-        if source
-            .and_then(|s| s.filter.as_ref())
-            .is_some_and(|f| !f.is_empty())
-        {
+        if super::events::options::has_filter(source) {
             //
             return Err(AmqpError::new(
                 Condition::NotImplemented,
@@ -452,14 +442,12 @@ impl<B: Backend> QueuesHandler<B> {
         channel: String,
     ) -> Result<(), AmqpError> {
         let client_sends = a.role == Role::Sender;
-        let action = if client_sends {
-            Action::Write
-        } else {
-            Action::Read
-        };
-        self.bridge
-            .access
-            .check(&self.client_id, pattern, &channel, action)?;
+        self.bridge.access.check(
+            &self.client_id,
+            pattern,
+            &channel,
+            Action::of_link(client_sends),
+        )?;
         if client_sends {
             if super::events::options::has_filter(a.source.as_deref()) {
                 // SEL-3, OP-EV-4: a filter selects what a receiver gets; a sender has none.
@@ -491,8 +479,7 @@ impl<B: Backend> QueuesHandler<B> {
         )
     }
 
-    /// Settles an inbound delivery, counting a rejection as a link-scope error when it goes on the
-    /// wire (ERR-6) and as a dropped message when the client had pre-settled it (Q-7, MET-8).
+    /// Settles an inbound delivery ([`settle_inbound`]).
     fn settle_in(
         &self,
         conn: &mut Connection,
@@ -501,14 +488,14 @@ impl<B: Backend> QueuesHandler<B> {
         presettled: bool,
         state: DeliveryState,
     ) {
-        if matches!(state, DeliveryState::Rejected(_)) {
-            if presettled {
-                self.bridge.metrics.transfers_in_dropped.inc();
-            } else {
-                self.bridge.metrics.errors(metrics::Scope::link, 1);
-            }
-        }
-        let _ = conn.settle(link, delivery_id, state);
+        settle_inbound(
+            conn,
+            &self.bridge.metrics,
+            link,
+            delivery_id,
+            presettled,
+            state,
+        );
     }
 
     /// Brings the session gauge, error counters and engine drops up to date (MET-2, MET-7, MET-8).
@@ -716,7 +703,7 @@ impl<B: Backend> QueuesHandler<B> {
                 // ADDR-18: one anonymous link reaches every pattern, message by message.
                 Ok(target) if target.pattern != Pattern::Queues => {
                     self.events
-                        .routed(&d, target, stored, &self.client_id, &self.backend);
+                        .send(&d, target, stored, &self.client_id, &self.backend);
                     return;
                 }
                 Ok(target) => target.channel,

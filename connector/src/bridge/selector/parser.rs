@@ -258,33 +258,25 @@ impl Parser<'_> {
     }
 
     fn sum(&mut self) -> Result<Expr, SelectorError> {
-        let mut e = self.product()?;
-        loop {
-            let op = if self.punct("+") {
-                Arith::Add
-            } else if self.punct("-") {
-                Arith::Sub
-            } else {
-                return Ok(e);
-            };
-            let r = self.product()?;
-            e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
-        }
+        self.arithmetic([("+", Arith::Add), ("-", Arith::Sub)], Self::product)
     }
 
     fn product(&mut self) -> Result<Expr, SelectorError> {
-        let mut e = self.unary()?;
-        loop {
-            let op = if self.punct("*") {
-                Arith::Mul
-            } else if self.punct("/") {
-                Arith::Div
-            } else {
-                return Ok(e);
-            };
-            let r = self.unary()?;
+        self.arithmetic([("*", Arith::Mul), ("/", Arith::Div)], Self::unary)
+    }
+
+    /// A left-associative chain of `operand`s joined by the operators of `ops`.
+    fn arithmetic(
+        &mut self,
+        ops: [(&str, Arith); 2],
+        operand: fn(&mut Self) -> Result<Expr, SelectorError>,
+    ) -> Result<Expr, SelectorError> {
+        let mut e = operand(self)?;
+        while let Some(op) = ops.iter().find(|(p, _)| self.punct(p)).map(|(_, op)| *op) {
+            let r = operand(self)?;
             e = self.node(Expr::Arith(op, Box::new(e), Box::new(r)))?;
         }
+        Ok(e)
     }
 
     fn unary(&mut self) -> Result<Expr, SelectorError> {
