@@ -9,14 +9,12 @@ use tokio_stream::StreamExt;
 use super::{
     batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
 };
-use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
     Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
     Subscribe,
 };
-use crate::store::stream::StartAt;
-use crate::store::{downstream, errors, now_ns, Store};
+use crate::store::{downstream, now_ns, Store};
 
 /// The embedded store as a backend.
 #[derive(Clone)]
@@ -99,24 +97,15 @@ impl Backend for Embedded {
     }
 
     async fn send_event(&self, event: Event) -> Result<String, BackendError> {
-        if event.store {
-            self.store
-                .streams()
-                .append(event)
-                .await
-                .map(|e| e.event_id)
-                .map_err(BackendError::Rejected)
-        } else {
-            self.store
-                .events()
-                .publish(event)
-                .map(|p| p.event_id)
-                .map_err(|e| BackendError::Rejected(e.into()))
-        }
+        self.store
+            .send_event(event)
+            .await
+            .map_err(BackendError::Rejected)
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
-        subscribe(&self.store, &request)
+        self.store
+            .subscribe_events(&request)
             .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as EventStream)
             .map_err(|e| BackendError::Rejected(e.into()))
     }
@@ -133,32 +122,5 @@ impl Backend for Embedded {
             server_start_time: self.started,
             server_up_time_seconds: now - self.started,
         })
-    }
-}
-
-/// A SubscribeToEvents request served by the store, refused as KubeMQ refuses it.
-pub fn subscribe(
-    store: &Arc<Store>,
-    request: &Subscribe,
-) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::EventReceive>, &'static str> {
-    match SubscribeType::try_from(request.subscribe_type_data) {
-        Ok(SubscribeType::Events) => {
-            if request.events_store_type_data != 0 {
-                return Err(errors::NOT_EVENTS_STORE);
-            }
-            store
-                .events()
-                .subscribe(&request.client_id, &request.channel, &request.group)
-        }
-        Ok(SubscribeType::EventsStore) => {
-            let start = StartAt::from_request(
-                request.events_store_type_data,
-                request.events_store_type_value,
-            )?;
-            store
-                .streams()
-                .subscribe(&request.client_id, &request.channel, &request.group, start)
-        }
-        _ => Err(errors::SUBSCRIBE_TYPE_INVALID),
     }
 }

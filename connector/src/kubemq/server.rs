@@ -34,7 +34,6 @@ use tonic::codegen::http;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 /// The gRPC service over a store.
-#[derive(Clone)]
 pub struct Facade {
     store: Arc<Store>,
     started: Instant,
@@ -177,21 +176,6 @@ async fn store_and_capture(
     results
 }
 
-impl Facade {
-    /// Sends one event as SendEvent does; the refusal is KubeMQ's text.
-    async fn send_one(&self, event: Event) -> Result<String, String> {
-        if event.store {
-            self.store.streams().append(event).await.map(|e| e.event_id)
-        } else {
-            self.store
-                .events()
-                .publish(event)
-                .map(|p| p.event_id)
-                .map_err(str::to_string)
-        }
-    }
-}
-
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
     Err(Status::unimplemented(format!(
         "{what} is not available in the embedded KubeMQ backend yet"
@@ -205,7 +189,11 @@ impl Kubemq for Facade {
         request: Request<Event>,
     ) -> Result<Response<crate::kubemq::Result>, Status> {
         let event = request.into_inner();
-        let event_id = self.send_one(event).await.map_err(Status::internal)?;
+        let event_id = self
+            .store
+            .send_event(event)
+            .await
+            .map_err(Status::internal)?;
         Ok(Response::new(crate::kubemq::Result {
             event_id,
             sent: true,
@@ -220,14 +208,14 @@ impl Kubemq for Facade {
     ) -> Result<Response<Self::SendEventsStreamStream>, Status> {
         let mut incoming = request.into_inner();
         let (tx, rx) = mpsc::channel(64);
-        let facade = self.clone();
+        let store = self.store.clone();
         tokio::spawn(async move {
             while let Some(Ok(event)) = incoming.next().await {
                 // KubeMQ answers every events-store send, and an events send only when it failed;
                 // errors are in-band here.
                 let stored = event.store;
                 let id = event.event_id.clone();
-                let result = match facade.send_one(event).await {
+                let result = match store.send_event(event).await {
                     Ok(event_id) if stored => Some(crate::kubemq::Result {
                         event_id,
                         sent: true,
@@ -255,7 +243,9 @@ impl Kubemq for Facade {
         &self,
         request: Request<Subscribe>,
     ) -> Result<Response<Self::SubscribeToEventsStream>, Status> {
-        let events = crate::backend::embedded::subscribe(&self.store, &request.into_inner())
+        let events = self
+            .store
+            .subscribe_events(&request.into_inner())
             .map_err(Status::internal)?;
         let (tx, rx) = mpsc::channel(1);
         tokio::spawn(async move {

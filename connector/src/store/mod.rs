@@ -231,6 +231,45 @@ impl Store {
         self.streams.close();
     }
 
+    /// Sends an event (SendEvent): to the events-store with `Store = true`, else fanned out in
+    /// memory; returns its EventID, or KubeMQ's refusal text.
+    pub async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, String> {
+        if event.store {
+            self.streams.append(event).await.map(|e| e.event_id)
+        } else {
+            self.events
+                .publish(event)
+                .map(|p| p.event_id)
+                .map_err(str::to_string)
+        }
+    }
+
+    /// A SubscribeToEvents request (events or events-store), refused as KubeMQ refuses it.
+    pub fn subscribe_events(
+        &self,
+        request: &crate::kubemq::Subscribe,
+    ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::EventReceive>, &'static str> {
+        use crate::kubemq::subscribe::SubscribeType;
+        match SubscribeType::try_from(request.subscribe_type_data) {
+            Ok(SubscribeType::Events) => {
+                if request.events_store_type_data != 0 {
+                    return Err(errors::NOT_EVENTS_STORE);
+                }
+                self.events
+                    .subscribe(&request.client_id, &request.channel, &request.group)
+            }
+            Ok(SubscribeType::EventsStore) => {
+                let start = stream::StartAt::from_request(
+                    request.events_store_type_data,
+                    request.events_store_type_value,
+                )?;
+                self.streams
+                    .subscribe(&request.client_id, &request.channel, &request.group, start)
+            }
+            _ => Err(errors::SUBSCRIBE_TYPE_INVALID),
+        }
+    }
+
     /// Events: in-memory fan-out.
     pub fn events(&self) -> &events::EventsHub {
         &self.events
