@@ -1,11 +1,15 @@
 //! The connector's HTTP endpoint: `/metrics` (Prometheus text), `/livez` (the process runs) and
 //! `/readyz` (the AMQP listener is bound and the backend reachable), for Kubernetes probes and
-//! scrapers.
+//! scrapers; and the detail endpoints `/api/amqp10/connections` and `/api/amqp10/links`
+//! (OBS-1), for people.
 
 use std::sync::Arc;
 
 use ops::http::Limits;
 
+use ops::http::Answer;
+
+use crate::detail::Registry;
 use crate::metrics::Metrics;
 
 /// What the endpoint reports.
@@ -15,12 +19,22 @@ pub struct Health {
     pub metrics: Arc<Metrics>,
     /// Whether the connector is ready to serve clients.
     pub ready: tokio::sync::watch::Receiver<bool>,
+    /// The open connections, for the detail endpoints.
+    pub registry: Arc<Registry>,
 }
 
 /// Serves the endpoint on `listener`, within the default [`Limits`], until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
-    ops::http::serve(listener, Limits::default(), move |path| {
-        ops::http::probe(path, || *health.ready.borrow(), || health.metrics.encode())
+    ops::http::serve(listener, Limits::default(), move |path: String| {
+        let health = health.clone();
+        async move {
+            // OBS-4: answered from start-up on, whatever the connector's readiness.
+            match path.as_str() {
+                "/api/amqp10/connections" => Answer::json(health.registry.connections_json().await),
+                "/api/amqp10/links" => Answer::json(health.registry.links_json().await),
+                _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
+            }
+        }
     })
     .await
 }
@@ -56,6 +70,7 @@ mod tests {
             let health = Health {
                 metrics: Arc::new(Metrics::new()),
                 ready: readiness,
+                registry: Arc::default(),
             };
             tokio::spawn(serve(listener, health.clone()));
             assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
@@ -70,6 +85,18 @@ mod tests {
                 "{m}"
             );
             assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
+            ready.send_replace(false);
+            // OBS-4: the detail endpoints answer empty lists whatever the readiness.
+            let c = get(addr, "/api/amqp10/connections").await;
+            assert!(c.starts_with("HTTP/1.1 200"), "{c}");
+            assert!(c.ends_with(r#"{"connections":[],"total":0}"#), "{c}");
+            assert!(
+                c.to_ascii_lowercase()
+                    .contains("content-type: application/json\r\n"),
+                "{c}"
+            );
+            let l = get(addr, "/api/amqp10/links").await;
+            assert!(l.ends_with(r#"{"links":[],"total":0}"#), "{l}");
         });
     }
 }

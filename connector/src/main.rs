@@ -198,15 +198,17 @@ async fn serve_amqp<B: Backend + Clone>(
     // Ready = the AMQP listener is bound (it is, here) and the backend answers a ping; the same
     // state admits connections (CONN-15) and, lost, closes them (CONN-16).
     let ready = readiness::watch(Arc::new(backend.clone())).await;
+    let registry = Arc::new(connector::detail::Registry::default());
     if let Some(addr) = settings.http_address {
         match tokio::net::TcpListener::bind(addr).await {
             Ok(l) => {
-                tracing::info!(%addr, "serving /metrics, /livez and /readyz");
+                tracing::info!(%addr, "serving /metrics, /livez, /readyz and /api/amqp10/{{connections,links}}");
                 tokio::spawn(connector::http::serve(
                     l,
                     Health {
                         metrics: metrics.clone(),
                         ready: ready.clone(),
+                        registry: registry.clone(),
                     },
                 ));
             }
@@ -222,6 +224,7 @@ async fn serve_amqp<B: Backend + Clone>(
         shutdown_grace: Duration::from_secs(10),
         broker_ready: Some(ready.clone()),
         count_after_header: settings.count_connections_after_header,
+        registry,
     };
     serve(
         listener,

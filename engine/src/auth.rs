@@ -31,7 +31,7 @@ impl Mechanism {
         }
     }
 
-    /// The name in audit events (AUD-4).
+    /// The name in audit events (AUD-4) and on the connections endpoint (OBS-2).
     pub fn audit_name(self) -> &'static str {
         match self {
             Mechanism::External => "external",

@@ -173,6 +173,24 @@ pub struct Connection {
     pub(super) credit_withheld: bool,
 }
 
+/// Longest OPEN `product` or `version` kept (CONN-14): enough for any real client's.
+const MAX_OPEN_PROPERTY: usize = 128;
+
+/// A string OPEN property, recorded for the connections endpoint (CONN-14): control characters
+/// dropped, cut to [`MAX_OPEN_PROPERTY`] characters. Anything but a string is ignored.
+fn open_property(open: &Open, key: &str) -> Option<String> {
+    let value = open.properties.as_ref()?.get(&Symbol::from(key))?;
+    match value {
+        serde_amqp::Value::String(s) => Some(
+            s.chars()
+                .filter(|c| !c.is_control())
+                .take(MAX_OPEN_PROPERTY)
+                .collect(),
+        ),
+        _ => None,
+    }
+}
+
 impl Connection {
     /// A new server connection waiting for the client's protocol header.
     ///
@@ -613,11 +631,15 @@ impl Connection {
             self.events.push_back(Event::Authenticated(report));
         }
         tracing::debug!(client_id = %client_id, hostname = ?open.hostname, max_frame = self.max_frame, "connection open");
+        let product = open_property(&open, "product");
+        let version = open_property(&open, "version");
         self.events.push_back(Event::Opened {
             client_id,
             credential: self.identity.as_ref().and_then(|i| i.credential.clone()),
             container_id: open.container_id,
             hostname: open.hostname,
+            product,
+            version,
         });
     }
 

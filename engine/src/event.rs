@@ -53,6 +53,10 @@ pub enum Event {
         container_id: String,
         /// The OPEN hostname, logged and otherwise ignored (GEN-6).
         hostname: Option<String>,
+        /// The OPEN property `product`, if sent as a string (CONN-14).
+        product: Option<String>,
+        /// The OPEN property `version`, if sent as a string (CONN-14).
+        version: Option<String>,
     },
     /// A client attached a link that passed the engine's checks (LINK-2 steps 1–3); the
     /// application must answer with `accept_link` or `refuse_link`.

@@ -37,7 +37,7 @@ pub use connection::{
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId, SaslReport, SaslResult};
-pub use link::{LinkAccept, SessionRoom};
+pub use link::{LinkAccept, LinkLabel, LinkView, ServerRole, SessionRoom};
 pub use session::SESSION_WINDOW;
 
 /// The hash map of the message path: foldhash (seeded per process) instead of SipHash, which

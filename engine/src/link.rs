@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
+use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, TargetArchetype};
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
 
 use super::budget::{BudgetExceeded, Charge};
@@ -187,6 +187,10 @@ pub(super) struct Link {
     side: Side,
     /// The client's ATTACH, kept until the reply echoes its terminus.
     request: Option<Box<Attach>>,
+    /// The client asked for a dynamic node (ADDR-11).
+    dynamic: bool,
+    /// What the application says the link serves, once it told (OBS-3).
+    label: Option<Box<LinkLabel>>,
 }
 
 impl Link {
@@ -217,6 +221,58 @@ pub struct SessionRoom {
     pub window: u32,
     /// Transfer frames written and waiting for the window.
     pub waiting: u32,
+}
+
+/// What the application says a link serves, kept with the link for the links endpoint (OBS-3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkLabel {
+    /// The resolved terminus address.
+    pub address: String,
+    /// The pattern it serves: `queues`, `events`, `events-store`, `commands`, `queries`, or a
+    /// synthetic one such as `responses`.
+    pub pattern: &'static str,
+    /// The KubeMQ channel (empty for an anonymous or dynamic link).
+    pub channel: String,
+    /// A durable events-store subscription (DUR-1).
+    pub durable: bool,
+}
+
+/// Which side of a link the server is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerRole {
+    /// The server sends (the client consumes).
+    Sender,
+    /// The server receives (the client produces).
+    Receiver,
+}
+
+impl ServerRole {
+    /// `sender` or `receiver`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ServerRole::Sender => "sender",
+            ServerRole::Receiver => "receiver",
+        }
+    }
+}
+
+/// One attached link as the server sees it now (OBS-3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkView {
+    /// The link's name, chosen by the client.
+    pub name: String,
+    /// The server's role.
+    pub role: ServerRole,
+    /// Current link credit: what the client granted a server sender, or what the server granted
+    /// a client sender.
+    pub credit: u32,
+    /// Deliveries not yet settled: sent and awaiting the client's settlement, or received and
+    /// awaiting the application's.
+    pub unsettled: usize,
+    /// A dynamic-node terminus (ADDR-11).
+    pub dynamic: bool,
+    /// What the application said of it; `None` if it said nothing.
+    pub label: Option<LinkLabel>,
 }
 
 /// What the application decides when it accepts a link.
@@ -275,6 +331,8 @@ impl Connection {
             credit: 0,
             side,
             request: None,
+            dynamic: false,
+            label: None,
         };
         let refusal = match frame {
             AttachFrame::Head {
@@ -308,6 +366,11 @@ impl Connection {
                     ))
                 } else {
                     None
+                };
+                link.dynamic = if is_sender(&role) {
+                    matches!(a.target.as_deref(), Some(TargetArchetype::Target(t)) if t.dynamic)
+                } else {
+                    a.source.as_ref().is_some_and(|s| s.dynamic)
                 };
                 link.request = Some(a);
                 r
@@ -657,6 +720,44 @@ impl Connection {
             s.drain = false;
         }
         Ok(())
+    }
+
+    /// Tells what an attached link serves, for [`Connection::link_views`].
+    pub fn label_link(&mut self, id: LinkId, label: LinkLabel) -> Result<(), CommandError> {
+        let link = self
+            .links
+            .get_mut(&id)
+            .filter(|l| l.phase == Phase::Attached)
+            .ok_or(CommandError::NoLink)?;
+        link.label = Some(Box::new(label));
+        Ok(())
+    }
+
+    /// Every attached link, as the server sees it now (OBS-3).
+    pub fn link_views(&self) -> Vec<LinkView> {
+        let mut views: Vec<(LinkId, LinkView)> = self
+            .links
+            .iter()
+            .filter(|(_, l)| l.phase == Phase::Attached)
+            .map(|(id, l)| {
+                let (role, unsettled) = match &l.side {
+                    Side::Sender(s) => (ServerRole::Sender, s.unsettled.len()),
+                    Side::Receiver(r) => (ServerRole::Receiver, r.in_flight.len()),
+                };
+                let view = LinkView {
+                    name: l.name.to_string(),
+                    role,
+                    credit: l.credit,
+                    unsettled,
+                    dynamic: l.dynamic,
+                    label: l.label.as_deref().cloned(),
+                };
+                (*id, view)
+            })
+            .collect();
+        // In the order the links were attached.
+        views.sort_unstable_by_key(|(id, _)| *id);
+        views.into_iter().map(|(_, v)| v).collect()
     }
 
     /// Credit a server-sender link has now.

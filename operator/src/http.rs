@@ -10,8 +10,9 @@ use crate::metrics::Metrics;
 /// Serves the three endpoints on `listener`, within the default [`Limits`] (a few connections at
 /// a time, deadlines for a request and a connection), until the task is dropped.
 pub async fn serve(listener: tokio::net::TcpListener, metrics: Metrics, ready: Arc<AtomicBool>) {
-    ops::http::serve(listener, Limits::default(), move |path| {
-        ops::http::probe(path, || ready.load(Ordering::Acquire), || metrics.encode())
+    ops::http::serve(listener, Limits::default(), move |path: String| {
+        let answer = ops::http::probe(&path, || ready.load(Ordering::Acquire), || metrics.encode());
+        async move { answer }
     })
     .await
 }

@@ -18,6 +18,8 @@ use crate::accept::AcceptBackoff;
 
 /// The Prometheus text format's Content-Type; Prometheus 3 refuses a scrape without one.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+/// The Content-Type of JSON answers.
+pub const JSON_CONTENT_TYPE: &str = "application/json";
 /// The Content-Type of every other answer.
 pub const TEXT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
@@ -47,6 +49,15 @@ impl Answer {
         Answer {
             status: 200,
             content_type: METRICS_CONTENT_TYPE,
+            body,
+        }
+    }
+
+    /// A JSON document.
+    pub fn json(body: String) -> Answer {
+        Answer {
+            status: 200,
+            content_type: JSON_CONTENT_TYPE,
             body,
         }
     }
@@ -92,9 +103,10 @@ impl Default for Limits {
 }
 
 /// Serves `answer(path)` for every GET on `listener` within `limits`, until the task is dropped.
-pub async fn serve<A>(listener: tokio::net::TcpListener, limits: Limits, answer: A)
+pub async fn serve<A, F>(listener: tokio::net::TcpListener, limits: Limits, answer: A)
 where
-    A: Fn(&str) -> Answer + Clone + Send + Sync + 'static,
+    A: Fn(String) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Answer> + Send + 'static,
 {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
     let mut backoff = AcceptBackoff::new("HTTP");
@@ -116,8 +128,8 @@ where
         tokio::spawn(async move {
             let _slot = slot;
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
-                let r = response(answer(req.uri().path()));
-                async move { Ok::<_, Infallible>(r) }
+                let answered = answer(req.uri().path().to_string());
+                async move { Ok::<_, Infallible>(response(answered.await)) }
             });
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())

@@ -33,7 +33,9 @@ fn silent_sockets_are_bounded_and_dropped() {
             header_read: Duration::from_millis(300),
             life: Duration::from_secs(5),
         };
-        tokio::spawn(serve(listener, limits, |_| Answer::text(200, "ok\n")));
+        tokio::spawn(serve(listener, limits, |_| async {
+            Answer::text(200, "ok\n")
+        }));
         let before = open_descriptors();
         let mut silent = Vec::new();
         for _ in 0..20 {

@@ -294,6 +294,7 @@ impl TestConnector {
             shutdown_grace: Duration::from_secs(5),
             broker_ready: None,
             count_after_header: settings.count_connections_after_header,
+            registry: Default::default(),
         };
         let bridge = connector::bridge::queues::Queues::new(
             backend,

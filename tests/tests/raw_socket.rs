@@ -179,6 +179,7 @@ fn conn_15_16_broker_readiness() {
                 shutdown_grace: Duration::from_secs(5),
                 broker_ready: Some(ready),
                 count_after_header: settings.count_connections_after_header,
+                registry: Default::default(),
             };
             let bridge = Queues::new(
                 backend,

@@ -10,7 +10,7 @@ pub mod selector;
 
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
 
-use crate::engine::{AmqpError, Condition, Connection, LinkId};
+use crate::engine::{AmqpError, Condition, Connection, LinkId, LinkLabel};
 use crate::metrics::{self, Metrics};
 
 /// A `rejected` outcome with `condition` and `text` (cut as ERR-3 says by [`AmqpError::new`]).
@@ -39,4 +39,58 @@ pub(crate) fn settle_inbound(
         }
     }
     let _ = conn.settle(link, delivery_id, state);
+}
+
+/// What an accepted link serves, for the links endpoint (OBS-3).
+pub(crate) enum Serves<'a> {
+    /// A node of a pattern.
+    Node {
+        /// Its pattern.
+        pattern: address::Pattern,
+        /// Its channel.
+        channel: &'a str,
+        /// A durable events-store subscription (DUR-1).
+        durable: bool,
+    },
+    /// A dynamic node this connection minted (ADDR-11), at this address.
+    Dynamic(&'a str),
+    /// An anonymous sender: each message names its node (ADDR-13).
+    Anonymous,
+}
+
+impl<'a> Serves<'a> {
+    /// A queue channel.
+    pub(crate) fn queue(channel: &'a str) -> Self {
+        Serves::Node {
+            pattern: address::Pattern::Queues,
+            channel,
+            durable: false,
+        }
+    }
+}
+
+/// Tells the engine what `link` serves; a link gone meanwhile needs nothing.
+pub(crate) fn label(conn: &mut Connection, link: LinkId, serves: Serves<'_>) {
+    let label = match serves {
+        Serves::Node {
+            pattern,
+            channel,
+            durable,
+        } => LinkLabel {
+            address: format!("{}/{channel}", pattern.name()),
+            pattern: pattern.name(),
+            channel: channel.to_string(),
+            durable,
+        },
+        Serves::Dynamic(address) => LinkLabel {
+            address: address.to_string(),
+            pattern: "dynamic",
+            ..LinkLabel::default()
+        },
+        Serves::Anonymous => LinkLabel {
+            pattern: "anonymous",
+            ..LinkLabel::default()
+        },
+    };
+    let _ = conn.label_link(link, label);
 }

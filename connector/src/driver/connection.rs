@@ -16,6 +16,7 @@ use tokio_rustls::server::TlsStream;
 
 use super::Handler;
 use crate::auth::audit;
+use crate::detail::{self, Membership, Registry};
 use crate::engine::{AmqpError, Connection, EngineConfig, Event, Transport};
 
 /// Reading stops while this much output waits for the client, so a client that does not read
@@ -86,16 +87,33 @@ pub struct Accepted<S> {
     pub peer: std::net::SocketAddr,
 }
 
-/// Runs one accepted connection to its end. `admission` refuses it at OPEN (CONN-15); a `true` on
-/// `shutdown`, or `broker_ready` turning false, closes it with `amqp:connection:forced` (CONN-16).
+/// What a connection runs under, besides its socket and handler.
+pub struct Surroundings {
+    /// The engine's limits and policies.
+    pub cfg: Arc<EngineConfig>,
+    /// The refusal written at OPEN, if the connection is not admitted (CONN-15).
+    pub admission: Option<AmqpError>,
+    /// A `true` closes the connection with `amqp:connection:forced` (CONN-16).
+    pub shutdown: watch::Receiver<bool>,
+    /// The broker's readiness; turning false closes the connection like `shutdown`.
+    pub broker_ready: Option<watch::Receiver<bool>>,
+    /// Where the connection is listed once open (OBS-2, OBS-3).
+    pub registry: Arc<Registry>,
+}
+
+/// Runs one accepted connection to its end.
 pub async fn run_connection<S: Wire, H: Handler>(
     socket: Accepted<S>,
-    cfg: Arc<EngineConfig>,
-    admission: Option<AmqpError>,
+    around: Surroundings,
     mut handler: H,
-    mut shutdown: watch::Receiver<bool>,
-    mut broker_ready: Option<watch::Receiver<bool>>,
 ) {
+    let Surroundings {
+        cfg,
+        admission,
+        mut shutdown,
+        mut broker_ready,
+        registry,
+    } = around;
     let Accepted {
         stream,
         read: mut rbuf,
@@ -103,6 +121,10 @@ pub async fn run_connection<S: Wire, H: Handler>(
         peer,
     } = socket;
     let transport = stream.transport();
+    let tls = transport != Transport::Plain;
+    let connected_at = std::time::SystemTime::now() - at.elapsed();
+    // Joined at OPEN: what the detail endpoints list, and how they ask.
+    let mut listed: Option<(detail::Identity, Membership)> = None;
     let (mut rd, mut wr) = stream.split();
     let mut engine = Connection::new(cfg, transport, admission, at);
     let mut wbuf = BytesMut::new();
@@ -121,8 +143,27 @@ pub async fn run_connection<S: Wire, H: Handler>(
     }
     loop {
         while let Some(ev) = engine.poll_event() {
-            if let Event::Authenticated(report) = &ev {
-                audit::authenticated(peer.ip(), report);
+            match &ev {
+                Event::Authenticated(report) => audit::authenticated(peer.ip(), report),
+                Event::Opened {
+                    client_id,
+                    container_id,
+                    product,
+                    version,
+                    ..
+                } => {
+                    let identity = detail::Identity {
+                        client_id: client_id.clone(),
+                        container_id: crate::engine::sanitize_client_id(container_id),
+                        product: product.clone(),
+                        version: version.clone(),
+                        connected_at,
+                        source_ip: peer.ip(),
+                        tls,
+                    };
+                    listed = Some((identity, registry.join()));
+                }
+                _ => {}
             }
             handler.on_event(&mut engine, ev);
         }
@@ -161,6 +202,9 @@ pub async fn run_connection<S: Wire, H: Handler>(
             },
             _ = sleep_until_opt(deadline) => engine.handle_timeout(Instant::now().into_std()),
             _ = poll_fn(|cx| handler.poll_ready(cx)) => handler.on_ready(&mut engine),
+            Some((identity, probe)) = probed(&mut listed) => {
+                let _ = probe.send(identity.snapshot(&engine));
+            }
             r = shutdown.changed(), if !shutting_down => {
                 shutting_down = true;
                 if r.is_ok() {
@@ -178,6 +222,8 @@ pub async fn run_connection<S: Wire, H: Handler>(
             }
         }
     }
+    // Closed: no longer listed.
+    drop(listed);
     while let Some(ev) = engine.poll_event() {
         handler.on_event(&mut engine, ev);
     }
@@ -209,6 +255,16 @@ async fn write_or_flush<W: AsyncWrite + Unpin>(
         wr.flush().await.map(|()| Written::Flushed)
     } else {
         wr.write_buf(buf).await.map(|_| Written::Some)
+    }
+}
+
+/// The next probe of a listed connection, with what it says of itself; never, before OPEN.
+async fn probed(
+    listed: &mut Option<(detail::Identity, Membership)>,
+) -> Option<(&detail::Identity, detail::Probe)> {
+    match listed {
+        Some((identity, membership)) => Some((&*identity, membership.probed().await?)),
+        None => std::future::pending().await,
     }
 }
 

@@ -18,7 +18,8 @@ use tracing::Instrument;
 
 use super::connection::Wire;
 use super::tls::TlsSource;
-use super::{run_connection, Accepted, HandlerFactory};
+use super::{run_connection, Accepted, HandlerFactory, Surroundings};
+use crate::detail::Registry;
 use crate::engine::{AmqpError, Condition, EngineConfig};
 
 /// How the listener runs.
@@ -36,6 +37,8 @@ pub struct ServeOptions {
     /// sockets that say nothing then wait in a pool of their own ([`waiting_pool`] places; past
     /// it they are dropped at once) until the handshake timeout, holding no connection slot.
     pub count_after_header: bool,
+    /// Where open connections are listed for the detail endpoints (OBS-1).
+    pub registry: Arc<Registry>,
 }
 
 /// Places for sockets that have not sent their protocol header yet, with
@@ -75,6 +78,7 @@ struct Shared<F> {
     stop: watch::Receiver<bool>,
     ready: Option<watch::Receiver<bool>>,
     count_after_header: bool,
+    registry: Arc<Registry>,
 }
 
 /// Serves AMQP on `listeners` until `shutdown` resolves, then closes every connection.
@@ -94,6 +98,7 @@ pub async fn serve<F: HandlerFactory>(
         stop: stop_rx,
         ready: opts.broker_ready.clone(),
         count_after_header: opts.count_after_header,
+        registry: opts.registry.clone(),
     });
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
@@ -270,6 +275,7 @@ struct Admitted<F: HandlerFactory> {
     cfg: Arc<EngineConfig>,
     stop: watch::Receiver<bool>,
     ready: Option<watch::Receiver<bool>>,
+    registry: Arc<Registry>,
     peer: SocketAddr,
 }
 
@@ -284,6 +290,7 @@ impl<F: HandlerFactory> Admitted<F> {
             cfg: shared.cfg.clone(),
             stop: shared.stop.clone(),
             ready: shared.ready.clone(),
+            registry: shared.registry.clone(),
             peer,
         })
     }
@@ -296,15 +303,14 @@ impl<F: HandlerFactory> Admitted<F> {
             at,
             peer: self.peer,
         };
-        run_connection(
-            socket,
-            self.cfg,
-            self.refusal,
-            self.handler,
-            self.stop,
-            self.ready,
-        )
-        .await;
+        let around = Surroundings {
+            cfg: self.cfg,
+            admission: self.refusal,
+            shutdown: self.stop,
+            broker_ready: self.ready,
+            registry: self.registry,
+        };
+        run_connection(socket, around, self.handler).await;
         tracing::debug!("finished");
         drop(self.permit);
     }

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 
 use crate::engine::{Connection, Event};
 
-pub use connection::{run_connection, Accepted, Wire};
+pub use connection::{run_connection, Accepted, Surroundings, Wire};
 pub use listener::{serve, Listeners, ServeOptions};
 pub use tls::{TlsError, TlsSource};
 

@@ -2027,3 +2027,93 @@ fn gen_7_only_known_conditions() {
         assert!(c.symbol().starts_with("amqp:"));
     }
 }
+
+// ---------------------------------------------------------------- detail endpoints (OBS)
+
+/// OBS-3: the attached links in attach order, each with the server's role, the credit as the
+/// server sees it, its unsettled deliveries, the dynamic flag and what the application said it
+/// serves; a refused link and an ended one are not there.
+#[test]
+fn obs_3_link_views_follow_the_links() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let p = producer(&mut c, "p", 0, 10);
+    let r = consumer(&mut c, "r", 1);
+    let mut dynamic = attach_receiver("d", 2, "");
+    if let Some(s) = dynamic.source.as_mut() {
+        s.address = None;
+        s.dynamic = true;
+    }
+    let d = c.request_link(0, &dynamic);
+    c.conn
+        .accept_dynamic(d, LinkAccept { credit_window: 0 }, "_tmp.1".into())
+        .unwrap();
+    c.collect();
+    let refused = c.request_link(0, &attach_receiver("x", 3, "queues/x"));
+    c.conn
+        .refuse_link(refused, AmqpError::bare(Condition::NotFound))
+        .unwrap();
+    c.collect();
+    let label = crate::LinkLabel {
+        address: "queues/a".into(),
+        pattern: "queues",
+        channel: "a".into(),
+        durable: false,
+    };
+    c.conn.label_link(p, label.clone()).unwrap();
+    assert_eq!(
+        c.conn.label_link(refused, label.clone()),
+        Err(super::CommandError::NoLink)
+    );
+    c.frame(0, &link_flow(1, 0, 3, false));
+    c.conn.send(r, b"t", b"m", false, 1).unwrap();
+    let views = c.conn.link_views();
+    let names: Vec<&str> = views.iter().map(|v| v.name.as_str()).collect();
+    assert_eq!(names, ["p", "r", "d"]);
+    assert_eq!(views[0].role, crate::ServerRole::Receiver);
+    assert_eq!((views[0].credit, views[0].unsettled), (10, 0));
+    assert_eq!(views[0].label.as_ref(), Some(&label));
+    assert_eq!(views[1].role, crate::ServerRole::Sender);
+    assert_eq!((views[1].credit, views[1].unsettled), (2, 1));
+    assert_eq!(views[1].label, None);
+    assert!(views[2].dynamic && !views[0].dynamic && !views[1].dynamic);
+    c.frame(0, &detach(1));
+    let names: Vec<String> = c.conn.link_views().into_iter().map(|v| v.name).collect();
+    assert_eq!(names, ["p", "d"]);
+}
+
+/// CONN-14: the OPEN properties `product` and `version` are reported when they are strings,
+/// without control characters and cut to a bounded length; anything else is ignored.
+#[test]
+fn conn_14_open_product_and_version_recorded() {
+    let opened = |props: Vec<(&str, serde_amqp::Value)>| {
+        let mut c = Client::new(config());
+        c.raw(&HEADER_AMQP);
+        let mut o = open("client-14");
+        let mut fields = OrderedMap::new();
+        for (k, v) in props {
+            fields.insert(fe2o3_amqp_types::primitives::Symbol::from(k), v);
+        }
+        o.properties = Some(fields);
+        c.frame(0, &o);
+        match c.take_events().into_iter().next() {
+            Some(Event::Opened {
+                product, version, ..
+            }) => (product, version),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (product, version) = opened(vec![
+        ("product", serde_amqp::Value::String("QpidJMS".into())),
+        ("version", serde_amqp::Value::String("2.7.0\n".into())),
+        ("platform", serde_amqp::Value::String("JVM".into())),
+    ]);
+    assert_eq!(product.as_deref(), Some("QpidJMS"));
+    assert_eq!(version.as_deref(), Some("2.7.0"));
+    let (product, version) = opened(vec![
+        ("product", serde_amqp::Value::String("p".repeat(10_000))),
+        ("version", serde_amqp::Value::Uint(3)),
+    ]);
+    assert_eq!(product.map(|p| p.len()), Some(128));
+    assert_eq!(version, None);
+}

@@ -29,7 +29,7 @@ use self::options::StartPosition;
 use super::address::Pattern;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
 use super::selector::{EnvelopeOperands, Selector};
-use super::{rejected, settle_inbound};
+use super::{label, rejected, settle_inbound, Serves};
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -91,6 +91,8 @@ struct Subscriber {
 /// A subscription the backend is opening, for a link not yet answered.
 struct Opening {
     link: LinkId,
+    /// The channel subscribed to (wildcards allowed on events).
+    channel: String,
     subscriber: Subscriber,
     result: Result<EventStream, BackendError>,
 }
@@ -174,6 +176,15 @@ impl EventLinks {
         {
             return; // detached while attaching
         }
+        label(
+            conn,
+            link,
+            Serves::Node {
+                pattern,
+                channel: &channel,
+                durable: false,
+            },
+        );
         metrics.link(metrics::Role::receiver).inc();
         self.publishers.insert(link, Publisher { pattern, channel });
     }
@@ -229,6 +240,7 @@ impl EventLinks {
         };
         let backend = backend.clone();
         let durable = subscriber.claim.is_some();
+        let channel = request.channel.clone();
         self.opening.push(Box::pin(async move {
             let mut result = backend.subscribe_events(request.clone()).await;
             // A durable subscription re-attached right after its last link ended: the backend
@@ -243,6 +255,7 @@ impl EventLinks {
             }
             Opening {
                 link,
+                channel,
                 subscriber,
                 result,
             }
@@ -432,6 +445,15 @@ impl EventLinks {
                         continue;
                     }
                     tracing::debug!(link = o.link, "subscription open");
+                    label(
+                        conn,
+                        o.link,
+                        Serves::Node {
+                            pattern: o.subscriber.pattern,
+                            channel: &o.channel,
+                            durable: o.subscriber.claim.is_some(),
+                        },
+                    );
                     metrics.link(metrics::Role::sender).inc();
                     self.subscribers.insert(o.link, o.subscriber);
                     self.streams.insert(o.link, stream);
@@ -457,6 +479,16 @@ impl EventLinks {
                         .accept_with_source(f.link, LinkAccept { credit_window: 0 }, source)
                         .is_ok()
                     {
+                        // It names a durable subscription, on no channel.
+                        label(
+                            conn,
+                            f.link,
+                            Serves::Node {
+                                pattern: Pattern::EventsStore,
+                                channel: "",
+                                durable: true,
+                            },
+                        );
                         metrics.link(metrics::Role::sender).inc();
                         self.subscribers.insert(
                             f.link,

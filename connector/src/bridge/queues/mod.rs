@@ -32,7 +32,7 @@ use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use super::events::{ConsumeRequest, EventLinks, Target};
-use super::{rejected, settle_inbound};
+use super::{label, rejected, settle_inbound, Serves};
 use crate::auth::policy::Action;
 use crate::auth::Access;
 use crate::backend::Backend;
@@ -338,6 +338,7 @@ impl<B: Backend> QueuesHandler<B> {
                 {
                     return Ok(()); // detached while attaching: see `accept_or_gone`
                 }
+                label(conn, link, Serves::Dynamic(&address));
                 self.mailboxes
                     .insert(address.clone(), Mailbox::new(conn.budget()));
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
@@ -411,6 +412,7 @@ impl<B: Backend> QueuesHandler<B> {
         if !accept_or_gone(conn, link, 0) {
             return Ok(());
         }
+        label(conn, link, Serves::queue(&channel));
         let key: ConsumerKey = (self.connection, link);
         let loop_key = LoopKey {
             channel: channel.clone(),
@@ -557,6 +559,11 @@ impl<B: Backend> QueuesHandler<B> {
         if !accept_or_gone(conn, link, self.bridge.credit_window) {
             return Ok(());
         }
+        let serves = match &channel {
+            Some(c) => Serves::queue(c),
+            None => Serves::Anonymous,
+        };
+        label(conn, link, serves);
         let lane = self.bridge.next_lane.fetch_add(1, Ordering::Relaxed);
         self.lanes.insert(link, Lane::new(lane, link));
         self.links.insert(link, LinkKind::Produce { channel });
