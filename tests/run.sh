@@ -82,7 +82,14 @@ cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== cargo test"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# Every connector and operator process the tests start logs here, and the tests record the
+# secrets they hand out; connector/tests/secrets_in_logs.rs reads them all, once more after the
+# whole suite.
+export KUBEMQ_AMQP_TEST_LOGS="$PWD/target/test-logs"
+rm -rf "$KUBEMQ_AMQP_TEST_LOGS"
 cargo test --workspace 2>&1 | tee "$log"
+echo "== no secret in any log the suite wrote"
+cargo test -p kubemq-amqp-connector --test secrets_in_logs 2>&1 | tee -a "$log"
 # One closing line with the totals of every test binary (the last binary run is often the empty
 # doc-test pass, which would otherwise be the closing line).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }

@@ -41,13 +41,17 @@ fn now() -> i64 {
 }
 
 /// A token for `client_id` signed with `secret`, expiring `exp_in` seconds from now.
+/// Both are recorded as secrets the suite's logs must not hold.
 fn token(client_id: &str, secret: &str, exp_in: i64) -> String {
-    encode(
+    testkit::logs::used_secret(secret);
+    let token = encode(
         &Header::new(Algorithm::HS256),
         &serde_json::json!({"ClientID": client_id, "exp": now() + exp_in}),
         &EncodingKey::from_secret(secret.as_bytes()),
     )
-    .unwrap()
+    .unwrap();
+    testkit::logs::used_secret(&token);
+    token
 }
 
 /// The connector with authentication and the ACL, its log captured as JSON lines.
@@ -66,6 +70,7 @@ impl Secured {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("jwt.key");
         std::fs::write(&key, SECRET).unwrap();
+        testkit::logs::used_secret(SECRET);
         let acl = dir.path().join("acl.json");
         std::fs::write(&acl, ACL).unwrap();
         let path = |p: &std::path::Path| p.display().to_string();
@@ -98,7 +103,7 @@ impl Secured {
             tls_port
         });
         let port = free_port();
-        let child = spawn(dir.path(), "connector", port, &args);
+        let (child, log) = spawn(dir.path(), "connector", port, &args);
         if let Some(p) = tls_port {
             wait_listening(p);
         }
@@ -106,7 +111,7 @@ impl Secured {
             child,
             port,
             tls_port,
-            log: dir.path().join("connector.log"),
+            log,
             _dir: dir,
         }
     }
@@ -307,10 +312,11 @@ fn sasl_7_external_on_mtls() {
     assert_eq!(ok["Metadata.mechanism"], "external");
 }
 
-/// Starts the connector with `args` (and a store in `dir`) listening on `port`, logging to
-/// `dir/<name>.log`; returns once its /readyz says it reaches its backend (before that it
-/// refuses connections, CONN-15).
-fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> Child {
+/// Starts the connector with `args` (and a store in `dir`) listening on `port`, logging to a
+/// file of the suite's logs named after `name`; returns once its /readyz says it reaches its
+/// backend (before that it refuses connections, CONN-15), with the log's path.
+fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> (Child, PathBuf) {
+    let (log, file) = testkit::logs::file(name);
     let http = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
         .args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"])
@@ -319,16 +325,14 @@ fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> Child
         .arg(dir.join(format!("{name}-data")))
         .args(args)
         .env("RUST_LOG", "debug")
-        .stdout(Stdio::from(
-            std::fs::File::create(dir.join(format!("{name}.log"))).unwrap(),
-        ))
-        .stderr(Stdio::null())
+        .stdout(Stdio::from(file.try_clone().unwrap()))
+        .stderr(Stdio::from(file))
         .spawn()
         .unwrap();
     testkit::eventually(&format!("{name} ready"), Duration::from_secs(20), || {
         testkit::http_get(http, "/readyz").is_some_and(|r| r.status == 200)
     });
-    child
+    (child, log)
 }
 
 /// Kills the children when the test ends, however it ends.
@@ -357,6 +361,8 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
     let d = dir.path();
     std::fs::write(d.join("kubemq.key"), SECRET).unwrap();
     std::fs::write(d.join("other.key"), "a-key-kubemq-does-not-know").unwrap();
+    testkit::logs::used_secret(SECRET);
+    testkit::logs::used_secret("a-key-kubemq-does-not-know");
     let key = |f: &str| d.join(f).display().to_string();
     let auth = |key_file: String| {
         vec![
@@ -371,15 +377,17 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
     let grpc = free_port();
     let mut kubemq_args = auth(key("kubemq.key"));
     kubemq_args.extend(["--serve-kubemq-grpc".into(), format!("127.0.0.1:{grpc}")]);
-    let mut children = Reaper(vec![spawn(d, "kubemq", free_port(), &kubemq_args)]);
+    let (kubemq, kubemq_log) = spawn(d, "kubemq", free_port(), &kubemq_args);
+    let mut children = Reaper(vec![kubemq]);
     let through = |name: &str, key_file: String| {
         let port = free_port();
         let mut args = auth(key_file);
         args.extend(["--kubemq-address".into(), format!("127.0.0.1:{grpc}")]);
-        (spawn(d, name, port, &args), port)
+        let (child, log) = spawn(d, name, port, &args);
+        (child, port, log)
     };
-    let (same, same_port) = through("same-key", key("kubemq.key"));
-    let (other, other_port) = through("other-key", key("other.key"));
+    let (same, same_port, same_log) = through("same-key", key("kubemq.key"));
+    let (other, other_port, other_log) = through("other-key", key("other.key"));
     children.0.extend([same, other]);
     python(
         same_port,
@@ -393,8 +401,12 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
         .arg("auth.js")
         .arg(other_port.to_string())
         .args(["app", &theirs, "fwd", "unused", "kubemq-refuses"]));
-    for name in ["kubemq", "same-key", "other-key"] {
-        let log = std::fs::read_to_string(d.join(format!("{name}.log"))).unwrap();
+    for (name, log) in [
+        ("kubemq", kubemq_log),
+        ("same-key", same_log),
+        ("other-key", other_log),
+    ] {
+        let log = std::fs::read_to_string(log).unwrap();
         assert!(
             !log.contains(&theirs) && !log.contains(SECRET),
             "a secret in {name}'s log"

@@ -1,7 +1,9 @@
 //! What the workspace's tests share, in one place: a free loopback port, a blocking HTTP GET for
 //! the `/livez` `/readyz` `/metrics` endpoints, waiting until a condition holds, a raw-socket
-//! AMQP peer for what no client library can express, and a TLS client configuration.
+//! AMQP peer for what no client library can express, a TLS client configuration, and where the
+//! suite's logs and the secrets they must not hold are kept.
 
+pub mod logs;
 pub mod raw;
 pub mod tls;
 

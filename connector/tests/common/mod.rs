@@ -16,6 +16,7 @@ pub use testkit::free_port;
 /// Starts the connector on its embedded store in `dir`, listening on `port`, with `args` added
 /// to its command line; returns once it listens.
 pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child {
+    let (_, log) = testkit::logs::file("connector");
     let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
         .args([
             "--port",
@@ -27,12 +28,13 @@ pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child
         ])
         .args(["--data-dir", dir.to_str().expect("utf-8 path")])
         .args(args)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         // Freed memory goes back to the system at once instead of after mimalloc's delay, so the
         // memory tests measure what the connector holds rather than the allocator's retention.
         .env("MIMALLOC_PURGE_DELAY", "0")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        // Into the suite's logs, which the secrets check reads.
+        .stdout(Stdio::from(log.try_clone().expect("the log file")))
+        .stderr(Stdio::from(log))
         .spawn()
         .expect("connector starts");
     wait_listening(port);

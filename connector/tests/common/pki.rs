@@ -51,6 +51,8 @@ impl Pki {
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &self.ca).unwrap();
         std::fs::write(self.path(&format!("{name}.pem")), cert.pem()).unwrap();
-        std::fs::write(self.path(&format!("{name}.key")), key.serialize_pem()).unwrap();
+        let key = key.serialize_pem();
+        testkit::logs::used_secret(&key);
+        std::fs::write(self.path(&format!("{name}.key")), key).unwrap();
     }
 }

@@ -225,12 +225,8 @@ impl Cluster {
             .as_str()
             .expect("a ServiceAccount");
         let kubeconfig = self.service_account_kubeconfig(namespace, account);
-        let log = self
-            .state
-            .path()
-            .join(format!("operator-{namespace}-{pod}.log"));
-        // Its log lines go to standard output; both streams go to one file.
-        let file = std::fs::File::create(&log).expect("operator log");
+        // Its log lines go to standard output; both streams go to one file of the suite's logs.
+        let (log, file) = testkit::logs::file(&format!("operator-{namespace}-{pod}"));
         let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
             .env("KUBECONFIG", kubeconfig)
             .envs(env)
