@@ -508,3 +508,104 @@ fn streams_open_when_headers_come_with_the_first_response() {
         drop(ds);
     });
 }
+
+/// Commands and queries through the gRPC client and the façade (KubeMQ 4.7): a responder's
+/// subscription gets each request with a reply address, the first response completes the
+/// request (a command's sender gets the outcome only, a query's the data), a request without a
+/// response fails with `Error 301` after its timeout, and the wrong subscription type is `Error
+/// 207`.
+#[test]
+fn requests_and_responses() {
+    use connector::kubemq::request::RequestType;
+    use connector::kubemq::subscribe::SubscribeType;
+    use connector::kubemq::{Request, Response, Subscribe};
+    use tokio_stream::StreamExt;
+    let f = TestFacade::start();
+    rt().block_on(async {
+        let c = client(&f);
+        let subscribe = |kind: SubscribeType| Subscribe {
+            subscribe_type_data: kind as i32,
+            client_id: "responder".into(),
+            channel: "rpc.grpc".into(),
+            ..Default::default()
+        };
+        let mut commands = c
+            .subscribe_requests(subscribe(SubscribeType::Commands))
+            .await
+            .unwrap();
+        let mut queries = c
+            .subscribe_requests(subscribe(SubscribeType::Queries))
+            .await
+            .unwrap();
+        let request = |kind: RequestType, timeout: i32| Request {
+            request_type_data: kind as i32,
+            client_id: "asker".into(),
+            channel: "rpc.grpc".into(),
+            metadata: "asked".into(),
+            body: b"question".to_vec(),
+            timeout,
+            ..Default::default()
+        };
+        for kind in [RequestType::Command, RequestType::Query] {
+            let asker = c.clone();
+            let asked = tokio::spawn(async move { asker.send_request(request(kind, 5000)).await });
+            let stream = if kind == RequestType::Command {
+                &mut commands
+            } else {
+                &mut queries
+            };
+            let got = stream.next().await.unwrap().unwrap();
+            assert_eq!(got.body, b"question");
+            assert_eq!(got.metadata, "asked");
+            assert!(!got.reply_channel.is_empty());
+            c.send_response(Response {
+                client_id: "responder".into(),
+                request_id: got.request_id.clone(),
+                reply_channel: got.reply_channel.clone(),
+                metadata: "answered".into(),
+                body: b"answer".to_vec(),
+                executed: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let answer = asked.await.unwrap().unwrap();
+            assert!(answer.executed);
+            assert_eq!(answer.request_id, got.request_id);
+            if kind == RequestType::Command {
+                assert!(answer.body.is_empty() && answer.metadata.is_empty());
+            } else {
+                assert_eq!(
+                    (answer.body.as_slice(), answer.metadata.as_str()),
+                    (&b"answer"[..], "answered")
+                );
+            }
+        }
+        let started = Instant::now();
+        let e = c
+            .send_request(request(RequestType::Command, 300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, BackendError::Rejected(t) if t.starts_with("Error 301")),
+            "{e:?}"
+        );
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        // The request that timed out still reached the responder; its late answer is discarded.
+        let late = commands.next().await.unwrap().unwrap();
+        c.send_response(Response {
+            client_id: "responder".into(),
+            request_id: late.request_id,
+            reply_channel: late.reply_channel,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let refused = c.subscribe_requests(subscribe(SubscribeType::Events)).await;
+        assert!(
+            matches!(&refused, Err(BackendError::Rejected(t)) if t.starts_with("Error 207")),
+            "{:?}",
+            refused.err()
+        );
+    });
+}

@@ -8,11 +8,12 @@ use tokio_stream::StreamExt;
 
 use super::{
     batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
+    RequestStream,
 };
 use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
-    Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, SendQueueMessageResult,
-    Subscribe,
+    Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, Request, Response,
+    SendQueueMessageResult, Subscribe,
 };
 use crate::store::{downstream, now_ns, Store};
 
@@ -107,6 +108,28 @@ impl Backend for Embedded {
         self.store
             .subscribe_events(&request)
             .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as EventStream)
+            .map_err(|e| BackendError::Rejected(e.into()))
+    }
+
+    async fn send_request(&self, request: Request) -> Result<Response, BackendError> {
+        self.store
+            .requests()
+            .send(request)
+            .await
+            .map_err(|e| BackendError::Rejected(e.into()))
+    }
+
+    async fn subscribe_requests(&self, request: Subscribe) -> Result<RequestStream, BackendError> {
+        self.store
+            .subscribe_requests(&request)
+            .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as RequestStream)
+            .map_err(|e| BackendError::Rejected(e.into()))
+    }
+
+    async fn send_response(&self, response: Response) -> Result<(), BackendError> {
+        self.store
+            .requests()
+            .respond(response)
             .map_err(|e| BackendError::Rejected(e.into()))
     }
 

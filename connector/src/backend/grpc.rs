@@ -28,15 +28,16 @@ use tonic::{Code, Status};
 use super::ready_estimate::ReadyEstimate;
 use super::{
     batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
+    RequestStream,
 };
 use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::new_id;
 use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
 use crate::kubemq::{
-    Empty, Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequest,
-    QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest, QueuesUpstreamRequest,
-    QueuesUpstreamResponse, SendQueueMessageResult, Subscribe,
+    Empty, Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse,
+    QueuesInfo, QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, Request,
+    Response, SendQueueMessageResult, Subscribe,
 };
 
 /// Messages per QueuesUpstream request at most.
@@ -49,7 +50,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// (grpc-go) may send a server stream's headers only with its first event, and a refusal
 /// comes at once.
 const SUBSCRIBE_ANSWER: Duration = Duration::from_millis(500);
-/// Events a subscription's reader holds for the bridge.
+/// Items (events, requests) a subscription's reader holds for the bridge.
 const SUBSCRIPTION_BUFFER: usize = 256;
 
 /// How the client behaves.
@@ -754,54 +755,105 @@ impl Backend for KubemqGrpc {
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
-        let (tx, rx) = mpsc::channel::<Result<EventReceive, BackendError>>(SUBSCRIPTION_BUFFER);
-        let (answered, answer) = oneshot::channel::<Result<(), BackendError>>();
+        let req = self.shared.request(request);
+        let stream = subscription(self.shared.client.clone(), move |mut c| async move {
+            c.subscribe_to_events(req).await
+        })
+        .await?;
+        Ok(Box::pin(stream))
+    }
+
+    async fn send_request(&self, request: Request) -> Result<Response, BackendError> {
+        // Sent once: a command must not run twice because a retry crossed its first attempt.
+        let wait = Duration::from_millis(u64::try_from(request.timeout).unwrap_or(0));
         let mut client = self.shared.client.clone();
         let req = self.shared.request(request);
-        tokio::spawn(async move {
-            let opened = tokio::select! {
-                r = client.subscribe_to_events(req) => r,
-                // The subscriber left before KubeMQ answered.
+        match tokio::time::timeout(wait + self.shared.deadline, client.send_request(req)).await {
+            Ok(Ok(r)) => Ok(r.into_inner()),
+            Ok(Err(s)) if retryable(&s) => Err(unavailable(&s)),
+            Ok(Err(s)) => Err(refused(&s)),
+            Err(_) => Err(BackendError::Unavailable("deadline exceeded".into())),
+        }
+    }
+
+    async fn subscribe_requests(&self, request: Subscribe) -> Result<RequestStream, BackendError> {
+        let req = self.shared.request(request);
+        let stream = subscription(self.shared.client.clone(), move |mut c| async move {
+            c.subscribe_to_requests(req).await
+        })
+        .await?;
+        Ok(Box::pin(stream))
+    }
+
+    async fn send_response(&self, response: Response) -> Result<(), BackendError> {
+        let shared = self.shared.clone();
+        self.unary(|mut c| {
+            let req = shared.request(response.clone());
+            async move { c.send_response(req).await }
+        })
+        .await
+        .map(|Empty {}| ())
+    }
+}
+
+/// Opens a server-streaming subscription with `open` and reads it in a task of its own, so that
+/// its items wait in a bounded buffer for the bridge. Counts as open once KubeMQ answered, or
+/// after [`SUBSCRIBE_ANSWER`] without a refusal (grpc-go sends the headers with the first item);
+/// a refusal after that comes in the stream.
+async fn subscription<T, F, Fut>(
+    client: KubemqClient<Channel>,
+    open: F,
+) -> Result<ReceiverStream<Result<T, BackendError>>, BackendError>
+where
+    T: Send + 'static,
+    F: FnOnce(KubemqClient<Channel>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<tonic::Response<tonic::Streaming<T>>, Status>> + Send,
+{
+    let (tx, rx) = mpsc::channel::<Result<T, BackendError>>(SUBSCRIPTION_BUFFER);
+    let (answered, answer) = oneshot::channel::<Result<(), BackendError>>();
+    tokio::spawn(async move {
+        let opened = tokio::select! {
+            r = open(client) => r,
+            // The subscriber left before KubeMQ answered.
+            _ = tx.closed() => return,
+        };
+        let mut stream = match opened {
+            Ok(r) => {
+                let _ = answered.send(Ok(()));
+                r.into_inner()
+            }
+            Err(s) => {
+                let e = refused(&s);
+                // Told to the subscriber as the answer, or in the stream if it came late.
+                if let Err(Err(e)) = answered.send(Err(e)) {
+                    let _ = tx.send(Err(e)).await;
+                }
+                return;
+            }
+        };
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
                 _ = tx.closed() => return,
             };
-            let mut stream = match opened {
-                Ok(r) => {
-                    let _ = answered.send(Ok(()));
-                    r.into_inner()
-                }
-                Err(s) => {
-                    let e = refused(&s);
-                    // Told to the subscriber as the answer, or in the stream if it came late.
-                    if let Err(Err(e)) = answered.send(Err(e)) {
-                        let _ = tx.send(Err(e)).await;
-                    }
-                    return;
-                }
+            let item = match item {
+                Some(Ok(e)) => Ok(e),
+                Some(Err(s)) => Err(refused(&s)),
+                None => Err(BackendError::Unavailable(
+                    "subscription ended by KubeMQ".into(),
+                )),
             };
-            loop {
-                let item = tokio::select! {
-                    item = stream.next() => item,
-                    _ = tx.closed() => return,
-                };
-                let item = match item {
-                    Some(Ok(e)) => Ok(e),
-                    Some(Err(s)) => Err(refused(&s)),
-                    None => Err(BackendError::Unavailable(
-                        "subscription ended by KubeMQ".into(),
-                    )),
-                };
-                let end = item.is_err();
-                if tx.send(item).await.is_err() || end {
-                    return;
-                }
+            let end = item.is_err();
+            if tx.send(item).await.is_err() || end {
+                return;
             }
-        });
-        match tokio::time::timeout(SUBSCRIBE_ANSWER, answer).await {
-            Ok(Ok(Err(e))) => Err(e),
-            Ok(Err(_)) => Err(BackendError::Unavailable("subscription task ended".into())),
-            // Open, or not answered yet (events, then any refusal, come in the stream).
-            Ok(Ok(Ok(()))) | Err(_) => Ok(Box::pin(ReceiverStream::new(rx))),
         }
+    });
+    match tokio::time::timeout(SUBSCRIBE_ANSWER, answer).await {
+        Ok(Ok(Err(e))) => Err(e),
+        Ok(Err(_)) => Err(BackendError::Unavailable("subscription task ended".into())),
+        // Open, or not answered yet (items, then any refusal, come in the stream).
+        Ok(Ok(Ok(()))) | Err(_) => Ok(ReceiverStream::new(rx)),
     }
 }
 

@@ -2,8 +2,8 @@
 //! implementations — [`embedded::Embedded`] (the durable store in this process, the default) and
 //! [`grpc::KubemqGrpc`] (a KubeMQ server, or the store's façade, over gRPC).
 //!
-//! Queues (send, downstream sessions) and events / events-store (send, subscription streams)
-//! are implemented; commands and queries will add request/response methods of the same shape.
+//! Queues (send, downstream sessions), events / events-store (send, subscription streams) and
+//! commands / queries (request, responder subscription streams, response).
 
 pub mod embedded;
 mod event_sender;
@@ -17,13 +17,19 @@ use std::pin::Pin;
 use crate::engine::Credential;
 use crate::kubemq::{
     Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo,
-    SendQueueMessageResult, Subscribe,
+    Request, Response, SendQueueMessageResult, Subscribe,
 };
 
 /// A live events or events-store subscription: its events in order; it ends with an error or
 /// when the backend ends it, and dropping it unsubscribes.
 pub type EventStream =
     Pin<Box<dyn tokio_stream::Stream<Item = Result<EventReceive, BackendError>> + Send>>;
+
+/// A live responder subscription (commands or queries): requests in arrival order, each with
+/// the reply address its response must name; it ends with an error or when the backend ends it,
+/// and dropping it unsubscribes.
+pub type RequestStream =
+    Pin<Box<dyn tokio_stream::Stream<Item = Result<Request, BackendError>> + Send>>;
 
 /// Why a backend operation failed, as a bridge must act on it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -100,6 +106,26 @@ pub trait Backend: Send + Sync + 'static {
             "KubeMQ cannot delete an events-store subscription".into(),
         )))
     }
+
+    /// Sends a command or query (SendRequest) and waits for its first response, at most the
+    /// request's Timeout; no response in time (also with no responder) is KubeMQ's `Error 301`.
+    fn send_request(
+        &self,
+        request: Request,
+    ) -> impl Future<Output = Result<Response, BackendError>> + Send;
+
+    /// Subscribes a responder to commands or queries (SubscribeToRequests).
+    fn subscribe_requests(
+        &self,
+        request: Subscribe,
+    ) -> impl Future<Output = Result<RequestStream, BackendError>> + Send;
+
+    /// Answers a request (SendResponse); a response for a request that is over is discarded by
+    /// KubeMQ without an error.
+    fn send_response(
+        &self,
+        response: Response,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Health check.
     fn ping(&self) -> impl Future<Output = Result<PingResult, BackendError>> + Send;

@@ -182,6 +182,26 @@ fn unimplemented<T>(what: &str) -> Result<T, Status> {
     )))
 }
 
+/// Serves a subscription's items as a response stream, ending it (and the subscription) when the
+/// client leaves, also while nothing arrives.
+async fn subscription<T: Send + 'static>(
+    mut items: mpsc::Receiver<T>,
+) -> Result<Response<BoxStream<T>>, Status> {
+    let (tx, rx) = mpsc::channel(1);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                item = items.recv() => match item {
+                    Some(item) => if tx.send(Ok(item)).await.is_err() { return },
+                    None => return,
+                },
+                _ = tx.closed() => return,
+            }
+        }
+    });
+    headers_with_first(rx).await
+}
+
 #[tonic::async_trait]
 impl Kubemq for Facade {
     async fn send_event(
@@ -247,43 +267,42 @@ impl Kubemq for Facade {
             .store
             .subscribe_events(&request.into_inner())
             .map_err(Status::internal)?;
-        let (tx, rx) = mpsc::channel(1);
-        tokio::spawn(async move {
-            let mut events = events;
-            loop {
-                tokio::select! {
-                    e = events.recv() => match e {
-                        Some(e) => if tx.send(Ok(e)).await.is_err() { return },
-                        None => return,
-                    },
-                    // The subscriber left while nothing arrived: unsubscribe now.
-                    _ = tx.closed() => return,
-                }
-            }
-        });
-        headers_with_first(rx).await
+        subscription(events).await
     }
 
     type SubscribeToRequestsStream = BoxStream<crate::kubemq::Request>;
     async fn subscribe_to_requests(
         &self,
-        _: Request<Subscribe>,
+        request: Request<Subscribe>,
     ) -> Result<Response<Self::SubscribeToRequestsStream>, Status> {
-        unimplemented("SubscribeToRequests")
+        let requests = self
+            .store
+            .subscribe_requests(&request.into_inner())
+            .map_err(Status::internal)?;
+        subscription(requests).await
     }
 
     async fn send_request(
         &self,
-        _: Request<crate::kubemq::Request>,
+        request: Request<crate::kubemq::Request>,
     ) -> Result<Response<crate::kubemq::Response>, Status> {
-        unimplemented("SendRequest")
+        self.store
+            .requests()
+            .send(request.into_inner())
+            .await
+            .map(Response::new)
+            .map_err(Status::internal)
     }
 
     async fn send_response(
         &self,
-        _: Request<crate::kubemq::Response>,
+        request: Request<crate::kubemq::Response>,
     ) -> Result<Response<Empty>, Status> {
-        unimplemented("SendResponse")
+        self.store
+            .requests()
+            .respond(request.into_inner())
+            .map(|()| Response::new(Empty {}))
+            .map_err(Status::internal)
     }
 
     async fn send_queue_message(

@@ -105,6 +105,61 @@ pub enum SubscribeKind {
     Events,
     /// Events-Store: no wildcards, and the broker's channel rules.
     EventsStore,
+    /// Commands and queries: wildcards allowed (KubeMQ does not reject them).
+    Requests,
+}
+
+// Commands and queries (4.7). Only the numbers are documented for 109 … 206; the texts follow
+// the form of KubeMQ's other validation errors.
+/// `Error 109`: Timeout ≤ 0.
+pub const REQUEST_TIMEOUT_INVALID: &str =
+    "Error 109: invalid timeout value, must be greater than 0";
+/// `Error 115`: Metadata and Body both empty.
+pub const REQUEST_EMPTY: &str =
+    "Error 115: invalid request, metadata and body cannot both be empty";
+/// `Error 116`: a CacheKey without a CacheTTL.
+pub const REQUEST_CACHE_TTL: &str =
+    "Error 116: invalid cache ttl value, must be greater than 0 when a cache key is set";
+/// `Error 117`: a response without a RequestID.
+pub const RESPONSE_REQUEST_ID_EMPTY: &str = "Error 117: invalid request id value, cannot be empty";
+/// `Error 206`: neither a command nor a query.
+pub const REQUEST_TYPE_INVALID: &str = "Error 206: invalid request type";
+/// `Error 301`: no response within the request's Timeout (also with no responder at all).
+pub const REQUEST_TIMEOUT: &str = "Error 301: timeout for request message";
+
+/// Checks a request as KubeMQ does (4.7 step 2): ClientID, channel, Timeout, the empty-request
+/// rule, the cache fields, then the type.
+pub fn request_validation(
+    r: &crate::kubemq::Request,
+) -> Result<super::requests::RequestKind, &'static str> {
+    if r.client_id.is_empty() {
+        return Err(CLIENT_ID_EMPTY);
+    }
+    channel_rules(&r.channel, false)?;
+    if r.timeout <= 0 {
+        return Err(REQUEST_TIMEOUT_INVALID);
+    }
+    if r.metadata.is_empty() && r.body.is_empty() {
+        return Err(REQUEST_EMPTY);
+    }
+    if !r.cache_key.is_empty() && r.cache_ttl <= 0 {
+        return Err(REQUEST_CACHE_TTL);
+    }
+    super::requests::RequestKind::of(r.request_type_data).ok_or(REQUEST_TYPE_INVALID)
+}
+
+/// Checks a response as KubeMQ does (4.7 step 4): ClientID, reply address, RequestID.
+pub fn response_validation(r: &crate::kubemq::Response) -> Result<(), &'static str> {
+    if r.client_id.is_empty() {
+        return Err(CLIENT_ID_EMPTY);
+    }
+    if r.reply_channel.is_empty() {
+        return Err(CHANNEL_EMPTY);
+    }
+    if r.request_id.is_empty() {
+        return Err(RESPONSE_REQUEST_ID_EMPTY);
+    }
+    Ok(())
 }
 
 /// Checks an event send as KubeMQ does (4.5): ClientID, channel, then the empty-message rule.
@@ -128,7 +183,7 @@ pub fn subscribe_channel(
     if client_id.is_empty() {
         return Err(CLIENT_ID_EMPTY);
     }
-    channel_rules(channel, kind == SubscribeKind::Events)
+    channel_rules(channel, kind != SubscribeKind::EventsStore)
 }
 
 fn channel_rules(channel: &str, wildcards: bool) -> Result<(), &'static str> {

@@ -9,14 +9,17 @@
 //! Message bodies live only on disk; memory holds an index of where each one is.
 //!
 //! Events fan out in memory ([`events`]); the events-store keeps its streams and cursors in a
-//! log of its own ([`stream`]).
+//! log of its own ([`stream`]); commands and queries are routed in memory ([`requests`]), both
+//! over [`fanout`].
 
 pub mod capture;
 pub mod downstream;
 pub mod errors;
 pub mod events;
+pub mod fanout;
 pub mod log;
 pub mod record;
+pub mod requests;
 pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};
@@ -122,6 +125,8 @@ pub struct Store {
     events: events::EventsHub,
     /// The events-store (its own log, in `events-store/`).
     streams: Arc<stream::Streams>,
+    /// Commands and queries (in memory).
+    requests: requests::RequestsHub,
 }
 
 /// A Get counted as waiting while this lives (also when the Get is cancelled mid-wait).
@@ -201,6 +206,7 @@ impl Store {
             stop: Arc::new(Notify::new()),
             events: events::EventsHub::default(),
             streams,
+            requests: requests::RequestsHub::default(),
         });
         store.reclaim();
         Ok((store, report))
@@ -273,6 +279,26 @@ impl Store {
     /// Events: in-memory fan-out.
     pub fn events(&self) -> &events::EventsHub {
         &self.events
+    }
+
+    /// A SubscribeToRequests request (commands or queries), refused as KubeMQ refuses it.
+    pub fn subscribe_requests(
+        &self,
+        request: &crate::kubemq::Subscribe,
+    ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::Request>, &'static str> {
+        use crate::kubemq::subscribe::SubscribeType;
+        let kind = match SubscribeType::try_from(request.subscribe_type_data) {
+            Ok(SubscribeType::Commands) => requests::RequestKind::Command,
+            Ok(SubscribeType::Queries) => requests::RequestKind::Query,
+            _ => return Err(errors::SUBSCRIBE_TYPE_INVALID),
+        };
+        self.requests
+            .subscribe(kind, &request.client_id, &request.channel, &request.group)
+    }
+
+    /// Commands and queries: in-memory routing.
+    pub fn requests(&self) -> &requests::RequestsHub {
+        &self.requests
     }
 
     /// The events-store.

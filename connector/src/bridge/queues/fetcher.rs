@@ -1010,6 +1010,27 @@ mod tests {
             self.inner.subscribe_events(request).await
         }
 
+        async fn send_request(
+            &self,
+            request: crate::kubemq::Request,
+        ) -> Result<crate::kubemq::Response, BackendError> {
+            self.inner.send_request(request).await
+        }
+
+        async fn subscribe_requests(
+            &self,
+            request: crate::kubemq::Subscribe,
+        ) -> Result<crate::backend::RequestStream, BackendError> {
+            self.inner.subscribe_requests(request).await
+        }
+
+        async fn send_response(
+            &self,
+            response: crate::kubemq::Response,
+        ) -> Result<(), BackendError> {
+            self.inner.send_response(response).await
+        }
+
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
             Ok(RecordedGets(d, self.gets.clone()))

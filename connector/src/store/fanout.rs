@@ -1,0 +1,207 @@
+//! Routing in memory as KubeMQ routes events, commands and queries (4.5, 4.7): an item sent to a
+//! channel reaches every matching subscriber without a group and one member of each matching
+//! group, in turn. Each subscription has a bounded buffer; an item that finds it full is dropped
+//! for that subscriber, so a stalled reader never makes the process grow.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use tokio::sync::mpsc;
+
+/// A channel a subscription listens on: one name, or a NATS-style pattern over `.`-separated
+/// tokens (`*` one token, `>` one or more trailing tokens).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChannelPattern {
+    /// Exactly this channel.
+    Exact(String),
+    /// A wildcard pattern, split into tokens.
+    Wildcard(Vec<String>),
+}
+
+impl ChannelPattern {
+    /// The pattern `channel` stands for.
+    pub fn parse(channel: &str) -> ChannelPattern {
+        if channel.split('.').any(|t| t == "*" || t == ">") {
+            ChannelPattern::Wildcard(channel.split('.').map(str::to_string).collect())
+        } else {
+            ChannelPattern::Exact(channel.to_string())
+        }
+    }
+
+    /// Whether an event sent to `channel` matches.
+    pub fn matches(&self, channel: &str) -> bool {
+        match self {
+            ChannelPattern::Exact(c) => c == channel,
+            ChannelPattern::Wildcard(tokens) => {
+                let mut parts = channel.split('.');
+                for (i, t) in tokens.iter().enumerate() {
+                    match t.as_str() {
+                        // `>` must be last and takes at least one token.
+                        ">" => return i + 1 == tokens.len() && parts.next().is_some(),
+                        "*" => {
+                            if parts.next().is_none() {
+                                return false;
+                            }
+                        }
+                        t => {
+                            if parts.next() != Some(t) {
+                                return false;
+                            }
+                        }
+                    }
+                }
+                parts.next().is_none()
+            }
+        }
+    }
+}
+
+struct Subscriber<T> {
+    pattern: ChannelPattern,
+    group: String,
+    tx: mpsc::Sender<T>,
+}
+
+struct Subscribers<T> {
+    by_id: HashMap<u64, Subscriber<T>>,
+    /// Round-robin position per (pattern text, group).
+    turns: HashMap<(String, String), usize>,
+    next_id: u64,
+}
+
+impl<T> Default for Subscribers<T> {
+    fn default() -> Self {
+        Subscribers {
+            by_id: HashMap::new(),
+            turns: HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+/// What one send reached.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Routed {
+    /// Subscribers it was queued for.
+    pub delivered: usize,
+    /// Subscribers whose buffer was full: it was dropped for them.
+    pub dropped: usize,
+}
+
+/// The subscriptions of one kind of item, and the routing of items to them.
+pub struct Fanout<T> {
+    subs: Mutex<Subscribers<T>>,
+    /// Capacity of each subscription's buffer.
+    buffer: usize,
+}
+
+impl<T: Clone> Fanout<T> {
+    /// No subscriptions yet; each will buffer `buffer` items.
+    pub fn new(buffer: usize) -> Self {
+        Fanout {
+            subs: Mutex::default(),
+            buffer,
+        }
+    }
+
+    /// Queues `item`, sent to `channel`, for every matching subscriber without a group and one
+    /// member of each matching group.
+    pub fn route(&self, channel: &str, item: &T) -> Routed {
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        let mut groups: HashMap<(String, String), Vec<u64>> = HashMap::new();
+        let mut targets = Vec::new();
+        let mut closed = Vec::new();
+        for (&id, s) in &subs.by_id {
+            if s.tx.is_closed() {
+                closed.push(id);
+            } else if s.pattern.matches(channel) {
+                if s.group.is_empty() {
+                    targets.push(id);
+                } else {
+                    let key = (pattern_key(&s.pattern), s.group.clone());
+                    groups.entry(key).or_default().push(id);
+                }
+            }
+        }
+        for id in closed {
+            subs.by_id.remove(&id);
+        }
+        for (key, mut members) in groups {
+            // A stable order, so that the turn walks the members round-robin.
+            members.sort_unstable();
+            let turn = subs.turns.entry(key).or_default();
+            *turn = turn.wrapping_add(1);
+            if let Some(&id) = members.get(*turn % members.len()) {
+                targets.push(id);
+            }
+        }
+        let mut routed = Routed::default();
+        for id in targets {
+            if let Some(s) = subs.by_id.get(&id) {
+                match s.tx.try_send(item.clone()) {
+                    Ok(()) => routed.delivered += 1,
+                    Err(_) => routed.dropped += 1,
+                }
+            }
+        }
+        routed
+    }
+
+    /// Subscribes to `channel` (wildcards allowed) in `group` (empty: every item). The
+    /// subscription ends when the returned receiver is dropped.
+    pub fn subscribe(&self, channel: &str, group: &str) -> mpsc::Receiver<T> {
+        let (tx, rx) = mpsc::channel(self.buffer);
+        let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        subs.by_id.retain(|_, s| !s.tx.is_closed());
+        let live: std::collections::HashSet<(String, String)> = subs
+            .by_id
+            .values()
+            .map(|s| (pattern_key(&s.pattern), s.group.clone()))
+            .collect();
+        subs.turns.retain(|k, _| live.contains(k));
+        let id = subs.next_id;
+        subs.next_id += 1;
+        subs.by_id.insert(
+            id,
+            Subscriber {
+                pattern: ChannelPattern::parse(channel),
+                group: group.to_string(),
+                tx,
+            },
+        );
+        rx
+    }
+
+    /// Live subscriptions (their receivers not yet dropped).
+    pub fn subscriptions(&self) -> usize {
+        let subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
+        subs.by_id.values().filter(|s| !s.tx.is_closed()).count()
+    }
+}
+
+fn pattern_key(p: &ChannelPattern) -> String {
+    match p {
+        ChannelPattern::Exact(c) => c.clone(),
+        ChannelPattern::Wildcard(t) => t.join("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// KMQ-EV: NATS wildcard semantics on `.`-separated tokens.
+    #[test]
+    fn wildcards_match_tokens() {
+        let p = ChannelPattern::parse("orders.*.created");
+        assert!(p.matches("orders.eu.created"));
+        assert!(!p.matches("orders.eu.x.created"));
+        assert!(!p.matches("orders.created"));
+        let p = ChannelPattern::parse("orders.>");
+        assert!(p.matches("orders.eu"));
+        assert!(p.matches("orders.eu.created"));
+        assert!(!p.matches("orders"));
+        let p = ChannelPattern::parse("orders");
+        assert!(p.matches("orders") && !p.matches("orders.eu"));
+    }
+}

@@ -1,0 +1,291 @@
+//! Commands and queries in memory (KubeMQ 4.7): a request reaches every matching responder
+//! subscription without a group and one member of each group, with a reply address of its own;
+//! the first response sent to that address completes the request, and a request that gets none
+//! within its timeout — also with no responder at all — fails with `Error 301`. Nothing is kept.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::errors::{
+    request_validation, response_validation, subscribe_channel, SubscribeKind, REQUEST_TIMEOUT,
+};
+use super::fanout::Fanout;
+use crate::kubemq::request::RequestType;
+use crate::kubemq::{Request, Response};
+
+/// Requests a responder subscription's buffer holds; past it a request is not delivered to that
+/// responder (and times out unless another answers).
+pub const SUBSCRIPTION_BUFFER: usize = 1024;
+
+/// Prefix of the reply addresses requests carry to responders (KubeMQ's NATS inbox form).
+const INBOX_PREFIX: &str = "_INBOX.";
+
+/// Which of the two request patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Commands: the sender gets the outcome only.
+    Command,
+    /// Queries: the sender gets the responder's data.
+    Query,
+}
+
+/// A request waiting for its first response.
+struct Waiting {
+    kind: RequestKind,
+    done: oneshot::Sender<Response>,
+}
+
+/// The in-memory commands and queries router.
+pub struct RequestsHub {
+    commands: Fanout<Request>,
+    queries: Fanout<Request>,
+    /// Requests waiting, by reply address.
+    waiting: Mutex<HashMap<String, Waiting>>,
+}
+
+impl Default for RequestsHub {
+    fn default() -> Self {
+        RequestsHub {
+            commands: Fanout::new(SUBSCRIPTION_BUFFER),
+            queries: Fanout::new(SUBSCRIPTION_BUFFER),
+            waiting: Mutex::default(),
+        }
+    }
+}
+
+/// Takes a waiting request off the table when its sender stops waiting, however it stops.
+struct WaitGuard<'a> {
+    hub: &'a RequestsHub,
+    reply: String,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.hub.lock().remove(&self.reply);
+    }
+}
+
+impl RequestsHub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn fanout(&self, kind: RequestKind) -> &Fanout<Request> {
+        match kind {
+            RequestKind::Command => &self.commands,
+            RequestKind::Query => &self.queries,
+        }
+    }
+
+    /// Sends a request (SendRequest) and waits for its first response, at most its Timeout:
+    /// validated as KubeMQ does, then given to every matching responder without a group and one
+    /// member of each group.
+    pub async fn send(&self, mut request: Request) -> Result<Response, &'static str> {
+        let kind = request_validation(&request)?;
+        if request.request_id.is_empty() {
+            request.request_id = crate::kubemq::new_id();
+        }
+        let reply = format!("{INBOX_PREFIX}{}", crate::kubemq::new_id());
+        request.reply_channel = reply.clone();
+        let timeout = Duration::from_millis(u64::try_from(request.timeout).unwrap_or(1));
+        let (done, answer) = oneshot::channel();
+        self.lock().insert(reply.clone(), Waiting { kind, done });
+        let _guard = WaitGuard { hub: self, reply };
+        self.fanout(kind).route(&request.channel, &request);
+        match tokio::time::timeout(timeout, answer).await {
+            Ok(Ok(response)) => Ok(response),
+            _ => Err(REQUEST_TIMEOUT),
+        }
+    }
+
+    /// Subscribes a responder to `channel` (wildcards allowed) in `group`.
+    pub fn subscribe(
+        &self,
+        kind: RequestKind,
+        client_id: &str,
+        channel: &str,
+        group: &str,
+    ) -> Result<mpsc::Receiver<Request>, &'static str> {
+        subscribe_channel(client_id, channel, SubscribeKind::Requests)?;
+        Ok(self.fanout(kind).subscribe(channel, group))
+    }
+
+    /// A responder's answer (SendResponse): the first one for a reply address completes its
+    /// request; later ones, and ones for a request that timed out, are discarded without an
+    /// error, as KubeMQ discards them.
+    pub fn respond(&self, mut response: Response) -> Result<(), &'static str> {
+        response_validation(&response)?;
+        let Some(waiting) = self.lock().remove(&response.reply_channel) else {
+            return Ok(());
+        };
+        response.reply_channel.clear();
+        if waiting.kind == RequestKind::Command {
+            // What a command's sender gets: the outcome, not data.
+            response.metadata.clear();
+            response.body.clear();
+            response.cache_hit = false;
+        }
+        let _ = waiting.done.send(response);
+        Ok(())
+    }
+
+    /// Requests waiting for a response right now.
+    pub fn waiting(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Live responder subscriptions of `kind`.
+    pub fn subscriptions(&self, kind: RequestKind) -> usize {
+        self.fanout(kind).subscriptions()
+    }
+}
+
+impl RequestKind {
+    /// The kind a Request's type names, if it names one.
+    pub fn of(request_type: i32) -> Option<RequestKind> {
+        match RequestType::try_from(request_type) {
+            Ok(RequestType::Command) => Some(RequestKind::Command),
+            Ok(RequestType::Query) => Some(RequestKind::Query),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(kind: RequestType, channel: &str, timeout_ms: i32) -> Request {
+        Request {
+            request_type_data: kind as i32,
+            client_id: "asker".into(),
+            channel: channel.into(),
+            body: b"ping".to_vec(),
+            metadata: "m".into(),
+            timeout: timeout_ms,
+            ..Default::default()
+        }
+    }
+
+    fn answer(to: &Request, executed: bool) -> Response {
+        Response {
+            client_id: "responder".into(),
+            request_id: to.request_id.clone(),
+            reply_channel: to.reply_channel.clone(),
+            metadata: "answer-metadata".into(),
+            body: b"pong".to_vec(),
+            cache_hit: true,
+            executed,
+            error: if executed { "" } else { "refused" }.into(),
+            ..Default::default()
+        }
+    }
+
+    /// KMQ 4.7: a command's sender gets the outcome with body, metadata and CacheHit stripped
+    /// and the reply address cleared; a query's sender gets all the responder set; the table of
+    /// waiting requests is empty afterwards.
+    #[tokio::test]
+    async fn first_response_completes_the_request() {
+        let hub = std::sync::Arc::new(RequestsHub::default());
+        let mut commands = hub.subscribe(RequestKind::Command, "r", "ops", "").unwrap();
+        let mut queries = hub.subscribe(RequestKind::Query, "r", "ops", "").unwrap();
+        let h = hub.clone();
+        let cmd =
+            tokio::spawn(async move { h.send(request(RequestType::Command, "ops", 5000)).await });
+        let delivered = commands.recv().await.unwrap();
+        assert!(delivered.reply_channel.starts_with(INBOX_PREFIX));
+        assert!(!delivered.request_id.is_empty());
+        hub.respond(answer(&delivered, false)).unwrap();
+        // A second response to the same request is discarded without an error.
+        hub.respond(answer(&delivered, true)).unwrap();
+        let got = cmd.await.unwrap().unwrap();
+        assert!(!got.executed);
+        assert_eq!(got.error, "refused");
+        assert!(got.body.is_empty() && got.metadata.is_empty() && !got.cache_hit);
+        assert!(got.reply_channel.is_empty());
+        let h = hub.clone();
+        let query =
+            tokio::spawn(async move { h.send(request(RequestType::Query, "ops", 5000)).await });
+        let delivered = queries.recv().await.unwrap();
+        assert!(commands.try_recv().is_err(), "a query is not a command");
+        hub.respond(answer(&delivered, true)).unwrap();
+        let got = query.await.unwrap().unwrap();
+        assert_eq!(&got.body[..], b"pong");
+        assert_eq!(got.metadata, "answer-metadata");
+        assert!(got.cache_hit);
+        assert_eq!(hub.waiting(), 0);
+    }
+
+    /// KMQ 4.7 step 6: no response — also with no responder at all — is `Error 301` after the
+    /// full timeout, and nothing is left waiting.
+    #[tokio::test]
+    async fn no_response_times_out() {
+        let hub = RequestsHub::default();
+        let started = tokio::time::Instant::now();
+        let e = hub
+            .send(request(RequestType::Command, "nobody", 300))
+            .await
+            .unwrap_err();
+        assert!(e.starts_with("Error 301"), "{e}");
+        assert!(started.elapsed() >= Duration::from_millis(300));
+        assert_eq!(hub.waiting(), 0);
+    }
+
+    /// Each responder without a group gets the request; one member of a group does.
+    #[tokio::test]
+    async fn groups_share_requests() {
+        let hub = std::sync::Arc::new(RequestsHub::default());
+        let mut solo = hub.subscribe(RequestKind::Query, "s", "q", "").unwrap();
+        let mut g1 = hub.subscribe(RequestKind::Query, "g1", "q", "g").unwrap();
+        let mut g2 = hub.subscribe(RequestKind::Query, "g2", "q", "g").unwrap();
+        for _ in 0..4 {
+            let h = hub.clone();
+            tokio::spawn(async move { h.send(request(RequestType::Query, "q", 5000)).await });
+            let r = solo.recv().await.unwrap();
+            hub.respond(answer(&r, true)).unwrap();
+        }
+        let (mut a, mut b) = (0, 0);
+        while g1.try_recv().is_ok() {
+            a += 1;
+        }
+        while g2.try_recv().is_ok() {
+            b += 1;
+        }
+        assert_eq!((a, b), (2, 2));
+    }
+
+    /// KubeMQ's validation, in its order.
+    #[tokio::test]
+    async fn validation() {
+        let hub = RequestsHub::default();
+        let mut r = request(RequestType::Command, "ch", 1000);
+        r.client_id.clear();
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 101"));
+        let r = request(RequestType::Command, "a.*", 1000);
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 107"));
+        let r = request(RequestType::Command, "ch", 0);
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 109"));
+        let mut r = request(RequestType::Command, "ch", 1000);
+        r.body = Default::default();
+        r.metadata.clear();
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 115"));
+        let mut r = request(RequestType::Query, "ch", 1000);
+        r.cache_key = "k".into();
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 116"));
+        let r = request(RequestType::Unknown, "ch", 1000);
+        assert!(hub.send(r).await.unwrap_err().starts_with("Error 206"));
+        let e = hub
+            .respond(Response {
+                client_id: "r".into(),
+                reply_channel: "_INBOX.x".into(),
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(e.starts_with("Error 117"), "{e}");
+        assert!(hub.subscribe(RequestKind::Query, "c", "a.>", "").is_ok());
+        assert_eq!(hub.waiting(), 0);
+    }
+}
