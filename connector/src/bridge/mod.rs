@@ -3,6 +3,7 @@
 //! `events/` and `events-store/` to [`events`], whose selectors are [`selector`]'s.
 
 pub mod address;
+pub mod dynamic;
 pub mod envelope;
 pub mod events;
 pub mod queues;

@@ -30,6 +30,7 @@ use self::fetcher::{
 };
 use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
+use super::dynamic::DynamicNodes;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use super::events::{ConsumeRequest, EventLinks, Target};
 use super::{label, rejected, settle_inbound, Serves};
@@ -39,8 +40,8 @@ use crate::backend::Backend;
 use crate::config::Settings;
 use crate::driver::{Handler, HandlerFactory};
 use crate::engine::{
-    AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, Credential,
-    DeliveryOutcome, Event, FastMap, LinkAccept, LinkId,
+    AmqpError, Condition, Connection, Credential, DeliveryOutcome, Event, FastMap, LinkAccept,
+    LinkId,
 };
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Direction, Metrics};
@@ -138,8 +139,7 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             demand_changed: Vec::new(),
             drained: Vec::new(),
             egress: Egress::default(),
-            mailboxes: HashMap::new(),
-            dynamic_unsettled: HashMap::new(),
+            dynamic: DynamicNodes::new(self.max_unsettled as usize),
             counted_open: false,
             counted_sessions: 0,
         }
@@ -172,9 +172,6 @@ enum LinkKind {
     /// The client produces to this channel, or with `None` (an anonymous link, ADDR-13) to each
     /// message's `to`; its messages go through its lane (`sender::Lane`) in order.
     Produce { channel: Option<String> },
-    /// The client consumes from a dynamic node this connection minted (ADDR-11): an in-memory
-    /// mailbox fed only by this connection's anonymous senders.
-    Dynamic { address: String, presettled: bool },
     /// The client consumes from this channel.
     Consume {
         fetcher: mpsc::UnboundedSender<Command>,
@@ -244,10 +241,8 @@ pub struct QueuesHandler<B: Backend> {
     drained: Vec<LinkId>,
     /// Encodes deliveries, reusing the last Metadata's reading.
     egress: Egress,
-    /// Dynamic nodes of this connection: address → waiting messages (bit-exact AMQP bytes).
-    mailboxes: HashMap<String, Mailbox>,
-    /// Unsettled deliveries from dynamic nodes: token → (address, message).
-    dynamic_unsettled: HashMap<u64, (String, bytes::Bytes)>,
+    /// This connection's dynamic nodes.
+    dynamic: DynamicNodes,
     /// Whether this connection is counted as open (MET-1), and its sessions as counted (MET-2).
     counted_open: bool,
     counted_sessions: i64,
@@ -279,8 +274,7 @@ fn events_pattern(to: Option<&str>) -> Option<Pattern> {
     }
 }
 
-/// Prefix of the dynamic node addresses the connector mints (ADDR-11).
-pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
+pub use super::dynamic::DYNAMIC_PREFIX;
 
 impl<B: Backend> QueuesHandler<B> {
     fn attach(&mut self, conn: &mut Connection, link: LinkId, a: &Attach) -> Result<(), AmqpError> {
@@ -339,17 +333,9 @@ impl<B: Backend> QueuesHandler<B> {
                     return Ok(()); // detached while attaching: see `accept_or_gone`
                 }
                 label(conn, link, Serves::Dynamic(&address));
-                self.mailboxes
-                    .insert(address.clone(), Mailbox::new(conn.budget()));
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+                self.dynamic.add(link, address, presettled, conn.budget());
                 self.bridge.metrics.link(metrics::Role::sender).inc();
-                self.links.insert(
-                    link,
-                    LinkKind::Dynamic {
-                        address,
-                        presettled,
-                    },
-                );
                 return Ok(());
             }
             if dynamic {
@@ -513,39 +499,6 @@ impl<B: Backend> QueuesHandler<B> {
         m.transfers_in_dropped.inc_by(conn.take_dropped_in());
     }
 
-    /// Delivers a dynamic node's waiting messages within its link's credit.
-    fn pump_dynamic(&mut self, conn: &mut Connection, address: &str) {
-        let Some((&link, presettled)) = self.links.iter().find_map(|(l, k)| match k {
-            LinkKind::Dynamic {
-                address: a,
-                presettled,
-            } if a == address => Some((l, *presettled)),
-            _ => None,
-        }) else {
-            return;
-        };
-        while conn.credit(link) > 0 {
-            let Some(payload) = self.mailboxes.get_mut(address).and_then(|m| m.pop_front()) else {
-                break;
-            };
-            let token = self.next_token;
-            self.next_token += 1;
-            match conn.send(link, &token.to_be_bytes(), &payload, presettled, token) {
-                Ok(_) if presettled => {}
-                Ok(_) => {
-                    self.dynamic_unsettled
-                        .insert(token, (address.to_string(), payload));
-                }
-                Err(_) => {
-                    if let Some(m) = self.mailboxes.get_mut(address) {
-                        m.push_front(payload);
-                    }
-                    break;
-                }
-            }
-        }
-    }
-
     /// Accepts a produce link bound to `channel`, or anonymous with `None` (ADDR-13).
     fn accept_producer(
         &mut self,
@@ -685,22 +638,15 @@ impl<B: Backend> QueuesHandler<B> {
                 .filter(|t| t.starts_with(DYNAMIC_PREFIX))
             {
                 // ADDR-12: only this connection's own dynamic nodes are reachable.
-                let room = self.bridge.max_unsettled as usize;
-                let state = match self.mailboxes.get_mut(to) {
-                    Some(mailbox) => match mailbox.push_back(d.payload.clone(), room) {
-                        Ok(()) => DeliveryState::Accepted(Accepted {}),
-                        Err(e) => DeliveryState::Rejected(Rejected {
-                            error: Some(e.to_wire()),
-                        }),
-                    },
-                    None => rejected(
-                        Condition::PreconditionFailed,
-                        "dynamic node the connection cannot reach",
-                    ),
+                let state = match self.dynamic.push(to, d.payload.clone()) {
+                    Ok(()) => DeliveryState::Accepted(Accepted {}),
+                    Err(e) => DeliveryState::Rejected(Rejected {
+                        error: Some(e.to_wire()),
+                    }),
                 };
                 self.settle_in(conn, d.link, d.delivery_id, d.settled, state);
                 let to = to.to_string();
-                self.pump_dynamic(conn, &to);
+                self.dynamic.pump(conn, &to);
                 return;
             }
         }
@@ -836,60 +782,6 @@ impl<B: Backend> Handler for QueuesHandler<B> {
 /// stays shut takes next to nothing off the queue.
 const WINDOW_SLACK: u32 = 4;
 
-/// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
-const MAILBOX_BYTES: usize = 16 * 1024 * 1024;
-
-/// A dynamic node's messages waiting for its receiver's credit, bounded in count and bytes:
-/// a receiver that grants no credit cannot make the connection hold what is sent to it. What
-/// waits is charged to the connection's memory budget too.
-#[derive(Debug)]
-struct Mailbox {
-    waiting: std::collections::VecDeque<bytes::Bytes>,
-    /// Holds the bytes of `waiting`, exactly.
-    charge: Charge,
-}
-
-impl Mailbox {
-    fn new(budget: &ConnectionBudget) -> Self {
-        Mailbox {
-            waiting: Default::default(),
-            charge: budget.empty(),
-        }
-    }
-
-    /// Takes a new message, with at most `count` waiting: an empty mailbox takes any message (up
-    /// to MaxMessageSize), a busy one up to MAILBOX_BYTES; or the refusal.
-    fn push_back(&mut self, m: bytes::Bytes, count: usize) -> Result<(), AmqpError> {
-        if !self.waiting.is_empty()
-            && (self.waiting.len() >= count
-                || self.charge.bytes() + m.len() as u64 > MAILBOX_BYTES as u64)
-        {
-            return Err(AmqpError::new(
-                Condition::ResourceLimitExceeded,
-                "dynamic node is full: its receiver is not taking messages",
-            ));
-        }
-        self.charge
-            .grow(m.len() as u64)
-            .map_err(BudgetExceeded::to_error)?;
-        self.waiting.push_back(m);
-        Ok(())
-    }
-
-    /// Puts back a message that was accepted already (not sent, or released by the receiver):
-    /// never refused, it was counted once already.
-    fn push_front(&mut self, m: bytes::Bytes) {
-        self.charge.grow_anyway(m.len() as u64);
-        self.waiting.push_front(m);
-    }
-
-    fn pop_front(&mut self) -> Option<bytes::Bytes> {
-        let m = self.waiting.pop_front()?;
-        self.charge.shrink(m.len() as u64);
-        Some(m)
-    }
-}
-
 /// Accepts `link`; `false` when it is gone — the client detached it in the same write as its
 /// ATTACH, and the engine dropped it — so the caller registers nothing for it (no consumer, lane
 /// or gauge is left behind for a link that no longer exists).
@@ -941,18 +833,16 @@ impl<B: Backend> QueuesHandler<B> {
                             }));
                             self.drained.push(link);
                         }
-                        Some(LinkKind::Dynamic { address, .. }) => {
-                            let address = address.clone();
-                            self.pump_dynamic(conn, &address);
+                        _ if self.dynamic.is_node_link(link) => {
+                            self.dynamic.pump_link(conn, link);
                             let _ = conn.drain_done(link);
                         }
                         _ => {
                             let _ = conn.drain_done(link);
                         }
                     }
-                } else if let Some(LinkKind::Dynamic { address, .. }) = self.links.get(&link) {
-                    let address = address.clone();
-                    self.pump_dynamic(conn, &address);
+                } else if self.dynamic.is_node_link(link) {
+                    self.dynamic.pump_link(conn, link);
                 } else {
                     // A FLOW after a drain in the same turn is new credit: it is reported.
                     self.drained.retain(|l| *l != link);
@@ -968,17 +858,8 @@ impl<B: Backend> QueuesHandler<B> {
                 }
             }
             Event::Settled { link, token, state } => {
-                if let Some((address, payload)) = self.dynamic_unsettled.remove(&token) {
-                    // Accepted, rejected or nil ends it; anything else offers it again.
-                    if !matches!(
-                        state,
-                        Some(DeliveryOutcome::Accepted) | Some(DeliveryOutcome::Rejected(_)) | None
-                    ) {
-                        if let Some(m) = self.mailboxes.get_mut(&address) {
-                            m.push_front(payload);
-                        }
-                        self.pump_dynamic(conn, &address);
-                    }
+                if DynamicNodes::owns_token(token) {
+                    self.dynamic.settled(conn, token, state.as_ref());
                     return;
                 }
                 let Some(message) = self.deliveries.remove(&token) else {
@@ -1015,6 +896,10 @@ impl<B: Backend> QueuesHandler<B> {
                     self.bridge.metrics.link(role).dec();
                     return;
                 }
+                if self.dynamic.closed(link, &unsettled) {
+                    self.bridge.metrics.link(metrics::Role::sender).dec();
+                    return;
+                }
                 let kind = self.links.remove(&link);
                 match &kind {
                     Some(LinkKind::Produce { .. }) => {
@@ -1031,13 +916,6 @@ impl<B: Backend> QueuesHandler<B> {
                         self.bridge.metrics.link(metrics::Role::sender).dec();
                     }
                     None => {}
-                }
-                if let Some(LinkKind::Dynamic { address, .. }) = &kind {
-                    // ADDR-11: the node and whatever it holds go with its link.
-                    self.mailboxes.remove(address);
-                    for token in &unsettled {
-                        self.dynamic_unsettled.remove(token);
-                    }
                 }
                 if let Some(LinkKind::Consume { fetcher, .. }) = kind {
                     // This turn's settlements first; then: every unsettled delivery
@@ -1421,7 +1299,7 @@ mod tests {
         assert_eq!(r.kinds().0, "", "no consumer joined the Get loop");
         assert!(r.handler.links.is_empty(), "no link kept");
         assert!(r.handler.lanes.is_empty(), "no produce lane kept");
-        assert!(r.handler.mailboxes.is_empty(), "no dynamic mailbox kept");
+        assert!(r.handler.dynamic.is_empty(), "no dynamic mailbox kept");
     }
 
     /// What a client can do to a connection, one frame each.
