@@ -130,6 +130,10 @@ pub struct Metrics {
     pub events_store_dropped_stalled: Counter,
     /// MET-11.
     pub rpc_late_responses: Counter,
+    /// RPC entries every connection holds now: requests waiting for their response and
+    /// delivered requests waiting for an answer. Not a metric family (MET-0 has exactly 11);
+    /// read by tests, to see that nothing is left behind.
+    pub rpc_held: std::sync::atomic::AtomicI64,
     /// The `queues` members of `transfers` (in, out), held so that counting a message does not
     /// build and hash a label set: this is on every message's path.
     queue_transfers: [Counter; 2],
@@ -162,6 +166,7 @@ impl Metrics {
             events_dropped_no_credit: Counter::default(),
             events_store_dropped_stalled: Counter::default(),
             rpc_late_responses: Counter::default(),
+            rpc_held: Default::default(),
             queue_transfers: Default::default(),
             pattern_transfers: Default::default(),
             outcome_counters: Default::default(),
@@ -299,6 +304,15 @@ impl Metrics {
         self.transfers
             .get_or_create(&TransferLabels::new(d, pattern))
             .get()
+    }
+
+    /// Counts one RPC request routed (MET-6); `pattern` is `commands` or `queries`.
+    pub fn rpc_request(&self, pattern: impl std::fmt::Display) {
+        self.rpc_requests
+            .get_or_create(&PatternLabel {
+                pattern: pattern.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one terminal disposition.

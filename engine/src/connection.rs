@@ -34,6 +34,10 @@ pub const SERVER_CONTAINER_ID: &str = "KubeMQ";
 /// as long as its frame fits here, and anything larger drops the connection.
 pub const MAX_SASL_FRAME: u32 = 64 * 1024;
 
+/// The connection capability of a server that routes a null-target sender's messages by their
+/// `to` (AMQP 1.0's anonymous relay; Qpid JMS uses its anonymous producer only when offered).
+pub const ANONYMOUS_RELAY: &str = "ANONYMOUS-RELAY";
+
 /// Protocol header of the AMQP layer.
 pub const HEADER_AMQP: [u8; 8] = *b"AMQP\x00\x01\x00\x00";
 /// Protocol header of the SASL layer.
@@ -644,7 +648,8 @@ impl Connection {
     }
 
     fn write_server_open(&mut self) {
-        // CONN-7: exactly container-id, max-frame-size, channel-max, idle-time-out.
+        // CONN-7: container-id, max-frame-size, channel-max, idle-time-out, and (OP-ADDR-16) the
+        // ANONYMOUS-RELAY capability: null-target senders route every message by its `to`.
         let idle = self.cfg.idle_timeout.map(|d| {
             let half = d.as_millis() / 2;
             u32::try_from(half).unwrap_or(u32::MAX)
@@ -657,7 +662,7 @@ impl Connection {
             idle_time_out: idle.filter(|ms| *ms > 0),
             outgoing_locales: None,
             incoming_locales: None,
-            offered_capabilities: None,
+            offered_capabilities: Some(Array(vec![Symbol::from(ANONYMOUS_RELAY)])),
             desired_capabilities: None,
             properties: None,
         };

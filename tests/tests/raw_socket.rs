@@ -439,9 +439,9 @@ fn long_delivery_tag_invalid_field() {
 
 /// The queues bridge's attach-time refusals over a real socket, each prompt (LINK-5): unknown
 /// prefix → not-found (ADDR-7), invalid channel → not-found (ADDR-6, with KubeMQ's further
-/// rules: no leading `.`, no `..`), a pattern not built yet →
-/// not-implemented, `copy` → invalid-field (Q-35; Q-37: no browse), a selector → not-implemented with the
-/// documented text, a receiver on `responses/` → not-allowed (ADDR-10).
+/// rules: no leading `.`, no `..`), `copy` → invalid-field (Q-35; Q-37: no browse), a
+/// selector → not-implemented with the documented text, a receiver on `responses/` →
+/// not-allowed (ADDR-10).
 #[test]
 fn queues_bridge_attach_refusals() {
     use fe2o3_amqp_types::messaging::DistributionMode;
@@ -497,11 +497,6 @@ fn queues_bridge_attach_refusals() {
                 peer::attach_receiver("tab", 8, "queues/a\tb"),
                 "amqp:not-found",
                 Some("channel contains whitespace"),
-            ),
-            (
-                peer::attach_sender("commands", 2, "commands/x"),
-                "amqp:not-implemented",
-                None,
             ),
             (
                 peer::attach_receiver("responses", 3, "responses/abc"),

@@ -17,6 +17,9 @@ use crate::kubemq::{
 };
 use crate::store::{downstream, now_ns, Store};
 
+/// Longest wait for a replaying subscription's first stored event (it is read from disk).
+const FIRST_REPLAYED: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The embedded store as a backend.
 #[derive(Clone)]
 pub struct Embedded {
@@ -105,10 +108,24 @@ impl Backend for Embedded {
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
-        self.store
+        let subscribed = self
+            .store
             .subscribe_events(&request)
-            .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as EventStream)
-            .map_err(|e| BackendError::Rejected(e.into()))
+            .map_err(|e| BackendError::Rejected(e.into()))?;
+        let mut events = subscribed.events;
+        // An events-store subscription that replays stored events counts as open once the first
+        // is read, as it does over gRPC (KubeMQ's answer comes with the first event): a drain
+        // right after the attach then finds them (ES-9).
+        let first = if subscribed.replaying {
+            tokio::time::timeout(FIRST_REPLAYED, events.recv())
+                .await
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let rest = ReceiverStream::new(events);
+        Ok(Box::pin(tokio_stream::iter(first).chain(rest).map(Ok)) as EventStream)
     }
 
     async fn send_request(&self, request: Request) -> Result<Response, BackendError> {

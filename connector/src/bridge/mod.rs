@@ -7,10 +7,12 @@ pub mod dynamic;
 pub mod envelope;
 pub mod events;
 pub mod queues;
+pub mod rpc;
 pub mod selector;
 
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
 
+use crate::backend::BackendError;
 use crate::engine::{AmqpError, Condition, Connection, LinkId, LinkLabel};
 use crate::metrics::{self, Metrics};
 
@@ -19,6 +21,34 @@ pub(crate) fn rejected(condition: Condition, text: impl Into<String>) -> Deliver
     DeliveryState::Rejected(Rejected {
         error: Some(AmqpError::new(condition, text).to_wire()),
     })
+}
+
+/// ERR-9 for a message the backend did not take (an event send, a response).
+pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
+    match e {
+        BackendError::Unavailable(t) => {
+            rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
+        }
+        // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
+        BackendError::Rejected(t) if t.starts_with("Error 1") => {
+            rejected(Condition::InvalidField, t.clone())
+        }
+        BackendError::Rejected(t) => rejected(Condition::InternalError, t.clone()),
+        BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
+            error: Some(crate::auth::refused_by_kubemq().to_wire()),
+        }),
+    }
+}
+
+/// The refusal of a consume link whose backend subscription did not open.
+pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
+    match e {
+        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
+        BackendError::Unavailable(t) => {
+            AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
+        }
+        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),
+    }
 }
 
 /// Settles an inbound delivery of any pattern, counting a rejection as a link-scope error when

@@ -263,11 +263,11 @@ impl Kubemq for Facade {
         &self,
         request: Request<Subscribe>,
     ) -> Result<Response<Self::SubscribeToEventsStream>, Status> {
-        let events = self
+        let subscribed = self
             .store
             .subscribe_events(&request.into_inner())
             .map_err(Status::internal)?;
-        subscription(events).await
+        subscription(subscribed.events).await
     }
 
     type SubscribeToRequestsStream = BoxStream<crate::kubemq::Request>;

@@ -129,6 +129,15 @@ pub struct Store {
     requests: requests::RequestsHub,
 }
 
+/// An events or events-store subscription of the store.
+#[derive(Debug)]
+pub struct EventSubscription {
+    /// Its events, in order.
+    pub events: tokio::sync::mpsc::Receiver<crate::kubemq::EventReceive>,
+    /// It starts with stored events to replay: the first is on its way.
+    pub replaying: bool,
+}
+
 /// A Get counted as waiting while this lives (also when the Get is cancelled mid-wait).
 struct Waiting<'a>(&'a AtomicU64);
 
@@ -254,23 +263,33 @@ impl Store {
     pub fn subscribe_events(
         &self,
         request: &crate::kubemq::Subscribe,
-    ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::EventReceive>, &'static str> {
+    ) -> Result<EventSubscription, &'static str> {
         use crate::kubemq::subscribe::SubscribeType;
         match SubscribeType::try_from(request.subscribe_type_data) {
             Ok(SubscribeType::Events) => {
                 if request.events_store_type_data != 0 {
                     return Err(errors::NOT_EVENTS_STORE);
                 }
-                self.events
-                    .subscribe(&request.client_id, &request.channel, &request.group)
+                let events =
+                    self.events
+                        .subscribe(&request.client_id, &request.channel, &request.group)?;
+                Ok(EventSubscription {
+                    events,
+                    replaying: false,
+                })
             }
             Ok(SubscribeType::EventsStore) => {
                 let start = stream::StartAt::from_request(
                     request.events_store_type_data,
                     request.events_store_type_value,
                 )?;
-                self.streams
-                    .subscribe(&request.client_id, &request.channel, &request.group, start)
+                let (events, replaying) = self.streams.subscribe_replaying(
+                    &request.client_id,
+                    &request.channel,
+                    &request.group,
+                    start,
+                )?;
+                Ok(EventSubscription { events, replaying })
             }
             _ => Err(errors::SUBSCRIBE_TYPE_INVALID),
         }

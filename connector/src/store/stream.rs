@@ -360,6 +360,19 @@ impl Streams {
         group: &str,
         start: StartAt,
     ) -> Result<mpsc::Receiver<EventReceive>, &'static str> {
+        self.subscribe_replaying(client_id, channel, group, start)
+            .map(|(rx, _)| rx)
+    }
+
+    /// [`Streams::subscribe`], also saying whether the subscription starts with stored events to
+    /// replay (a new member of a live group joins its reader where it is: never).
+    pub fn subscribe_replaying(
+        self: &Arc<Self>,
+        client_id: &str,
+        channel: &str,
+        group: &str,
+        start: StartAt,
+    ) -> Result<(mpsc::Receiver<EventReceive>, bool), &'static str> {
         subscribe_channel(client_id, channel, SubscribeKind::EventsStore)?;
         if !valid_stream_client_id(client_id) {
             return Err(errors::STREAM_CLIENT_ID_INVALID);
@@ -398,13 +411,14 @@ impl Streams {
                 .senders
                 .push(tx.clone());
             tokio::spawn(hold_claim(claim, tx));
-            return Ok(rx);
+            return Ok((rx, false));
         }
         let next = match st.cursors.get(&key) {
             Some((next, _)) => *next,
             None => st.channel(channel).start(start, now),
         };
         st.cursors.insert(key.clone(), (next, now));
+        let replaying = next <= st.channel(channel).visible;
         let sink = if group.is_empty() {
             Sink::One(tx)
         } else {
@@ -428,7 +442,7 @@ impl Streams {
             stop: self.stop.clone(),
         };
         tokio::spawn(reader.run(claim));
-        Ok(rx)
+        Ok((rx, replaying))
     }
 
     /// Deletes every subscription cursor of `client_id` (one per channel it subscribed to): the

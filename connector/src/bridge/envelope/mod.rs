@@ -48,6 +48,13 @@ pub struct Stored {
     pub body: bytes::Bytes,
     /// The properties `to`, for routing messages of an anonymous link (ADDR-13).
     pub to: Option<String>,
+    /// The properties `reply-to`, where a request's reply goes (RPC-1).
+    pub reply_to: Option<String>,
+    /// The header `ttl` in milliseconds, a request's timeout (RPC-3).
+    pub ttl: Option<u32>,
+    /// What a reply to this message is correlated by (RPC-6): its `correlation-id`, or its
+    /// `message-id` when it has none, in the envelope's typed JSON form (ENV-10).
+    pub correlation: Option<Json>,
 }
 
 /// Why a message cannot be stored.
@@ -218,11 +225,14 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     let layout = walk(msg)?;
     let mut env = Amqp10::default();
     let mut props = Map::new();
-    let mut to = None;
+    let (mut to, mut reply_to, mut ttl) = (None, None, None);
     if let Some(r) = &layout.properties {
         if let Value::List(fields) = section_value(msg, r, "properties")? {
             if let Some(Value::String(t)) = fields.get(2) {
                 to = Some(t.clone());
+            }
+            if let Some(Value::String(t)) = fields.get(4) {
+                reply_to = Some(t.clone());
             }
             for (name, v) in PROPS.iter().zip(fields) {
                 if v != Value::Null {
@@ -234,8 +244,9 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     if let Some(r) = &layout.header {
         // ENV-3: the header ttl is kept in props; the rest of the header is the connector's own.
         if let Value::List(fields) = section_value(msg, r, "header")? {
-            if let Some(Value::Uint(ttl)) = fields.get(2) {
-                props.insert("ttl".into(), json!(ttl));
+            if let Some(Value::Uint(t)) = fields.get(2) {
+                props.insert("ttl".into(), json!(t));
+                ttl = Some(*t);
             }
             // Kept for selectors (JMSPriority) and restored on delivery; never for ordering.
             if let Some(Value::Ubyte(priority)) = fields.get(1) {
@@ -243,6 +254,10 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             }
         }
     }
+    let correlation = props
+        .get("correlation_id")
+        .or_else(|| props.get("message_id"))
+        .cloned();
     if !props.is_empty() {
         env.props = Some(Json::Object(props));
     }
@@ -300,7 +315,56 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             serde_json::to_string(&Envelope { amqp10: env }).unwrap_or_default()
         }
     };
-    Ok(Stored { metadata, body, to })
+    Ok(Stored {
+        metadata,
+        body,
+        to,
+        reply_to,
+        ttl,
+        correlation,
+    })
+}
+
+/// `metadata` with properties and application-properties set over what it holds (replacing
+/// those of the same name): what the connector stamps on a request it delivers (RPC-12) and on a
+/// reply (RPC-6, RPC-7). Metadata that is not an `amqp10` envelope (a native KubeMQ client's)
+/// becomes one that keeps it as the `x-opt-kubemq-metadata` annotation, as egress would deliver
+/// it (OP-ENV-6).
+pub fn stamped(metadata: &str, props: &[(&str, Json)], app: &[(&str, Json)]) -> String {
+    let mut env = match serde_json::from_str::<Envelope>(metadata) {
+        Ok(e) => e.amqp10,
+        Err(_) => Amqp10 {
+            annotations: (!metadata.is_empty())
+                .then(|| json!({ "x-opt-kubemq-metadata": metadata })),
+            body_section: Some(json!("data")),
+            ..Amqp10::default()
+        },
+    };
+    for (section, entries) in [(&mut env.props, props), (&mut env.app, app)] {
+        if entries.is_empty() {
+            continue;
+        }
+        if !section.as_ref().is_some_and(Json::is_object) {
+            *section = Some(Json::Object(Map::new()));
+        }
+        if let Some(Json::Object(m)) = section {
+            for (k, v) in entries {
+                m.insert((*k).to_string(), v.clone());
+            }
+        }
+    }
+    // Printing a typed value into a String cannot fail (no map has non-string keys).
+    serde_json::to_string(&Envelope { amqp10: env }).unwrap_or_default()
+}
+
+/// The application-property `key` of a stored message, in its JSON form; `None` when it has
+/// none or its Metadata is no envelope.
+pub fn application_property(metadata: &str, key: &str) -> Option<Json> {
+    let env = serde_json::from_str::<Envelope>(metadata).ok()?.amqp10;
+    match env.app? {
+        Json::Object(mut m) => m.remove(key),
+        _ => None,
+    }
 }
 
 /// The encoded value inside an AmqpValue section (after its descriptor).

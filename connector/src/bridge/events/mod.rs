@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp_types::performatives::Attach;
 use tokio_stream::{Stream, StreamMap};
 
@@ -29,7 +29,7 @@ use self::options::StartPosition;
 use super::address::Pattern;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
 use super::selector::{EnvelopeOperands, Selector};
-use super::{label, rejected, settle_inbound, Serves};
+use super::{label, rejected, send_failure, settle_inbound, subscribe_refusal, Serves};
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -370,10 +370,14 @@ impl EventLinks {
         conn: &mut Connection,
         link: LinkId,
         drain: bool,
+        shared: &Shared,
         metrics: &Metrics,
     ) -> bool {
         if !self.subscribers.contains_key(&link) {
             return false;
+        }
+        if drain {
+            self.take_arrived(conn, link, shared, metrics);
         }
         self.pump(conn, link, metrics);
         if drain {
@@ -381,6 +385,29 @@ impl EventLinks {
             let _ = conn.drain_done(link);
         }
         true
+    }
+
+    /// Takes what `link`'s subscription already received, without waiting: a drain completes
+    /// with the events the backend had handed over, even when the client's FLOW was read before
+    /// the task looked at the subscription.
+    fn take_arrived(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        shared: &Shared,
+        metrics: &Metrics,
+    ) {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for _ in 0..shared.buffer {
+            let Some((_, stream)) = self.streams.iter_mut().find(|(l, _)| *l == link) else {
+                return;
+            };
+            match stream.as_mut().poll_next(&mut cx) {
+                Poll::Ready(Some(Ok(event))) => self.arrive(conn, link, event, shared, metrics),
+                // An end or an error is left for the task's next look, which handles it.
+                _ => return,
+            }
+        }
     }
 
     /// A link ended: its subscription ends with it (EV-4, DUR-8 keeps a durable cursor);
@@ -635,35 +662,14 @@ impl EventLinks {
     }
 }
 
-/// ERR-9 for an event send.
-fn send_failure(e: &BackendError) -> DeliveryState {
-    match e {
-        BackendError::Unavailable(t) => {
-            rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
-        }
-        // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
-        BackendError::Rejected(t) if t.starts_with("Error 1") => {
-            rejected(Condition::InvalidField, t.clone())
-        }
-        BackendError::Rejected(t) => rejected(Condition::InternalError, t.clone()),
-        BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
-            error: Some(crate::auth::refused_by_kubemq().to_wire()),
-        }),
-    }
-}
-
 /// The refusal of a consume link whose subscription did not open.
 fn subscribe_failure(e: &BackendError) -> AmqpError {
     match e {
-        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-        BackendError::Unavailable(t) => {
-            AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
-        }
         // A ClientID another node holds: the durable subscription is in use there (DUR-7).
         BackendError::Rejected(t) if t.contains(CLIENT_ID_IN_USE) => {
             AmqpError::new(Condition::NotAllowed, "durable subscription in use")
         }
-        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),
+        e => subscribe_refusal(e),
     }
 }
 

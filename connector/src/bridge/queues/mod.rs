@@ -33,6 +33,7 @@ use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Re
 use super::dynamic::DynamicNodes;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
 use super::events::{ConsumeRequest, EventLinks, Target};
+use super::rpc::{Ctx as RpcCtx, RequestTarget, ResponderRequest, RpcLinks};
 use super::{label, rejected, settle_inbound, Serves};
 use crate::auth::policy::Action;
 use crate::auth::Access;
@@ -65,6 +66,8 @@ pub struct Queues<B: Backend> {
     access: Access,
     /// The events and events-store bridge's process-wide part.
     events: super::events::Shared,
+    /// The commands and queries bridge's settings.
+    rpc: super::rpc::Shared,
 }
 
 impl<B: Backend> Queues<B> {
@@ -96,6 +99,13 @@ impl<B: Backend> Queues<B> {
                 buffer: settings.max_unsettled_per_link.max(1) as usize,
                 credit_window: settings.produce_credit_window(),
             },
+            rpc: super::rpc::Shared {
+                max_pending: settings.rpc_max_pending.max(1) as usize,
+                default_timeout: std::time::Duration::from_secs(u64::from(
+                    settings.default_rpc_timeout_seconds.max(1),
+                )),
+                credit_window: settings.produce_credit_window(),
+            },
         })
     }
 
@@ -124,6 +134,7 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             client_id: String::new(),
             container_id: String::new(),
             events: Default::default(),
+            rpc: RpcLinks::new(self.metrics.clone()),
             links: FastMap::default(),
             lanes: FastMap::default(),
             closing_lanes: Vec::new(),
@@ -154,18 +165,43 @@ fn queue_channel(resolved: Resolved, server_receives: bool) -> Result<String, Am
             channel,
         } => Ok(channel),
         Resolved::Node { pattern, .. } => Err(AmqpError::new(
-            Condition::NotImplemented,
-            format!("the {pattern} pattern is not available yet"),
+            Condition::InternalError,
+            format!("the {pattern} pattern is not served by the queues bridge"),
         )),
         // ADDR-10: reply tokens are only for senders.
         Resolved::Response { .. } if !server_receives => {
             Err(AmqpError::bare(Condition::NotAllowed))
         }
         Resolved::Response { .. } => Err(AmqpError::new(
-            Condition::NotImplemented,
-            "commands and queries are not available yet",
+            Condition::InternalError,
+            "reply tokens are not served by the queues bridge",
         )),
     }
+}
+
+/// What the commands and queries bridge needs of a connection's handler for one message: its
+/// fields, borrowed one by one (a method would borrow the whole handler).
+macro_rules! rpc_ctx {
+    ($h:ident) => {
+        RpcCtx {
+            backend: &$h.backend,
+            client_id: &$h.client_id,
+            dynamic: &mut $h.dynamic,
+            shared: &$h.bridge.rpc,
+        }
+    };
+}
+
+/// Where one message of an anonymous link goes (ADDR-13, ADDR-18).
+enum Route {
+    /// A queue channel.
+    Queue(String),
+    /// An events or events-store channel.
+    Events(Target),
+    /// A request to a commands or queries channel.
+    Request(Target),
+    /// A reply to the request of this token.
+    Response(String),
 }
 
 enum LinkKind {
@@ -214,6 +250,8 @@ pub struct QueuesHandler<B: Backend> {
     container_id: String,
     /// The connection's events and events-store links.
     events: EventLinks,
+    /// The connection's commands and queries links.
+    rpc: RpcLinks,
     links: FastMap<LinkId, LinkKind>,
     /// Produce links' sends, driven by this connection's task.
     lanes: FastMap<LinkId, Lane>,
@@ -263,14 +301,13 @@ impl<B: Backend> Drop for QueuesHandler<B> {
     }
 }
 
-/// The events pattern a message's `to` names, if it names one.
-fn events_pattern(to: Option<&str>) -> Option<Pattern> {
-    match resolve(to?, None, Pattern::Queues).ok()? {
-        Resolved::Node {
-            pattern: p @ (Pattern::Events | Pattern::EventsStore),
-            ..
-        } => Some(p),
-        _ => None,
+/// The pattern a message's `to` names, for counting it (MET-4): `responses` for a reply token,
+/// `queues` when it names none.
+fn pattern_of(to: Option<&str>) -> &'static str {
+    match to.map(|t| resolve(t, None, Pattern::Queues)) {
+        Some(Ok(Resolved::Node { pattern, .. })) => pattern.name(),
+        Some(Ok(Resolved::Response { .. })) => "responses",
+        _ => Pattern::Queues.name(),
     }
 }
 
@@ -369,6 +406,19 @@ impl<B: Backend> QueuesHandler<B> {
         {
             return self.attach_events(conn, link, a, pattern, channel);
         }
+        if let Resolved::Node {
+            pattern: pattern @ (Pattern::Commands | Pattern::Queries),
+            channel,
+        } = resolved
+        {
+            return self.attach_rpc(conn, link, a, pattern, channel);
+        }
+        if let (Resolved::Response { request_id }, true) = (&resolved, client_sends) {
+            // ADDR-10, AUTHZ-5: a reply token, not subject to authorization.
+            self.rpc
+                .attach_response_link(conn, link, request_id.clone(), &self.bridge.rpc);
+            return Ok(());
+        }
         let channel = queue_channel(resolved, client_sends)?;
         // AUTHZ-2: after the address resolved, before the link is accepted.
         self.bridge.access.check(
@@ -417,6 +467,40 @@ impl<B: Backend> QueuesHandler<B> {
             },
         );
         Ok(())
+    }
+
+    /// Accepts a requester's link or starts a responder's, after the authorization check
+    /// (AUTHZ-2).
+    fn attach_rpc(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        a: &Attach,
+        pattern: Pattern,
+        channel: String,
+    ) -> Result<(), AmqpError> {
+        let client_sends = a.role == Role::Sender;
+        self.bridge.access.check(
+            &self.client_id,
+            pattern,
+            &channel,
+            Action::of_link(client_sends),
+        )?;
+        if client_sends {
+            self.rpc
+                .attach_requester(conn, link, pattern, channel, &self.bridge.rpc);
+            return Ok(());
+        }
+        self.rpc.attach_responder(
+            link,
+            ResponderRequest {
+                pattern,
+                channel: &channel,
+                attach: a,
+                client_id: &self.client_id,
+            },
+            &self.backend,
+        )
     }
 
     /// Accepts or starts an events or events-store link, after the authorization check
@@ -526,30 +610,27 @@ impl<B: Backend> QueuesHandler<B> {
 
     /// Resolves the `to` of a message on an anonymous link (ADDR-13, ADDR-14): what does not
     /// resolve is a precondition failure of that message.
-    fn route(&self, to: Option<&str>) -> Result<Target, AmqpError> {
+    fn route(&self, to: Option<&str>) -> Result<Route, AmqpError> {
         let to = to
             .filter(|t| !t.is_empty())
             .ok_or_else(|| AmqpError::new(Condition::PreconditionFailed, "message has no to"))?;
         let resolved = resolve(to, None, self.bridge.default_pattern)
             .map_err(|e| AmqpError::new(Condition::PreconditionFailed, e.description()))?;
-        let target = match resolved {
-            Resolved::Node {
-                pattern: pattern @ (Pattern::Events | Pattern::EventsStore),
-                channel,
-            } => Target { pattern, channel },
-            other => Target {
-                pattern: Pattern::Queues,
-                channel: queue_channel(other, true)?,
-            },
+        let (pattern, channel) = match resolved {
+            // ADDR-15, AUTHZ-5: reply tokens are not authorized.
+            Resolved::Response { request_id } => return Ok(Route::Response(request_id)),
+            Resolved::Node { pattern, channel } => (pattern, channel),
         };
         // AUTHZ-4: each message of an anonymous link is checked for Write on its node.
-        self.bridge.access.check(
-            &self.client_id,
-            target.pattern,
-            &target.channel,
-            Action::Write,
-        )?;
-        Ok(target)
+        self.bridge
+            .access
+            .check(&self.client_id, pattern, &channel, Action::Write)?;
+        let target = Target { pattern, channel };
+        Ok(match pattern {
+            Pattern::Queues => Route::Queue(target.channel),
+            Pattern::Events | Pattern::EventsStore => Route::Events(target),
+            Pattern::Commands | Pattern::Queries => Route::Request(target),
+        })
     }
 
     /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
@@ -585,6 +666,9 @@ impl<B: Backend> QueuesHandler<B> {
         ) {
             return;
         }
+        if self.rpc.produce(conn, &d, rpc_ctx!(self)) {
+            return;
+        }
         let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
             return;
         };
@@ -592,10 +676,10 @@ impl<B: Backend> QueuesHandler<B> {
         // MET-4: every complete inbound message, under the pattern it is for (an anonymous
         // link's under the pattern its `to` names; queues when it names none).
         let pattern = match (channel, &ingressed) {
-            (None, Ok(s)) => events_pattern(s.to.as_deref()).unwrap_or(Pattern::Queues),
-            _ => Pattern::Queues,
+            (None, Ok(s)) => pattern_of(s.to.as_deref()),
+            _ => Pattern::Queues.name(),
         };
-        self.bridge.metrics.transfer(Direction::In, pattern.name());
+        self.bridge.metrics.transfer(Direction::In, pattern);
         let stored = match ingressed {
             Ok(s) => s,
             Err(IngressError::SequenceBody) => {
@@ -654,12 +738,26 @@ impl<B: Backend> QueuesHandler<B> {
             Some(c) => c.clone(),
             None => match self.route(stored.to.as_deref()) {
                 // ADDR-18: one anonymous link reaches every pattern, message by message.
-                Ok(target) if target.pattern != Pattern::Queues => {
+                Ok(Route::Events(target)) => {
                     self.events
                         .send(&d, target, stored, &self.client_id, &self.backend);
                     return;
                 }
-                Ok(target) => target.channel,
+                Ok(Route::Request(target)) => {
+                    let target = RequestTarget {
+                        pattern: target.pattern,
+                        channel: target.channel,
+                        client_id: &self.client_id,
+                    };
+                    self.rpc.request(conn, &d, stored, target, rpc_ctx!(self));
+                    return;
+                }
+                Ok(Route::Response(request_id)) => {
+                    self.rpc
+                        .respond(conn, &d, &request_id, stored, rpc_ctx!(self));
+                    return;
+                }
+                Ok(Route::Queue(channel)) => channel,
                 Err(e) => {
                     // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
                     // is dropped (settle sends nothing for it).
@@ -818,7 +916,13 @@ impl<B: Backend> QueuesHandler<B> {
             }
             Event::Delivery(d) => self.produce(conn, d),
             Event::Credit { link, drain, .. } => {
-                if self.events.credit(conn, link, drain, &self.bridge.metrics) {
+                if self
+                    .events
+                    .credit(conn, link, drain, &self.bridge.events, &self.bridge.metrics)
+                {
+                    return;
+                }
+                if self.rpc.credit(conn, link, drain, &self.bridge.rpc) {
                     return;
                 }
                 if drain {
@@ -862,6 +966,11 @@ impl<B: Backend> QueuesHandler<B> {
                     self.dynamic.settled(conn, token, state.as_ref());
                     return;
                 }
+                if super::rpc::owns_token(token) {
+                    // OP-RPC-8: a request delivery's settlement changes nothing; its response
+                    // or its timeout ends it.
+                    return;
+                }
                 let Some(message) = self.deliveries.remove(&token) else {
                     return;
                 };
@@ -893,6 +1002,10 @@ impl<B: Backend> QueuesHandler<B> {
                 link, unsettled, ..
             } => {
                 if let Some(role) = self.events.closed(link) {
+                    self.bridge.metrics.link(role).dec();
+                    return;
+                }
+                if let Some(role) = self.rpc.closed(link) {
                     self.bridge.metrics.link(role).dec();
                     return;
                 }
@@ -947,7 +1060,8 @@ impl<B: Backend> QueuesHandler<B> {
             self.ready_handouts.push(h);
         }
         let events = self.events.poll(cx).is_ready();
-        if !events && self.ready_done.is_empty() && self.ready_handouts.is_empty() {
+        let rpc = self.rpc.poll(cx).is_ready();
+        if !events && !rpc && self.ready_done.is_empty() && self.ready_handouts.is_empty() {
             Poll::Pending
         } else {
             Poll::Ready(())
@@ -957,6 +1071,7 @@ impl<B: Backend> QueuesHandler<B> {
     fn do_work(&mut self, conn: &mut Connection) {
         self.events
             .work(conn, &self.bridge.events, &self.bridge.metrics);
+        self.rpc.work(conn, &mut self.dynamic, &self.bridge.rpc);
         for d in std::mem::take(&mut self.ready_done) {
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             self.settle_in(conn, d.link, d.delivery_id, d.presettled, d.state);

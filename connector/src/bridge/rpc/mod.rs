@@ -1,0 +1,750 @@
+//! The commands and queries bridge (RPC-*): request/reply over AMQP links.
+//!
+//! A requester sends on `commands/<ch>` or `queries/<ch>` with `reply-to` set to a dynamic node
+//! of its own connection; the request is settled `accepted` once routed and sent to KubeMQ, and
+//! the response (or the failure) comes back later as a reply on that node ([`requester`]). A
+//! responder consumes `commands/<ch>` or `queries/<ch>`: the link is a KubeMQ request
+//! subscription, answered once the backend confirmed it; each request is delivered within credit
+//! with a reply token, and a message sent to that token (`responses/<RequestID>`, through an
+//! anonymous sender or a fixed target) becomes the KubeMQ response ([`responder`]). Every table
+//! is bounded by `RpcMaxPending`: requests waiting for a response per connection, and tokens
+//! waiting for an answer (the pump pauses at the bound).
+
+pub mod requester;
+pub mod responder;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use fe2o3_amqp_types::definitions::SenderSettleMode;
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
+use fe2o3_amqp_types::performatives::Attach;
+use futures_util::stream::FuturesUnordered;
+use tokio_stream::{Stream, StreamMap};
+
+use self::requester::Asked;
+use self::responder::{NoRequest, Tokens};
+use super::address::Pattern;
+use super::dynamic::DynamicNodes;
+use super::envelope::Stored;
+use super::{label, rejected, send_failure, settle_inbound, subscribe_refusal, Serves};
+use crate::backend::{Backend, BackendError, RequestStream};
+use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
+use crate::kubemq::subscribe::SubscribeType;
+use crate::kubemq::{Request, Response, Subscribe};
+use crate::metrics::{self, Direction, Metrics};
+
+/// Delivery tokens of delivered requests: a range of their own, apart from other links'.
+const FIRST_TOKEN: u64 = 1 << 61;
+
+/// Process-wide settings of the bridge.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// Requests waiting for a response, and tokens waiting for an answer, per connection
+    /// (`RpcMaxPending`, RPC-5, RPC-11).
+    pub max_pending: usize,
+    /// The timeout of a request without a ttl (`DefaultRpcTimeoutSeconds`, RPC-3).
+    pub default_timeout: Duration,
+    /// Credit window of requester and response links.
+    pub credit_window: u32,
+}
+
+/// A requester's link: each message is a request to `channel`.
+struct RequestLink {
+    pattern: Pattern,
+    channel: String,
+}
+
+/// A responder's link and the request it holds for credit.
+struct Responder {
+    pattern: Pattern,
+    /// The client asked for pre-settled deliveries.
+    presettled: bool,
+    /// Taken from the subscription when the link had no credit or the token table was full.
+    held: Option<Request>,
+}
+
+/// A subscription the backend is opening, for a responder link not yet answered.
+struct Opening {
+    link: LinkId,
+    pattern: Pattern,
+    presettled: bool,
+    channel: String,
+    result: Result<RequestStream, BackendError>,
+}
+
+/// A request's outcome.
+struct Answered {
+    asked: Asked,
+    result: Result<Response, BackendError>,
+}
+
+/// A response the backend took, or not.
+struct Responded {
+    link: LinkId,
+    delivery_id: u32,
+    presettled: bool,
+    result: Result<(), BackendError>,
+}
+
+type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// One connection's commands and queries links.
+pub struct RpcLinks {
+    requesters: FastMap<LinkId, RequestLink>,
+    /// Links whose every message is a response to one request (a fixed `responses/<id>`
+    /// target), by link.
+    response_links: FastMap<LinkId, String>,
+    responders: FastMap<LinkId, Responder>,
+    streams: StreamMap<LinkId, RequestStream>,
+    /// Subscriptions of responders whose link cannot take a request now.
+    parked: FastMap<LinkId, RequestStream>,
+    opening: FuturesUnordered<Pending<Opening>>,
+    calls: FuturesUnordered<Pending<Answered>>,
+    responses: FuturesUnordered<Pending<Responded>>,
+    tokens: Tokens,
+    /// Wakes the task when the next token expires.
+    expiry: Option<Pin<Box<tokio::time::Sleep>>>,
+    ready_opened: Vec<Opening>,
+    ready_answered: Vec<Answered>,
+    ready_responded: Vec<Responded>,
+    arrived: Vec<(LinkId, Option<Result<Request, BackendError>>)>,
+    next_token: u64,
+    metrics: Arc<Metrics>,
+    /// What this connection adds to `Metrics::rpc_held`.
+    counted_held: i64,
+}
+
+impl Drop for RpcLinks {
+    fn drop(&mut self) {
+        // The connection ended with requests in flight: they run to their end, and a response
+        // that still comes has no requester left (RPC-14, MET-11).
+        let mut calls = std::mem::take(&mut self.calls);
+        // The tokens go now; the requests still count until they end.
+        self.held(calls.len() as i64);
+        if !calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            let metrics = self.metrics.clone();
+            tokio::spawn(async move {
+                while let Some(a) = futures_util::StreamExt::next(&mut calls).await {
+                    metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
+                    if a.result.is_ok() {
+                        metrics.rpc_late_responses.inc();
+                    }
+                }
+            });
+        } else {
+            self.held(0);
+        }
+        let mut responses = std::mem::take(&mut self.responses);
+        if !responses.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(async move {
+                while futures_util::StreamExt::next(&mut responses)
+                    .await
+                    .is_some()
+                {}
+            });
+        }
+    }
+}
+
+/// What a responder's attach asks for.
+pub struct ResponderRequest<'a> {
+    /// Commands or queries.
+    pub pattern: Pattern,
+    /// The channel.
+    pub channel: &'a str,
+    /// The client's ATTACH (its consumer group, GRP-1).
+    pub attach: &'a Attach,
+    /// The connection's ClientID, which KubeMQ requires of a subscription.
+    pub client_id: &'a str,
+}
+
+/// Where a request message is sent.
+pub struct RequestTarget<'a> {
+    /// Commands or queries.
+    pub pattern: Pattern,
+    /// The channel.
+    pub channel: String,
+    /// The connection's ClientID.
+    pub client_id: &'a str,
+}
+
+impl RpcLinks {
+    /// No links yet.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        RpcLinks {
+            requesters: FastMap::default(),
+            response_links: FastMap::default(),
+            responders: FastMap::default(),
+            streams: StreamMap::new(),
+            parked: FastMap::default(),
+            opening: FuturesUnordered::new(),
+            calls: FuturesUnordered::new(),
+            responses: FuturesUnordered::new(),
+            tokens: Tokens::default(),
+            expiry: None,
+            ready_opened: Vec::new(),
+            ready_answered: Vec::new(),
+            ready_responded: Vec::new(),
+            arrived: Vec::new(),
+            next_token: FIRST_TOKEN,
+            metrics,
+            counted_held: 0,
+        }
+    }
+
+    /// Brings `Metrics::rpc_held` to `now` for this connection.
+    fn held(&mut self, now: i64) {
+        self.metrics
+            .rpc_held
+            .fetch_add(now - self.counted_held, Ordering::Relaxed);
+        self.counted_held = now;
+    }
+
+    /// Counts what this connection holds now: requests waiting for their response and
+    /// delivered requests waiting for an answer.
+    fn count_held(&mut self) {
+        self.held((self.calls.len() + self.tokens.len()) as i64);
+    }
+
+    /// Accepts a requester's link on `channel`.
+    pub fn attach_requester(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        pattern: Pattern,
+        channel: String,
+        shared: &Shared,
+    ) {
+        let accept = LinkAccept {
+            credit_window: shared.credit_window,
+        };
+        if conn.accept_link(link, accept).is_err() {
+            return; // detached while attaching
+        }
+        label(
+            conn,
+            link,
+            Serves::Node {
+                pattern,
+                channel: &channel,
+                durable: false,
+            },
+        );
+        self.metrics.link(metrics::Role::receiver).inc();
+        self.requesters
+            .insert(link, RequestLink { pattern, channel });
+    }
+
+    /// Accepts a link whose target is the reply token `request_id` (ADDR-10): each of its
+    /// messages answers that request.
+    pub fn attach_response_link(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        request_id: String,
+        shared: &Shared,
+    ) {
+        let accept = LinkAccept {
+            credit_window: shared.credit_window,
+        };
+        if conn.accept_link(link, accept).is_err() {
+            return;
+        }
+        let _ = conn.label_link(
+            link,
+            crate::engine::LinkLabel {
+                address: format!("responses/{request_id}"),
+                pattern: "responses",
+                channel: request_id.clone(),
+                durable: false,
+            },
+        );
+        self.metrics.link(metrics::Role::receiver).inc();
+        self.response_links.insert(link, request_id);
+    }
+
+    /// Starts a responder's subscription; the link is answered when it is open (RPC-11).
+    pub fn attach_responder<B: Backend>(
+        &mut self,
+        link: LinkId,
+        req: ResponderRequest<'_>,
+        backend: &Arc<B>,
+    ) -> Result<(), AmqpError> {
+        if super::events::options::has_filter(req.attach.source.as_deref()) {
+            return Err(AmqpError::new(
+                Condition::NotImplemented,
+                "selector filter not supported on this address",
+            ));
+        }
+        let group = super::events::options::group(req.attach.properties.as_ref())?;
+        let subscribe_type = if req.pattern == Pattern::Commands {
+            SubscribeType::Commands
+        } else {
+            SubscribeType::Queries
+        };
+        let request = Subscribe {
+            subscribe_type_data: subscribe_type as i32,
+            client_id: req.client_id.to_string(),
+            channel: req.channel.to_string(),
+            group,
+            ..Default::default()
+        };
+        let backend = backend.clone();
+        let (pattern, channel) = (req.pattern, req.channel.to_string());
+        let presettled = req.attach.snd_settle_mode == SenderSettleMode::Settled;
+        self.opening.push(Box::pin(async move {
+            let result = backend.subscribe_requests(request).await;
+            Opening {
+                link,
+                pattern,
+                presettled,
+                channel,
+                result,
+            }
+        }));
+        Ok(())
+    }
+
+    /// Whether `link` is one of this bridge's.
+    fn owns(&self, link: LinkId) -> bool {
+        self.requesters.contains_key(&link)
+            || self.response_links.contains_key(&link)
+            || self.responders.contains_key(&link)
+    }
+
+    /// Handles a message on one of this bridge's produce links; `false` when the link is not
+    /// one of them.
+    pub fn produce<B: Backend>(
+        &mut self,
+        conn: &mut Connection,
+        d: &Delivery,
+        ctx: Ctx<'_, B>,
+    ) -> bool {
+        let target = if let Some(r) = self.requesters.get(&d.link) {
+            Routed::Request {
+                pattern: r.pattern,
+                channel: r.channel.clone(),
+            }
+        } else if let Some(id) = self.response_links.get(&d.link) {
+            Routed::Response(id.clone())
+        } else {
+            return false;
+        };
+        // MET-4 (an anonymous link's messages are counted where they are routed).
+        let counted = match &target {
+            Routed::Request { pattern, .. } => pattern.name(),
+            Routed::Response(_) => "responses",
+        };
+        self.metrics.transfer(Direction::In, counted);
+        let stored = match super::envelope::ingress(&d.payload) {
+            Ok(s) => s,
+            Err(e) => {
+                let state = rejected(Condition::DecodeError, e.to_string());
+                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
+                return true;
+            }
+        };
+        match target {
+            Routed::Request { pattern, channel } => self.request(
+                conn,
+                d,
+                stored,
+                RequestTarget {
+                    pattern,
+                    channel,
+                    client_id: ctx.client_id,
+                },
+                ctx,
+            ),
+            Routed::Response(id) => self.respond(conn, d, &id, stored, ctx),
+        }
+        true
+    }
+
+    /// A request (RPC-2 … RPC-5): checked, settled `accepted` and sent; its reply comes later.
+    pub fn request<B: Backend>(
+        &mut self,
+        conn: &mut Connection,
+        d: &Delivery,
+        stored: Stored,
+        target: RequestTarget<'_>,
+        ctx: Ctx<'_, B>,
+    ) {
+        let checked = self.check_request(&stored, ctx.dynamic, ctx.shared);
+        let reply_to = match checked {
+            Ok(r) => r,
+            Err(e) => {
+                let state = DeliveryState::Rejected(Rejected {
+                    error: Some(e.to_wire()),
+                });
+                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
+                return;
+            }
+        };
+        // RPC-4: accepted once routed; the reply is independent of this outcome.
+        settle_inbound(
+            conn,
+            &self.metrics,
+            d.link,
+            d.delivery_id,
+            d.settled,
+            DeliveryState::Accepted(Accepted {}),
+        );
+        // MET-6.
+        self.metrics.rpc_request(target.pattern);
+        let timeout = requester::timeout(stored.ttl, ctx.shared.default_timeout);
+        let asked = Asked {
+            pattern: target.pattern,
+            reply_to,
+            correlation: stored.correlation.clone(),
+        };
+        let request = requester::request(
+            target.pattern,
+            target.channel,
+            target.client_id,
+            stored,
+            timeout,
+        );
+        tracing::debug!(request_id = %request.request_id, pattern = %target.pattern, channel = %request.channel, ?timeout, "request sent");
+        let backend = ctx.backend.clone();
+        self.calls.push(Box::pin(async move {
+            let result = backend.send_request(request).await;
+            Answered { asked, result }
+        }));
+        self.count_held();
+    }
+
+    /// RPC-2 and RPC-5; reserves the reply's room in its node.
+    fn check_request(
+        &self,
+        stored: &Stored,
+        dynamic: &mut DynamicNodes,
+        shared: &Shared,
+    ) -> Result<String, AmqpError> {
+        let reply_to = stored
+            .reply_to
+            .as_deref()
+            .filter(|r| !r.is_empty())
+            .ok_or_else(|| AmqpError::new(Condition::NotAllowed, "request missing reply-to"))?;
+        if !dynamic.owns(reply_to) {
+            return Err(AmqpError::new(
+                Condition::NotAllowed,
+                "reply-to is not a node this connection owns",
+            ));
+        }
+        if self.calls.len() >= shared.max_pending {
+            return Err(AmqpError::new(
+                Condition::ResourceLimitExceeded,
+                "rpc pending limit reached",
+            ));
+        }
+        dynamic.reserve(reply_to)?;
+        Ok(reply_to.to_string())
+    }
+
+    /// A reply to the request of token `request_id` (RPC-13, RPC-14): sent to KubeMQ, settled
+    /// `accepted` once KubeMQ took it; a token this connection does not hold is refused
+    /// `amqp:not-found` (one that expired is also counted as late, MET-11).
+    pub fn respond<B: Backend>(
+        &mut self,
+        conn: &mut Connection,
+        d: &Delivery,
+        request_id: &str,
+        stored: Stored,
+        ctx: Ctx<'_, B>,
+    ) {
+        let response = match self
+            .tokens
+            .answer(request_id, ctx.client_id, stored, Instant::now())
+        {
+            Ok(r) => r,
+            Err(why) => {
+                if why == NoRequest::Expired {
+                    self.metrics.rpc_late_responses.inc();
+                }
+                let state = rejected(
+                    Condition::NotFound,
+                    "no pending request for this reply token",
+                );
+                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
+                return;
+            }
+        };
+        self.count_held();
+        let backend = ctx.backend.clone();
+        let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
+        self.responses.push(Box::pin(async move {
+            let result = backend.send_response(response).await;
+            Responded {
+                link,
+                delivery_id,
+                presettled,
+                result,
+            }
+        }));
+    }
+
+    /// New credit (or a drain) on a responder's link: delivers what it can; `false` when the
+    /// link is not a responder's.
+    pub fn credit(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        drain: bool,
+        shared: &Shared,
+    ) -> bool {
+        if !self.responders.contains_key(&link) {
+            return self.owns(link);
+        }
+        self.pump(conn, link, shared);
+        if drain {
+            let _ = conn.drain_done(link);
+        }
+        true
+    }
+
+    /// Delivers the request `link` holds and, while it has credit and the token table room,
+    /// lets its subscription go on; parks the subscription otherwise.
+    fn pump(&mut self, conn: &mut Connection, link: LinkId, shared: &Shared) {
+        let Some(r) = self.responders.get_mut(&link) else {
+            return;
+        };
+        if let Some(request) = r.held.take() {
+            if conn.credit(link) == 0 || self.tokens.len() >= shared.max_pending {
+                r.held = Some(request);
+            } else {
+                let (pattern, presettled) = (r.pattern, r.presettled);
+                self.deliver(conn, link, (pattern, presettled), request, shared);
+            }
+        }
+        let can_take = conn.credit(link) > 0
+            && self.tokens.len() < shared.max_pending
+            && self.responders.get(&link).is_some_and(|r| r.held.is_none());
+        if can_take {
+            if let Some(stream) = self.parked.remove(&link) {
+                self.streams.insert(link, stream);
+            }
+        } else if let Some(stream) = self.streams.remove(&link) {
+            self.parked.insert(link, stream);
+        }
+    }
+
+    /// Delivers one request on a responder's link (RPC-12) and records its token.
+    fn deliver(
+        &mut self,
+        conn: &mut Connection,
+        link: LinkId,
+        (pattern, presettled): (Pattern, bool),
+        request: Request,
+        shared: &Shared,
+    ) {
+        let answerable = responder::answerable_for(&request, shared.default_timeout);
+        let message = responder::delivered(&request);
+        let token = self.next_token;
+        self.next_token += 1;
+        if conn
+            .send(link, &token.to_be_bytes(), &message, presettled, token)
+            .is_ok()
+        {
+            self.metrics.transfer(Direction::Out, pattern.name());
+            self.tokens
+                .insert(&request, pattern, Instant::now() + answerable);
+            self.arm_expiry();
+            self.count_held();
+        } else if let Some(r) = self.responders.get_mut(&link) {
+            r.held = Some(request);
+        }
+    }
+
+    /// Sets the timer to the next token expiry.
+    fn arm_expiry(&mut self) {
+        if let Some(next) = self.tokens.expire(Instant::now()) {
+            let deadline = tokio::time::Instant::from_std(next);
+            match &mut self.expiry {
+                Some(t) if t.deadline() <= deadline => {}
+                _ => self.expiry = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+    }
+
+    /// An accepted link ended; the gauge's role when it was one of this bridge's.
+    pub fn closed(&mut self, link: LinkId) -> Option<metrics::Role> {
+        if self.requesters.remove(&link).is_some() || self.response_links.remove(&link).is_some() {
+            return Some(metrics::Role::receiver);
+        }
+        if self.responders.remove(&link).is_some() {
+            self.streams.remove(&link);
+            self.parked.remove(&link);
+            return Some(metrics::Role::sender);
+        }
+        None
+    }
+
+    /// Collects what the backend finished; ready when there is work for [`RpcLinks::work`].
+    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        use futures_util::StreamExt;
+        while let Poll::Ready(Some(o)) = self.opening.poll_next_unpin(cx) {
+            self.ready_opened.push(o);
+        }
+        while let Poll::Ready(Some(a)) = self.calls.poll_next_unpin(cx) {
+            self.ready_answered.push(a);
+        }
+        while let Poll::Ready(Some(r)) = self.responses.poll_next_unpin(cx) {
+            self.ready_responded.push(r);
+        }
+        while let Poll::Ready(Some((link, item))) = Pin::new(&mut self.streams).poll_next(cx) {
+            // One request per link and turn: the link's credit is looked at before the next.
+            if let Some(stream) = self.streams.remove(&link) {
+                self.parked.insert(link, stream);
+            }
+            self.arrived.push((link, Some(item)));
+        }
+        let expired = self
+            .expiry
+            .as_mut()
+            .is_some_and(|t| t.as_mut().poll(cx).is_ready());
+        if expired {
+            self.expiry = None;
+        }
+        if expired
+            || !self.ready_opened.is_empty()
+            || !self.ready_answered.is_empty()
+            || !self.ready_responded.is_empty()
+            || !self.arrived.is_empty()
+        {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+
+    /// Applies what [`RpcLinks::poll`] collected.
+    pub fn work(&mut self, conn: &mut Connection, dynamic: &mut DynamicNodes, shared: &Shared) {
+        for o in std::mem::take(&mut self.ready_opened) {
+            match o.result {
+                Ok(stream) => {
+                    if conn
+                        .accept_link(o.link, LinkAccept { credit_window: 0 })
+                        .is_err()
+                    {
+                        continue; // detached while the subscription opened
+                    }
+                    label(
+                        conn,
+                        o.link,
+                        Serves::Node {
+                            pattern: o.pattern,
+                            channel: &o.channel,
+                            durable: false,
+                        },
+                    );
+                    self.metrics.link(metrics::Role::sender).inc();
+                    self.responders.insert(
+                        o.link,
+                        Responder {
+                            pattern: o.pattern,
+                            presettled: o.presettled,
+                            held: None,
+                        },
+                    );
+                    self.parked.insert(o.link, stream);
+                    self.pump(conn, o.link, shared);
+                }
+                Err(e) => {
+                    tracing::debug!(link = o.link, error = %e, "request subscription refused");
+                    let _ = conn.refuse_link(o.link, subscribe_refusal(&e));
+                }
+            }
+        }
+        for a in std::mem::take(&mut self.ready_answered) {
+            match requester::reply(&a.asked, &a.result) {
+                Some(reply) => {
+                    if dynamic.put_reply(&a.asked.reply_to, reply.into()) {
+                        self.metrics
+                            .transfer(Direction::Out, a.asked.pattern.name());
+                        dynamic.pump(conn, &a.asked.reply_to);
+                    } else {
+                        // The requester's node is gone (RPC-14).
+                        self.metrics.rpc_late_responses.inc();
+                    }
+                }
+                None => dynamic.unreserve(&a.asked.reply_to),
+            }
+        }
+        for r in std::mem::take(&mut self.ready_responded) {
+            let state = match &r.result {
+                Ok(()) => DeliveryState::Accepted(Accepted {}),
+                Err(e) => send_failure(e),
+            };
+            settle_inbound(
+                conn,
+                &self.metrics,
+                r.link,
+                r.delivery_id,
+                r.presettled,
+                state,
+            );
+        }
+        for (link, item) in std::mem::take(&mut self.arrived) {
+            match item {
+                Some(Ok(request)) => {
+                    if let Some(r) = self.responders.get_mut(&link) {
+                        r.held = Some(request);
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(link, error = %e, "request subscription ended");
+                    let _ = conn.detach(link, Some(subscribe_refusal(&e)));
+                    continue;
+                }
+                None => {
+                    let _ = conn.detach(
+                        link,
+                        Some(AmqpError::new(
+                            Condition::InternalError,
+                            "request subscription ended",
+                        )),
+                    );
+                    continue;
+                }
+            }
+            self.pump(conn, link, shared);
+        }
+        // Expired tokens make room: responders paused at the bound may go on.
+        self.arm_expiry();
+        let links: Vec<LinkId> = self.responders.keys().copied().collect();
+        for link in links {
+            self.pump(conn, link, shared);
+        }
+        self.count_held();
+    }
+}
+
+/// What a message's handling needs from its connection.
+pub struct Ctx<'a, B> {
+    /// The connection's backend handle.
+    pub backend: &'a Arc<B>,
+    /// The connection's ClientID.
+    pub client_id: &'a str,
+    /// The connection's dynamic nodes (reply-to checks and reservations).
+    pub dynamic: &'a mut DynamicNodes,
+    /// The bridge's settings.
+    pub shared: &'a Shared,
+}
+
+/// Where a message of one of this bridge's links goes.
+enum Routed {
+    Request { pattern: Pattern, channel: String },
+    Response(String),
+}
+
+/// Whether an unsettled request delivery's settlement matters: it does not (OP-RPC-8), but its
+/// token is this bridge's.
+pub fn owns_token(token: u64) -> bool {
+    (FIRST_TOKEN..FIRST_TOKEN << 1).contains(&token)
+}
