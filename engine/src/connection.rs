@@ -648,7 +648,7 @@ impl Connection {
     }
 
     fn write_server_open(&mut self) {
-        // CONN-7: container-id, max-frame-size, channel-max, idle-time-out, and (OP-ADDR-16) the
+        // CONN-7: container-id, max-frame-size, channel-max, idle-time-out, and (ADDR-16) the
         // ANONYMOUS-RELAY capability: null-target senders route every message by its `to`.
         let idle = self.cfg.idle_timeout.map(|d| {
             let half = d.as_millis() / 2;

@@ -15,7 +15,11 @@ Usage: rpc.py SCENARIO URL. Prints PASS SCENARIO.
   pending-cap   with RpcMaxPending 3, the fourth request in flight is refused
   groups        two responders in one group share the requests; an ungrouped one gets all
   late          the requester's connection closes with a request pending; the responder's
-                answer after that is accepted by KubeMQ and counted late by the connector"""
+                answer after that is accepted by KubeMQ and counted late by the connector
+  respond CH    one side of a pair with another client: answers two commands and two queries on
+                commands/CH and queries/CH (see `request`), printing READY once subscribed
+  request CH    the other side: commands "reboot" (correlation c1) and "fail" (c2), queries "q1"
+                and "q2" (q1, q2); checks executed, the error, the bodies and the correlation-ids"""
 import sys
 import time
 import uuid
@@ -300,8 +304,53 @@ def late(url):
     rsp.conn.close()
 
 
+def respond(url, ch):
+    """The pair protocol's responder (also in tests/js/rpc.js and tests/tests/rpc_pairs.rs)."""
+    c = connect(url, "pair-responder")
+    commands = c.create_receiver("commands/" + ch, credit=10, name=uuid.uuid4().hex)
+    queries = c.create_receiver("queries/" + ch, credit=10, name=uuid.uuid4().hex)
+    anonymous = c.create_sender(None, name=uuid.uuid4().hex)
+    print("READY", flush=True)
+    for receiver, n in ((commands, 2), (queries, 2)):
+        for _ in range(n):
+            m = receiver.receive(timeout=TIMEOUT)
+            receiver.accept()
+            if receiver is commands:
+                ok = m.body != "fail"
+                props = {EXECUTED: ok}
+                if not ok:
+                    props[ERROR] = "command rejected by handler"
+                r = Message(properties=props, correlation_id=m.correlation_id)
+            else:
+                r = Message(body="result:" + m.body, correlation_id=m.correlation_id)
+            r.address = m.reply_to
+            anonymous.send(r)
+    c.close()
+
+
+def request(url, ch):
+    """The pair protocol's requester."""
+    req = Requester(url, "pair-requester")
+    for body, corr, executed in (("reboot", "c1", True), ("fail", "c2", False)):
+        req.send("commands/" + ch, body, correlation_id=corr)
+        r = req.reply()
+        check(r.correlation_id == corr, "correlation %r, sent %s" % (r.correlation_id, corr))
+        check(r.properties.get(EXECUTED) is executed, "executed %r" % r.properties)
+        if not executed:
+            check(r.properties.get(ERROR) == "command rejected by handler", "%r" % r.properties)
+    for body, corr in (("q1", "q1"), ("q2", "q2")):
+        req.send("queries/" + ch, body, correlation_id=corr)
+        r = req.reply()
+        check(r.correlation_id == corr and r.body == "result:" + body, "%r %r" % (r.correlation_id, r.body))
+    req.conn.close()
+
+
 if __name__ == "__main__":
     scenario, url = sys.argv[1], sys.argv[2]
+    if scenario in ("respond", "request"):
+        {"respond": respond, "request": request}[scenario](url, sys.argv[3])
+        print("PASS " + scenario)
+        sys.exit(0)
     {
         "command": command,
         "query": query,

@@ -69,7 +69,7 @@ fn rpc_s2_queries_answered() {
     });
 }
 
-/// ADDR-13, ADDR-18, OP-ADDR-16: requests and replies through anonymous senders; the same
+/// ADDR-13, ADDR-18, ADDR-16: requests and replies through anonymous senders; the same
 /// anonymous link reaches a queue.
 #[test]
 fn addr_18_requests_and_replies_through_the_relay() {

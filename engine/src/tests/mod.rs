@@ -438,7 +438,7 @@ fn conn_6_container_id_sanitized() {
 }
 
 /// CONN-7..10: the server OPEN has container-id, max-frame-size, channel-max, idle-time-out;
-/// OP-ADDR-16: and offers ANONYMOUS-RELAY.
+/// ADDR-16: and offers ANONYMOUS-RELAY.
 #[test]
 fn conn_7_server_open_fields() {
     let mut c = Client::new(config());
@@ -460,7 +460,7 @@ fn conn_7_server_open_fields() {
         .as_ref()
         .map(|a| a.0.iter().map(|s| s.as_str()).collect())
         .unwrap_or_default();
-    assert_eq!(offered, ["ANONYMOUS-RELAY"], "OP-ADDR-16");
+    assert_eq!(offered, ["ANONYMOUS-RELAY"], "ADDR-16");
     assert!(o.desired_capabilities.is_none());
 }
 
