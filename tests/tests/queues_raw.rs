@@ -957,6 +957,92 @@ fn addr_11_12_dynamic_nodes() {
     });
 }
 
+/// OP-ADDR-7, ADDR-12: a sender with a dynamic target (how Qpid JMS makes a temporary queue)
+/// gets a minted address; one receiver of the same connection consumes that node by its
+/// address and gets what the sender sends; a second receiver, and a receiver on another
+/// connection, are refused not-found; the node ends with the sender that minted it.
+#[test]
+fn op_addr_7_dynamic_target_is_a_temporary_queue() {
+    use fe2o3_amqp_types::messaging::TargetArchetype;
+    TestConnector::each_backend(Settings::default(), |c| {
+        let mut p = session(c);
+        let mut a = peer::attach_sender("temp", 0, "unused");
+        if let Some(TargetArchetype::Target(t)) = a.target.as_deref_mut() {
+            t.address = None;
+            t.dynamic = true;
+        }
+        p.frame(0, &a, &[]);
+        let got = p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Flow(_)))
+        });
+        let minted = got
+            .iter()
+            .find_map(|r| match r {
+                Received::Frame(
+                    _,
+                    Performative::Attach(connector::engine::codec::AttachFrame::Full(a)),
+                ) => match a.target.as_deref() {
+                    Some(TargetArchetype::Target(t)) => t.address.clone(),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .expect("minted address");
+        assert!(minted.starts_with("_amqp10.tmp."), "{minted}");
+        p.frame(0, &peer::attach_receiver("consumer", 1, &minted), &[]);
+        p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Attach(_)))
+        });
+        p.frame(0, &link_flow(1, 0, 5, false), &[]);
+        let message = with_to(None, b"to the temporary queue");
+        p.frame(
+            0,
+            &peer::transfer(0, Some(0), Some(b"t"), false, false),
+            &message,
+        );
+        let got = p.read_until(WAIT, |r| {
+            matches!(r, Received::Frame(_, Performative::Transfer(..)))
+        });
+        assert_eq!(&transfers(&got)[0].2[..], &message[..], "bit-exact");
+        // A second consumer of the same connection is refused.
+        p.frame(0, &peer::attach_receiver("second", 2, &minted), &[]);
+        let got = p.read_until(WAIT, |r| condition(r).is_some());
+        assert_eq!(
+            got.iter().filter_map(condition).collect::<Vec<_>>(),
+            ["amqp:not-found"]
+        );
+        // Another connection cannot consume it.
+        let mut q = session(c);
+        q.frame(0, &peer::attach_receiver("intruder", 0, &minted), &[]);
+        let got = q.read_until(WAIT, |r| condition(r).is_some());
+        assert_eq!(
+            got.iter().filter_map(condition).collect::<Vec<_>>(),
+            ["amqp:not-found"]
+        );
+        // The node ends with the sender that minted it: its address reaches nothing after.
+        p.frame(0, &peer::detach(0), &[]);
+        p.read_until(
+            WAIT,
+            |r| matches!(r, Received::Frame(_, Performative::Detach(d)) if d.handle.0 == 0),
+        );
+        attach_anonymous_sender_on(&mut p, 3);
+        match produce(&mut p, 3, 1, &with_to(Some(&minted), b"late")) {
+            Some(DeliveryOutcome::Rejected(Some(e))) => {
+                assert_eq!(peer::error_symbol(&e), "amqp:precondition-failed")
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// Attaches an anonymous sender (null target) on `handle` and waits for its credit.
+fn attach_anonymous_sender_on(p: &mut RawPeer, handle: u32) {
+    let mut anon = peer::attach_sender("anon-n", handle, "unused");
+    anon.target = None;
+    p.frame(0, &anon, &[]);
+    p.read_until(WAIT, |r| matches!(r, Received::Frame(_, Performative::Flow(f)) if f.handle.as_ref().map(|h| h.0) == Some(handle)));
+}
+
 /// A dynamic node whose receiver grants no credit holds at most MaxUnsettledPerLink messages
 /// (and 16 MiB beyond a first message): past that a message to it is rejected with
 /// resource-limit-exceeded instead of being held in memory; once the receiver takes what waits,

@@ -323,3 +323,44 @@ fn rpc_rhea_requester_fe2o3_responder() {
 fn rpc_fe2o3_requester_rhea_responder() {
     pair(Client::Fe2o3, Client::Rhea);
 }
+
+/// The Qpid JMS requester (tests/java RpcRequester: TemporaryQueue, anonymous producer) against
+/// a go-amqp responder (tests/go scenarios `respond`), on every backend. RPC-1, RPC-6, RPC-7,
+/// RPC-8, ADDR-16 (Qpid JMS opens its anonymous producer only with ANONYMOUS-RELAY offered),
+/// OP-ADDR-7 (the temporary queue is a node minted by a dynamic target).
+#[test]
+fn rpc_qpid_jms_requester_go_amqp_responder() {
+    const GO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/go/bin");
+    const JAVA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java");
+    let classpath = format!(
+        "{JAVA}/target/classes:{}",
+        std::fs::read_to_string(format!("{JAVA}/target/classpath.txt"))
+            .expect("tests/run.sh builds tests/java and writes target/classpath.txt")
+            .trim()
+    );
+    TestConnector::each_backend(Settings::default(), |c| {
+        let channel = format!("rpc.jms.{}", connector::kubemq::new_id());
+        let mut child = Command::new(format!("{GO}/scenarios"))
+            .args(["respond", &c.url(), &channel])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("tests/run.sh builds the go scenarios");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        out.read_line(&mut line).expect("a line");
+        assert_eq!(line.trim(), "READY", "the go-amqp responder said {line:?}");
+        let responder = Reaped { child, out };
+        let jms = Command::new("java")
+            .args(["-cp", &classpath, "RpcRequester", &c.url(), &channel])
+            .output()
+            .expect("java is installed");
+        assert!(
+            jms.status.success() && String::from_utf8_lossy(&jms.stdout).contains("PASS"),
+            "the Qpid JMS requester on the {} backend:\n{}\n{}",
+            c.backend(),
+            String::from_utf8_lossy(&jms.stdout),
+            String::from_utf8_lossy(&jms.stderr)
+        );
+        wait_ok(responder);
+    });
+}

@@ -1,6 +1,9 @@
-//! Dynamic nodes (ADDR-11, ADDR-12): private mailboxes a connection mints for its receivers,
-//! reached only through that connection's own messages (an anonymous sender's `to`) and the
-//! replies to its requests (RPC-9). Each holds what waits for its receiver's credit, bounded in
+//! Dynamic nodes (ADDR-11, ADDR-12): private mailboxes a connection mints for its links,
+//! reached only through that connection's own messages (an anonymous sender's `to`, or a link to
+//! the node) and the replies to its requests (RPC-9). A receiver with a dynamic source mints one
+//! and consumes it; a sender with a dynamic target mints one (a JMS temporary queue) that a
+//! receiver of the same connection then attaches to by its address. A node lives as long as the
+//! link that minted it. Each holds what waits for its receiver's credit, bounded in
 //! count and bytes and charged to the connection's memory budget; a request reserves room for
 //! its reply, so replies never overflow a node and a requester that grants no credit has its
 //! requests refused instead of growing the connector.
@@ -24,11 +27,20 @@ const FIRST_TOKEN: u64 = 1 << 62;
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
 pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
 
+/// A node's consumer.
+#[derive(Debug, Clone, Copy)]
+struct Consumer {
+    link: LinkId,
+    presettled: bool,
+}
+
 /// A node and what waits in it.
 #[derive(Debug)]
 struct Node {
-    link: LinkId,
-    presettled: bool,
+    /// The link whose ATTACH minted it: the node ends with it.
+    owner: LinkId,
+    /// The receiver it delivers to, when one is attached.
+    consumer: Option<Consumer>,
     waiting: VecDeque<Bytes>,
     /// Holds the bytes of `waiting`, exactly.
     charge: Charge,
@@ -79,25 +91,57 @@ impl DynamicNodes {
         }
     }
 
-    /// Registers the node minted at `address` for the accepted receiver `link`.
+    /// Registers the node minted at `address` for the accepted link `owner`; a receiver that
+    /// minted it (`presettled` as it asked) is its consumer at once.
     pub fn add(
         &mut self,
-        link: LinkId,
+        owner: LinkId,
         address: String,
-        presettled: bool,
+        consumer: Option<bool>,
         budget: &ConnectionBudget,
     ) {
-        self.by_link.insert(link, address.clone());
+        self.by_link.insert(owner, address.clone());
         self.nodes.insert(
             address,
             Node {
-                link,
-                presettled,
+                owner,
+                consumer: consumer.map(|presettled| Consumer {
+                    link: owner,
+                    presettled,
+                }),
                 waiting: VecDeque::new(),
                 charge: budget.empty(),
                 reserved: 0,
             },
         );
+    }
+
+    /// Makes the accepted receiver `link` the consumer of the node at `address` (one a sender
+    /// of this connection minted); `false` when there is no such node, or it has a consumer.
+    pub fn consume(&mut self, link: LinkId, address: &str, presettled: bool) -> bool {
+        match self.nodes.get_mut(address) {
+            Some(node) if node.consumer.is_none() => {
+                node.consumer = Some(Consumer { link, presettled });
+                self.by_link.insert(link, address.to_string());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the node at `address` can take a consumer now.
+    pub fn awaits_consumer(&self, address: &str) -> bool {
+        self.nodes
+            .get(address)
+            .is_some_and(|n| n.consumer.is_none())
+    }
+
+    /// The node `link` minted as a sender (a dynamic target), if it did.
+    pub fn node_of(&self, link: LinkId) -> Option<&str> {
+        self.by_link
+            .get(&link)
+            .filter(|a| self.nodes.get(*a).is_some_and(|n| n.owner == link))
+            .map(String::as_str)
     }
 
     /// Whether `address` is a node of this connection.
@@ -171,26 +215,23 @@ impl DynamicNodes {
         true
     }
 
-    /// Delivers the waiting messages of `address` within its link's credit.
+    /// Delivers the waiting messages of `address` within its consumer's credit.
     pub fn pump(&mut self, conn: &mut Connection, address: &str) {
         let Some(node) = self.nodes.get_mut(address) else {
             return;
         };
-        while conn.credit(node.link) > 0 {
+        let Some(Consumer { link, presettled }) = node.consumer else {
+            return;
+        };
+        while conn.credit(link) > 0 {
             let Some(message) = node.waiting.pop_front() else {
                 break;
             };
             node.charge.shrink(message.len() as u64);
             let token = self.next_token;
             self.next_token += 1;
-            match conn.send(
-                node.link,
-                &token.to_be_bytes(),
-                &message,
-                node.presettled,
-                token,
-            ) {
-                Ok(_) if node.presettled => {}
+            match conn.send(link, &token.to_be_bytes(), &message, presettled, token) {
+                Ok(_) if presettled => {}
                 Ok(_) => {
                     self.unsettled.insert(token, (address.to_string(), message));
                 }
@@ -229,15 +270,30 @@ impl DynamicNodes {
         self.pump(conn, &address);
     }
 
-    /// A node's receiver ended (ADDR-11): the node and whatever it holds go with it. `false`
-    /// when `link` was no node's.
+    /// A link of a node ended: the link that minted it takes the node and whatever it holds
+    /// with it (ADDR-11); a consumer that did not mint it just leaves, and what it left
+    /// unsettled waits for the next. `false` when `link` was no node's.
     pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) -> bool {
         let Some(address) = self.by_link.remove(&link) else {
             return false;
         };
-        self.nodes.remove(&address);
+        let Some(node) = self.nodes.get_mut(&address) else {
+            return true;
+        };
+        if node.owner == link {
+            // A consumer of its own stays attached to nothing until it detaches.
+            self.nodes.remove(&address);
+            for token in unsettled {
+                self.unsettled.remove(token);
+            }
+            return true;
+        }
+        node.consumer = None;
         for token in unsettled {
-            self.unsettled.remove(token);
+            if let Some((_, message)) = self.unsettled.remove(token) {
+                node.charge.grow_anyway(message.len() as u64);
+                node.waiting.push_front(message);
+            }
         }
         true
     }

@@ -1,5 +1,5 @@
 // Command scenarios runs the Queues concept page's behaviours with Azure/go-amqp against a
-// connector: go run ./scenarios SCENARIO URL. It prints "PASS SCENARIO" when every check held
+// connector: go run ./scenarios SCENARIO URL (or respond URL CHANNEL, an RPC responder). It prints "PASS SCENARIO" when every check held
 // and exits non-zero with the failed check otherwise.
 package main
 
@@ -267,10 +267,56 @@ func store(ctx context.Context, url string) {
 	check(equal(got, []string{"d1", "d2"}), "resumed with what came meanwhile: %v", got)
 }
 
+// text is a request's body: an AmqpValue string (proton, rhea, Qpid JMS text messages) or Data.
+func text(m *amqp.Message) string {
+	if s, ok := m.Value.(string); ok {
+		return s
+	}
+	return body(m)
+}
+
+// respond answers the RPC pair protocol on commands/CHANNEL and queries/CHANNEL (see
+// tests/python/rpc.py): two commands ("fail" is refused with an error) and two queries
+// (answered "result:<request>"), through one anonymous sender. It prints READY once subscribed.
+func respond(ctx context.Context, url, channel string) {
+	conn, s := session(ctx, url)
+	defer conn.Close()
+	replies := must(s.NewSender(ctx, "", nil))
+	commands := must(s.NewReceiver(ctx, "commands/"+channel, &amqp.ReceiverOptions{Credit: 10}))
+	queries := must(s.NewReceiver(ctx, "queries/"+channel, &amqp.ReceiverOptions{Credit: 10}))
+	fmt.Println("READY")
+	for _, r := range []*amqp.Receiver{commands, commands, queries, queries} {
+		m := receive(ctx, r)
+		check(r.AcceptMessage(ctx, m) == nil, "accept the request")
+		check(m.Properties != nil && m.Properties.ReplyTo != nil, "RPC-12: a reply-to")
+		reply := &amqp.Message{Properties: &amqp.MessageProperties{
+			To:            m.Properties.ReplyTo,
+			CorrelationID: m.Properties.CorrelationID,
+		}}
+		if r == commands {
+			ok := text(m) != "fail"
+			reply.ApplicationProperties = map[string]any{"x-opt-kubemq-executed": ok}
+			if !ok {
+				reply.ApplicationProperties["x-opt-kubemq-error"] = "command rejected by handler"
+			}
+		} else {
+			reply.Value = "result:" + text(m)
+		}
+		check(replies.Send(ctx, reply, nil) == nil, "RPC-13: the reply is accepted")
+	}
+}
+
 func main() {
 	log.SetFlags(log.Lshortfile)
+	if len(os.Args) == 4 && os.Args[1] == "respond" {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		respond(ctx, os.Args[2], os.Args[3])
+		fmt.Println("PASS respond")
+		return
+	}
 	if len(os.Args) != 3 {
-		log.Fatalf("usage: scenarios SCENARIO URL")
+		log.Fatalf("usage: scenarios SCENARIO URL | scenarios respond URL CHANNEL")
 	}
 	scenarios := map[string]func(context.Context, string){
 		"basic": basic, "credit": credit, "release": release, "reject": reject, "teardown": teardown,

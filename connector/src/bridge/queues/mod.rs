@@ -358,11 +358,7 @@ impl<B: Backend> QueuesHandler<B> {
             }
             if dynamic && !client_sends {
                 // ADDR-11: mint a private node for this connection.
-                let address = format!(
-                    "{DYNAMIC_PREFIX}{}.{}",
-                    self.connection,
-                    crate::kubemq::new_id()
-                );
+                let address = self.mint_address();
                 if conn
                     .accept_dynamic(link, LinkAccept { credit_window: 0 }, address.clone())
                     .is_err()
@@ -371,22 +367,50 @@ impl<B: Backend> QueuesHandler<B> {
                 }
                 label(conn, link, Serves::Dynamic(&address));
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
-                self.dynamic.add(link, address, presettled, conn.budget());
+                self.dynamic
+                    .add(link, address, Some(presettled), conn.budget());
                 self.bridge.metrics.link(metrics::Role::sender).inc();
                 return Ok(());
             }
             if dynamic {
-                // OP-ADDR-7: a dynamic target has no described behaviour.
-                return Err(AmqpError::new(
-                    Condition::NotImplemented,
-                    "dynamic targets are not supported",
-                ));
+                // OP-ADDR-7: a dynamic target mints a node too (a JMS temporary queue): what the
+                // link sends goes to it, a receiver of this connection consumes it by its
+                // address, and it ends with this link.
+                let address = self.mint_address();
+                if conn
+                    .accept_dynamic(
+                        link,
+                        LinkAccept {
+                            credit_window: self.bridge.credit_window,
+                        },
+                        address.clone(),
+                    )
+                    .is_err()
+                {
+                    return Ok(());
+                }
+                label(conn, link, Serves::Dynamic(&address));
+                self.dynamic.add(link, address, None, conn.budget());
+                self.bridge.metrics.link(metrics::Role::receiver).inc();
+                return Ok(());
             }
             // OP-ADDR-9.
             return Err(super::address::AddressError::EmptyAddress.to_amqp());
         };
         if address.starts_with(DYNAMIC_PREFIX) {
-            // ADDR-12 / OP-ADDR-7: dynamic nodes are reached only through a message's `to`.
+            // ADDR-12 / OP-ADDR-7: a node a sender of this connection minted takes one receiver
+            // of this connection; nothing else reaches a dynamic node but a message's `to`.
+            if !client_sends && self.dynamic.awaits_consumer(&address) {
+                if !accept_or_gone(conn, link, 0) {
+                    return Ok(());
+                }
+                label(conn, link, Serves::Dynamic(&address));
+                let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
+                self.dynamic.consume(link, &address, presettled);
+                self.bridge.metrics.link(metrics::Role::sender).inc();
+                self.dynamic.pump(conn, &address);
+                return Ok(());
+            }
             return Err(AmqpError::new(
                 Condition::NotFound,
                 "dynamic nodes are reachable only through a message's to",
@@ -467,6 +491,15 @@ impl<B: Backend> QueuesHandler<B> {
             },
         );
         Ok(())
+    }
+
+    /// A new dynamic node address (ADDR-11, OP-ADDR-8): `_amqp10.tmp.<connection>.<uuid>`.
+    fn mint_address(&self) -> String {
+        format!(
+            "{DYNAMIC_PREFIX}{}.{}",
+            self.connection,
+            crate::kubemq::new_id()
+        )
     }
 
     /// Accepts a requester's link or starts a responder's, after the authorization check
@@ -667,6 +700,18 @@ impl<B: Backend> QueuesHandler<B> {
             return;
         }
         if self.rpc.produce(conn, &d, rpc_ctx!(self)) {
+            return;
+        }
+        if let Some(address) = self.dynamic.node_of(d.link).map(str::to_string) {
+            // A sender that minted a node (OP-ADDR-7) sends into it.
+            let state = match self.dynamic.push(&address, d.payload.clone()) {
+                Ok(()) => DeliveryState::Accepted(Accepted {}),
+                Err(e) => DeliveryState::Rejected(Rejected {
+                    error: Some(e.to_wire()),
+                }),
+            };
+            self.settle_in(conn, d.link, d.delivery_id, d.settled, state);
+            self.dynamic.pump(conn, &address);
             return;
         }
         let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
