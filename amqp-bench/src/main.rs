@@ -1,6 +1,8 @@
 //! amqp-bench: drives an AMQP 1.0 queue (or an events or events-store channel) with pipelined
 //! producers and credit-window consumers and reports throughput, latency percentiles and whether
-//! every message sent was received (by every consumer, with `--fanout`).
+//! every message sent was received (by every consumer, with `--fanout`). With `--rpc` the
+//! producers are requesters and the consumers responders on `commands/` or `queries/`, and the
+//! latency is each request's round trip ([`rpc`]).
 //!
 //! Each message carries its number and send time, so the consumers can tell lost, duplicated
 //! and late messages apart. Exits 1 when a message is lost.
@@ -19,6 +21,7 @@ use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 mod coalesce;
 mod direct;
 mod lean;
+mod rpc;
 
 /// The same allocator as the connector, for both the AMQP and the direct gRPC load: the load
 /// tool shares the cores with what it measures, and glibc's malloc made it the costliest process.
@@ -88,6 +91,10 @@ struct Args {
     /// Send everything first, then start the consumers (an events-store replay).
     #[arg(long)]
     replay: bool,
+    /// Request/reply on a `commands/` or `queries/` address: producers are requesters (up to
+    /// `--pipeline` requests each in flight), consumers responders; latency is the round trip.
+    #[arg(long)]
+    rpc: bool,
 }
 
 impl Args {
@@ -205,6 +212,9 @@ async fn produce(
     started: Instant,
     tally: Arc<Tally>,
 ) -> Result<(), String> {
+    if args.rpc {
+        return Err("requesters are started by main in --rpc mode".into());
+    }
     match args.grpc.clone() {
         Some(addr) => direct::produce(&addr, &args, who, first, count, started, &tally).await,
         None if args.client == Client::Lean => {
@@ -379,14 +389,15 @@ async fn main() {
     let start_consumers = || {
         (0..args.consumers)
             .map(|c| {
-                tokio::spawn(consume(
-                    args.clone(),
-                    c,
-                    started,
-                    tally.clone(),
-                    seen.clone(),
-                    stop.clone(),
-                ))
+                let (args, tally, seen, stop) =
+                    (args.clone(), tally.clone(), seen.clone(), stop.clone());
+                tokio::spawn(async move {
+                    if args.rpc {
+                        rpc::respond(&args, c, stop).await
+                    } else {
+                        consume(args, c, started, tally, seen, stop).await
+                    }
+                })
             })
             .collect::<Vec<_>>()
     };
@@ -404,14 +415,14 @@ async fn main() {
         } else {
             per
         };
-        producers.push(tokio::spawn(produce(
-            args.clone(),
-            p,
-            first,
-            count,
-            started,
-            tally.clone(),
-        )));
+        let (a, t, s) = (args.clone(), tally.clone(), seen.clone());
+        producers.push(tokio::spawn(async move {
+            if a.rpc {
+                rpc::request(&a, p, first, count, started, &t, &s).await
+            } else {
+                produce(a, p, first, count, started, t).await
+            }
+        }));
     }
     let mut replay_started = None;
     if args.replay {
