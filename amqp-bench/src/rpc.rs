@@ -224,8 +224,15 @@ async fn request_grpc(
     let mut calls = FuturesUnordered::new();
     for i in 0..count {
         if rate > 0.0 {
-            tokio::time::sleep_until((paced + Duration::from_secs_f64(i as f64 / rate)).into())
-                .await;
+            // The calls in flight go on while the next one waits for its time.
+            let due =
+                tokio::time::Instant::from_std(paced + Duration::from_secs_f64(i as f64 / rate));
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(due) => break,
+                    Some(done) = calls.next(), if !calls.is_empty() => answered(Some(done), tally, seen),
+                }
+            }
         }
         let n = first + i;
         let request = connector::kubemq::Request {
@@ -237,10 +244,8 @@ async fn request_grpc(
             ..Default::default()
         };
         let c = c.clone();
-        calls.push(async move {
-            let at = Instant::now();
-            (n, at, c.send_request(request).await)
-        });
+        let at = Instant::now();
+        calls.push(async move { (n, at, c.send_request(request).await) });
         tally.sent.fetch_add(1, Ordering::Relaxed);
         while calls.len() >= args.pipeline.max(1) {
             answered(calls.next().await, tally, seen);

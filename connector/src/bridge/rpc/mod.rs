@@ -107,8 +107,10 @@ pub struct RpcLinks {
     calls: FuturesUnordered<Pending<Answered>>,
     responses: FuturesUnordered<Pending<Responded>>,
     tokens: Tokens,
-    /// Wakes the task when the next token expires.
+    /// Wakes the task when the next token expires (or earlier: it is not moved back).
     expiry: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The expiry timer fired: tokens are to be looked at.
+    expiry_due: bool,
     ready_opened: Vec<Opening>,
     ready_answered: Vec<Answered>,
     ready_responded: Vec<Responded>,
@@ -187,6 +189,7 @@ impl RpcLinks {
             responses: FuturesUnordered::new(),
             tokens: Tokens::default(),
             expiry: None,
+            expiry_due: false,
             ready_opened: Vec::new(),
             ready_answered: Vec::new(),
             ready_responded: Vec::new(),
@@ -396,7 +399,7 @@ impl RpcLinks {
             DeliveryState::Accepted(Accepted {}),
         );
         // MET-6.
-        self.metrics.rpc_request(target.pattern);
+        self.metrics.rpc_request(target.pattern.name());
         let timeout = requester::timeout(stored.ttl, ctx.shared.default_timeout);
         let asked = Asked {
             pattern: target.pattern,
@@ -475,6 +478,10 @@ impl RpcLinks {
                 return;
             }
         };
+        if self.tokens.len() + 1 == ctx.shared.max_pending {
+            // The table was full: responders paused at the bound may go on (RPC-11).
+            self.pump_all(conn, ctx.shared);
+        }
         self.count_held();
         let backend = ctx.backend.clone();
         let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
@@ -552,23 +559,29 @@ impl RpcLinks {
             .is_ok()
         {
             self.metrics.transfer(Direction::Out, pattern.name());
-            self.tokens
-                .insert(&request, pattern, Instant::now() + answerable);
-            self.arm_expiry();
+            let expires = Instant::now() + answerable;
+            self.tokens.insert(&request, pattern, expires);
+            self.expire_by(expires);
             self.count_held();
         } else if let Some(r) = self.responders.get_mut(&link) {
             r.held = Some(request);
         }
     }
 
-    /// Sets the timer to the next token expiry.
-    fn arm_expiry(&mut self) {
-        if let Some(next) = self.tokens.expire(Instant::now()) {
-            let deadline = tokio::time::Instant::from_std(next);
-            match &mut self.expiry {
-                Some(t) if t.deadline() <= deadline => {}
-                _ => self.expiry = Some(Box::pin(tokio::time::sleep_until(deadline))),
-            }
+    /// Lets every responder go on as far as its credit and the token table allow.
+    fn pump_all(&mut self, conn: &mut Connection, shared: &Shared) {
+        let links: Vec<LinkId> = self.responders.keys().copied().collect();
+        for link in links {
+            self.pump(conn, link, shared);
+        }
+    }
+
+    /// Makes sure the timer fires by `at` (a token expires then).
+    fn expire_by(&mut self, at: Instant) {
+        let deadline = tokio::time::Instant::from_std(at);
+        match &mut self.expiry {
+            Some(t) if t.deadline() <= deadline => {}
+            _ => self.expiry = Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
     }
 
@@ -604,14 +617,15 @@ impl RpcLinks {
             }
             self.arrived.push((link, Some(item)));
         }
-        let expired = self
+        if self
             .expiry
             .as_mut()
-            .is_some_and(|t| t.as_mut().poll(cx).is_ready());
-        if expired {
+            .is_some_and(|t| t.as_mut().poll(cx).is_ready())
+        {
             self.expiry = None;
+            self.expiry_due = true;
         }
-        if expired
+        if self.expiry_due
             || !self.ready_opened.is_empty()
             || !self.ready_answered.is_empty()
             || !self.ready_responded.is_empty()
@@ -715,11 +729,12 @@ impl RpcLinks {
             }
             self.pump(conn, link, shared);
         }
-        // Expired tokens make room: responders paused at the bound may go on.
-        self.arm_expiry();
-        let links: Vec<LinkId> = self.responders.keys().copied().collect();
-        for link in links {
-            self.pump(conn, link, shared);
+        if std::mem::take(&mut self.expiry_due) {
+            // Expired tokens make room: responders paused at the bound may go on.
+            if let Some(next) = self.tokens.expire(Instant::now()) {
+                self.expire_by(next);
+            }
+            self.pump_all(conn, shared);
         }
         self.count_held();
     }
