@@ -1,13 +1,14 @@
 //! The message envelope both ways on arbitrary bytes: a received message is validated section by
 //! section (UTF-8 strings, ASCII symbols, order, body kinds) and turned into what is stored; what
 //! is stored (a Metadata text and a body, which another KubeMQ client may have written) is turned
-//! into the message delivered. Neither may panic, and every delivered message must be valid.
+//! into the message delivered; the same Metadata restamped as a delivered request or a reply, and
+//! read for a command's outcome. None may panic, and every delivered message must be valid.
 #![no_main]
 
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use connector::bridge::envelope::{egress, ingress, DeliveryInfo};
+use connector::bridge::envelope::{application_property, egress, ingress, stamped, DeliveryInfo};
 use connector::engine::message::walk;
 use libfuzzer_sys::fuzz_target;
 
@@ -26,4 +27,13 @@ fuzz_target!(|data: &[u8]| {
     let metadata = String::from_utf8_lossy(metadata);
     let out = egress(&metadata, body, &HashMap::new(), info);
     assert!(walk(&out).is_ok(), "stored Metadata delivered as an invalid message");
+    // A request delivered to a responder (RPC-12), a command's outcome read from a reply.
+    let props = [
+        ("reply_to", serde_json::json!("/responses/r-1")),
+        ("correlation_id", serde_json::json!("r-1")),
+    ];
+    let restamped = stamped(&metadata, &props, &[("x-opt-kubemq-executed", true.into())]);
+    let out = egress(&restamped, body, &HashMap::new(), info);
+    assert!(walk(&out).is_ok(), "a restamped Metadata delivered as an invalid message");
+    let _ = application_property(&metadata, "x-opt-kubemq-executed");
 });
