@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::pki::Pki;
-use common::{free_port, run, wait_listening};
+use common::{free_port, run, wait_listening, Reaper};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/python/auth.py");
@@ -333,18 +333,6 @@ fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> (Chil
         testkit::http_get(http, "/readyz").is_some_and(|r| r.status == 200)
     });
     (child, log)
-}
-
-/// Kills the children when the test ends, however it ends.
-struct Reaper(Vec<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
 }
 
 /// SASL-3, AUTHZ (KubeMQ's refusal): the client's token, not the connector's, is what KubeMQ

@@ -13,26 +13,14 @@ mod common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use common::pki::Pki;
-use common::{free_port, wait_listening};
+use common::{free_port, wait_listening, Reaper};
 use serde_json::Value;
 
 const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/python/detail.py");
-
-/// Kills the children when the test ends, however it ends.
-struct Reaper(Vec<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 /// The JSON an endpoint answers, after checking its status and type.
 fn get(http: SocketAddr, path: &str) -> Value {

@@ -64,8 +64,8 @@ fn readme_javascript_request_reply() {
 /// README.md shows the examples exactly as they are in examples/rpc/.
 #[test]
 fn readme_shows_the_rpc_examples_as_they_are() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
     for file in [
         "requester.py",
         "responder.py",

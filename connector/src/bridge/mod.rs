@@ -13,7 +13,7 @@ pub mod selector;
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
 
 use crate::backend::BackendError;
-use crate::engine::{AmqpError, Condition, Connection, LinkId, LinkLabel};
+use crate::engine::{AmqpError, Condition, Connection, Delivery, LinkId, LinkLabel};
 use crate::metrics::{self, Metrics};
 
 /// A `rejected` outcome with `condition` and `text` (cut as ERR-3 says by [`AmqpError::new`]).
@@ -48,6 +48,53 @@ pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
             AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
         }
         BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),
+    }
+}
+
+/// A backend call made for one inbound delivery (an event send, a response), with what settling
+/// the delivery takes once the call is over.
+pub(crate) struct Settling {
+    link: LinkId,
+    delivery_id: u32,
+    presettled: bool,
+    result: Result<(), BackendError>,
+}
+
+/// A boxed future, as the bridges keep their backend calls in flight.
+pub(crate) type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// `call`, made for delivery `d`: its [`Settling`] once it is over.
+pub(crate) fn settling<T>(
+    d: &Delivery,
+    call: impl std::future::Future<Output = Result<T, BackendError>> + Send + 'static,
+) -> Pending<Settling> {
+    let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
+    Box::pin(async move {
+        Settling {
+            link,
+            delivery_id,
+            presettled,
+            result: call.await.map(|_| ()),
+        }
+    })
+}
+
+impl Settling {
+    /// Settles the delivery: `accepted` once the backend took it, ERR-9's rejection otherwise.
+    /// A link gone meanwhile needs nothing (the engine refuses the settlement).
+    pub(crate) fn settle(self, conn: &mut Connection, metrics: &Metrics) {
+        let state = match &self.result {
+            Ok(()) => DeliveryState::Accepted(fe2o3_amqp_types::messaging::Accepted {}),
+            Err(e) => send_failure(e),
+        };
+        settle_inbound(
+            conn,
+            metrics,
+            self.link,
+            self.delivery_id,
+            self.presettled,
+            state,
+        );
     }
 }
 
@@ -87,6 +134,8 @@ pub(crate) enum Serves<'a> {
     Dynamic(&'a str),
     /// An anonymous sender: each message names its node (ADDR-13).
     Anonymous,
+    /// A sender to the reply token of one request (ADDR-10).
+    Response(&'a str),
 }
 
 impl<'a> Serves<'a> {
@@ -121,6 +170,12 @@ pub(crate) fn label(conn: &mut Connection, link: LinkId, serves: Serves<'_>) {
         Serves::Anonymous => LinkLabel {
             pattern: "anonymous",
             ..LinkLabel::default()
+        },
+        Serves::Response(request_id) => LinkLabel {
+            address: format!("responses/{request_id}"),
+            pattern: "responses",
+            channel: request_id.to_string(),
+            durable: false,
         },
     };
     let _ = conn.label_link(link, label);

@@ -13,6 +13,18 @@ use testkit::raw::RawPeer;
 
 pub use testkit::free_port;
 
+/// Kills the children when the test ends, however it ends.
+pub struct Reaper(pub Vec<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Starts the connector on its embedded store in `dir`, listening on `port`, with `args` added
 /// to its command line; returns once it listens.
 pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child {

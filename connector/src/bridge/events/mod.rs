@@ -29,7 +29,9 @@ use self::options::StartPosition;
 use super::address::Pattern;
 use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
 use super::selector::{EnvelopeOperands, Selector};
-use super::{label, rejected, send_failure, settle_inbound, subscribe_refusal, Serves};
+use super::{
+    label, rejected, settle_inbound, settling, subscribe_refusal, Pending, Serves, Settling,
+};
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -97,21 +99,12 @@ struct Opening {
     result: Result<EventStream, BackendError>,
 }
 
-/// A send the backend finished.
-struct Sent {
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    result: Result<String, BackendError>,
-}
-
 /// A cursor deletion the backend finished (DUR-9).
 struct Forgotten {
     link: LinkId,
     result: Result<bool, BackendError>,
 }
 
-type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One connection's events and events-store links.
 #[derive(Default)]
@@ -120,10 +113,10 @@ pub struct EventLinks {
     subscribers: FastMap<LinkId, Subscriber>,
     streams: StreamMap<LinkId, EventStream>,
     opening: futures_util::stream::FuturesUnordered<Pending<Opening>>,
-    sends: futures_util::stream::FuturesUnordered<Pending<Sent>>,
+    sends: futures_util::stream::FuturesUnordered<Pending<Settling>>,
     forgetting: futures_util::stream::FuturesUnordered<Pending<Forgotten>>,
     ready_opened: Vec<Opening>,
-    ready_sent: Vec<Sent>,
+    ready_sent: Vec<Settling>,
     ready_forgotten: Vec<Forgotten>,
     arrived: Vec<(LinkId, Option<Result<EventReceive, BackendError>>)>,
     egress: Egress,
@@ -352,16 +345,8 @@ impl EventLinks {
             tags: Default::default(),
         };
         let backend = backend.clone();
-        let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
-        self.sends.push(Box::pin(async move {
-            let result = backend.send_event(event).await;
-            Sent {
-                link,
-                delivery_id,
-                presettled,
-                result,
-            }
-        }));
+        self.sends
+            .push(settling(d, async move { backend.send_event(event).await }));
     }
 
     /// New credit (or a drain) on a consume link; false if the link is not this bridge's.
@@ -454,12 +439,7 @@ impl EventLinks {
     /// Applies what [`EventLinks::poll`] collected.
     pub fn work(&mut self, conn: &mut Connection, shared: &Shared, metrics: &Metrics) {
         for s in std::mem::take(&mut self.ready_sent) {
-            let state = match s.result {
-                Ok(_) => DeliveryState::Accepted(Accepted {}),
-                Err(e) => send_failure(&e),
-            };
-            // A link gone meanwhile needs nothing (the engine refuses the settlement).
-            settle_inbound(conn, metrics, s.link, s.delivery_id, s.presettled, state);
+            s.settle(conn, metrics);
         }
         for o in std::mem::take(&mut self.ready_opened) {
             match o.result {

@@ -31,7 +31,9 @@ use self::responder::{NoRequest, Tokens};
 use super::address::Pattern;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
-use super::{label, rejected, send_failure, settle_inbound, subscribe_refusal, Serves};
+use super::{
+    label, rejected, settle_inbound, settling, subscribe_refusal, Pending, Serves, Settling,
+};
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -83,15 +85,6 @@ struct Answered {
     result: Result<Response, BackendError>,
 }
 
-/// A response the backend took, or not.
-struct Responded {
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    result: Result<(), BackendError>,
-}
-
-type Pending<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// One connection's commands and queries links.
 pub struct RpcLinks {
@@ -105,7 +98,7 @@ pub struct RpcLinks {
     parked: FastMap<LinkId, RequestStream>,
     opening: FuturesUnordered<Pending<Opening>>,
     calls: FuturesUnordered<Pending<Answered>>,
-    responses: FuturesUnordered<Pending<Responded>>,
+    responses: FuturesUnordered<Pending<Settling>>,
     tokens: Tokens,
     /// Wakes the task when the next token expires (or earlier: it is not moved back).
     expiry: Option<Pin<Box<tokio::time::Sleep>>>,
@@ -113,7 +106,7 @@ pub struct RpcLinks {
     expiry_due: bool,
     ready_opened: Vec<Opening>,
     ready_answered: Vec<Answered>,
-    ready_responded: Vec<Responded>,
+    ready_responded: Vec<Settling>,
     arrived: Vec<(LinkId, Option<Result<Request, BackendError>>)>,
     next_token: u64,
     metrics: Arc<Metrics>,
@@ -223,24 +216,15 @@ impl RpcLinks {
         channel: String,
         shared: &Shared,
     ) {
-        let accept = LinkAccept {
-            credit_window: shared.credit_window,
+        let serves = Serves::Node {
+            pattern,
+            channel: &channel,
+            durable: false,
         };
-        if conn.accept_link(link, accept).is_err() {
-            return; // detached while attaching
+        if self.accept_sender(conn, link, serves, shared) {
+            self.requesters
+                .insert(link, RequestLink { pattern, channel });
         }
-        label(
-            conn,
-            link,
-            Serves::Node {
-                pattern,
-                channel: &channel,
-                durable: false,
-            },
-        );
-        self.metrics.link(metrics::Role::receiver).inc();
-        self.requesters
-            .insert(link, RequestLink { pattern, channel });
     }
 
     /// Accepts a link whose target is the reply token `request_id` (ADDR-10): each of its
@@ -252,23 +236,29 @@ impl RpcLinks {
         request_id: String,
         shared: &Shared,
     ) {
+        if self.accept_sender(conn, link, Serves::Response(&request_id), shared) {
+            self.response_links.insert(link, request_id);
+        }
+    }
+
+    /// Accepts a link the client sends on, with the produce credit window, and counts it;
+    /// `false` when it is gone (detached while attaching).
+    fn accept_sender(
+        &self,
+        conn: &mut Connection,
+        link: LinkId,
+        serves: Serves<'_>,
+        shared: &Shared,
+    ) -> bool {
         let accept = LinkAccept {
             credit_window: shared.credit_window,
         };
         if conn.accept_link(link, accept).is_err() {
-            return;
+            return false;
         }
-        let _ = conn.label_link(
-            link,
-            crate::engine::LinkLabel {
-                address: format!("responses/{request_id}"),
-                pattern: "responses",
-                channel: request_id.clone(),
-                durable: false,
-            },
-        );
+        label(conn, link, serves);
         self.metrics.link(metrics::Role::receiver).inc();
-        self.response_links.insert(link, request_id);
+        true
     }
 
     /// Starts a responder's subscription; the link is answered when it is open (RPC-11).
@@ -484,16 +474,8 @@ impl RpcLinks {
         }
         self.count_held();
         let backend = ctx.backend.clone();
-        let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
-        self.responses.push(Box::pin(async move {
-            let result = backend.send_response(response).await;
-            Responded {
-                link,
-                delivery_id,
-                presettled,
-                result,
-            }
-        }));
+        self.responses
+            .push(settling(d, async move { backend.send_response(response).await }));
     }
 
     /// New credit (or a drain) on a responder's link: delivers what it can; `false` when the
@@ -691,18 +673,7 @@ impl RpcLinks {
             }
         }
         for r in std::mem::take(&mut self.ready_responded) {
-            let state = match &r.result {
-                Ok(()) => DeliveryState::Accepted(Accepted {}),
-                Err(e) => send_failure(e),
-            };
-            settle_inbound(
-                conn,
-                &self.metrics,
-                r.link,
-                r.delivery_id,
-                r.presettled,
-                state,
-            );
+            r.settle(conn, &self.metrics);
         }
         for (link, item) in std::mem::take(&mut self.arrived) {
             match item {
