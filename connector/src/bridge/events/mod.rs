@@ -15,12 +15,10 @@ pub mod durable;
 pub mod options;
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp_types::performatives::Attach;
 use tokio_stream::{Stream, StreamMap};
 
@@ -104,7 +102,6 @@ struct Forgotten {
     link: LinkId,
     result: Result<bool, BackendError>,
 }
-
 
 /// One connection's events and events-store links.
 #[derive(Default)]
@@ -656,6 +653,8 @@ fn subscribe_failure(e: &BackendError) -> AmqpError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bridge::send_failure;
+    use fe2o3_amqp_types::messaging::DeliveryState;
 
     /// DUR-7: a ClientID another node holds (KubeMQ's own uniqueness) is the same refusal as
     /// a second attach here; ERR-9: send failures map to their conditions.

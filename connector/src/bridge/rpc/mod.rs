@@ -85,7 +85,6 @@ struct Answered {
     result: Result<Response, BackendError>,
 }
 
-
 /// One connection's commands and queries links.
 pub struct RpcLinks {
     requesters: FastMap<LinkId, RequestLink>,
@@ -474,8 +473,10 @@ impl RpcLinks {
         }
         self.count_held();
         let backend = ctx.backend.clone();
-        self.responses
-            .push(settling(d, async move { backend.send_response(response).await }));
+        self.responses.push(settling(
+            d,
+            async move { backend.send_response(response).await },
+        ));
     }
 
     /// New credit (or a drain) on a responder's link: delivers what it can; `false` when the
