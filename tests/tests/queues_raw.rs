@@ -1032,6 +1032,13 @@ fn op_addr_7_dynamic_target_is_a_temporary_queue() {
             }
             other => panic!("{other:?}"),
         }
+        // MET-3 by role: the consumer is still attached (the server sends on it), and the
+        // anonymous sender (the server receives); the minting sender left its role's count.
+        use connector::metrics::Role;
+        assert_eq!(
+            (c.metrics.link(Role::sender).get(), c.metrics.link(Role::receiver).get()),
+            (1, 1)
+        );
     });
 }
 

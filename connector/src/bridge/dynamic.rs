@@ -16,6 +16,7 @@ use crate::engine::{
     AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, DeliveryOutcome,
     FastMap, LinkId,
 };
+use crate::metrics::Role;
 
 /// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
 const MAILBOX_BYTES: u64 = 16 * 1024 * 1024;
@@ -39,6 +40,8 @@ struct Consumer {
 struct Node {
     /// The link whose ATTACH minted it: the node ends with it.
     owner: LinkId,
+    /// That link is a client sender (a dynamic target), not the node's receiver.
+    minted_by_sender: bool,
     /// The receiver it delivers to, when one is attached.
     consumer: Option<Consumer>,
     waiting: VecDeque<Bytes>,
@@ -105,6 +108,7 @@ impl DynamicNodes {
             address,
             Node {
                 owner,
+                minted_by_sender: consumer.is_none(),
                 consumer: consumer.map(|presettled| Consumer {
                     link: owner,
                     presettled,
@@ -272,21 +276,26 @@ impl DynamicNodes {
 
     /// A link of a node ended: the link that minted it takes the node and whatever it holds
     /// with it (ADDR-11); a consumer that did not mint it just leaves, and what it left
-    /// unsettled waits for the next. `false` when `link` was no node's.
-    pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) -> bool {
-        let Some(address) = self.by_link.remove(&link) else {
-            return false;
-        };
+    /// unsettled waits for the next. The server's role on the link (for the links gauge), or
+    /// `None` when `link` was no node's.
+    pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) -> Option<Role> {
+        let address = self.by_link.remove(&link)?;
         let Some(node) = self.nodes.get_mut(&address) else {
-            return true;
+            // A consumer whose node ended before it.
+            return Some(Role::sender);
         };
         if node.owner == link {
             // A consumer of its own stays attached to nothing until it detaches.
+            let role = if node.minted_by_sender {
+                Role::receiver
+            } else {
+                Role::sender
+            };
             self.nodes.remove(&address);
             for token in unsettled {
                 self.unsettled.remove(token);
             }
-            return true;
+            return Some(role);
         }
         node.consumer = None;
         for token in unsettled {
@@ -295,7 +304,7 @@ impl DynamicNodes {
                 node.waiting.push_front(message);
             }
         }
-        true
+        Some(Role::sender)
     }
 
     /// Nodes alive.

@@ -1054,8 +1054,8 @@ impl<B: Backend> QueuesHandler<B> {
                     self.bridge.metrics.link(role).dec();
                     return;
                 }
-                if self.dynamic.closed(link, &unsettled) {
-                    self.bridge.metrics.link(metrics::Role::sender).dec();
+                if let Some(role) = self.dynamic.closed(link, &unsettled) {
+                    self.bridge.metrics.link(role).dec();
                     return;
                 }
                 let kind = self.links.remove(&link);
