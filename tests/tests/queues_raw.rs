@@ -1036,7 +1036,10 @@ fn op_addr_7_dynamic_target_is_a_temporary_queue() {
         // anonymous sender (the server receives); the minting sender left its role's count.
         use connector::metrics::Role;
         assert_eq!(
-            (c.metrics.link(Role::sender).get(), c.metrics.link(Role::receiver).get()),
+            (
+                c.metrics.link(Role::sender).get(),
+                c.metrics.link(Role::receiver).get()
+            ),
             (1, 1)
         );
     });
