@@ -43,7 +43,7 @@ pub async fn produce(
     let grpc = client(addr)?;
     let channel = channel(args);
     let client_id = format!("amqp-bench-producer-{who}");
-    let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
+    let per_producer_rate = args.per_producer_rate();
     // The rate counts from this producer's start, not the run's: no burst to catch up.
     let paced = Instant::now();
     let window = args.pipeline.max(1) as u64;

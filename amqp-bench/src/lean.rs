@@ -364,7 +364,7 @@ pub async fn produce(
     write_amqp(&mut w.out, 0, &attach, &[]);
     w.flush().await?;
     w.attached(true).await?;
-    let per_producer_rate = args.rate as f64 / args.producers.max(1) as f64;
+    let per_producer_rate = args.per_producer_rate();
     // The rate counts from this producer's start, not the run's: no burst to catch up.
     let paced = Instant::now();
     let pipeline = args.pipeline.max(1);

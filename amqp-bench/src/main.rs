@@ -98,6 +98,11 @@ struct Args {
 }
 
 impl Args {
+    /// Messages per second each producer sends (`--rate` shared out); 0 for as fast as possible.
+    fn per_producer_rate(&self) -> f64 {
+        self.rate as f64 / self.producers.max(1) as f64
+    }
+
     /// Deliveries the run waits for.
     fn expected(&self) -> u64 {
         if self.fanout {
@@ -246,11 +251,7 @@ async fn produce_amqp(
         .attach(&mut session)
         .await
         .map_err(|e| e.to_string())?;
-    let per_producer_rate = if args.rate == 0 {
-        0.0
-    } else {
-        args.rate as f64 / args.producers as f64
-    };
+    let per_producer_rate = args.per_producer_rate();
     // The rate counts from this producer's start, not the run's: no burst to catch up.
     let paced = Instant::now();
     let mut in_flight = tokio::task::JoinSet::new();

@@ -72,11 +72,7 @@ pub async fn request(
         .attach(&mut session)
         .await
         .map_err(|e| e.to_string())?;
-    let rate = if args.rate == 0 {
-        0.0
-    } else {
-        args.rate as f64 / args.producers as f64
-    };
+    let rate = args.per_producer_rate();
     let paced = Instant::now();
     let mut sent_at: HashMap<u64, Instant> = HashMap::new();
     let mut outcomes = FuturesUnordered::new();
@@ -215,11 +211,7 @@ async fn request_grpc(
     } else {
         RequestType::Query
     };
-    let rate = if args.rate == 0 {
-        0.0
-    } else {
-        args.rate as f64 / args.producers as f64
-    };
+    let rate = args.per_producer_rate();
     let paced = Instant::now();
     let mut calls = FuturesUnordered::new();
     for i in 0..count {
