@@ -187,30 +187,37 @@ fn q_6_q_9_accepted_bodies() {
     });
 }
 
-/// Q-9 / ENV-9: an AmqpSequence body is rejected and the link detached, both not-implemented.
+/// Q-9 / ENV-9: an AmqpSequence body is rejected and the link detached, both not-implemented,
+/// on a queue's link and on a requester's (`commands/`) alike.
 #[test]
 fn q_9_sequence_body_rejected_and_detached() {
     TestConnector::each_backend(Settings::default(), |c| {
-        let mut p = session(c);
-        producer(&mut p, "tx", 0, "seq", SenderSettleMode::Unsettled);
-        let seq = serde_amqp::to_vec(&AmqpSequence(vec![1i32])).unwrap();
-        p.frame(
-            0,
-            &peer::transfer(0, Some(0), Some(b"s"), false, false),
-            &seq,
-        );
-        let got = p.read_until(WAIT, |r| condition(r).is_some());
-        assert!(
-            matches!(
-                disposition_of(&got, 0),
-                Some(Some(DeliveryOutcome::Rejected(Some(_))))
-            ),
-            "{got:?}"
-        );
-        assert_eq!(
-            got.iter().filter_map(condition).collect::<Vec<_>>(),
-            ["amqp:not-implemented"]
-        );
+        for address in ["queues/seq", "commands/seq"] {
+            let mut p = session(c);
+            p.frame(0, &peer::attach_sender("tx", 0, address), &[]);
+            p.read_until(WAIT, |r| {
+                matches!(r, Received::Frame(_, Performative::Flow(_)))
+            });
+            let seq = serde_amqp::to_vec(&AmqpSequence(vec![1i32])).unwrap();
+            p.frame(
+                0,
+                &peer::transfer(0, Some(0), Some(b"s"), false, false),
+                &seq,
+            );
+            let got = p.read_until(WAIT, |r| condition(r).is_some());
+            assert!(
+                matches!(
+                    disposition_of(&got, 0),
+                    Some(Some(DeliveryOutcome::Rejected(Some(_))))
+                ),
+                "{address}: {got:?}"
+            );
+            assert_eq!(
+                got.iter().filter_map(condition).collect::<Vec<_>>(),
+                ["amqp:not-implemented"],
+                "{address}"
+            );
+        }
         assert_eq!(c.store.ready_count("seq"), 0);
     });
 }

@@ -307,11 +307,6 @@ impl DynamicNodes {
         Some(Role::sender)
     }
 
-    /// Nodes alive.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()

@@ -98,6 +98,51 @@ impl Settling {
     }
 }
 
+/// The stored form of an inbound delivery of any pattern, or its refusal: an AmqpSequence body
+/// is rejected and its link detached, both `amqp:not-implemented` (ENV-9, Q-9); a message that
+/// does not decode is rejected `amqp:decode-error` and the link stays (ERR-9).
+pub(crate) fn ingress_or_refuse(
+    conn: &mut Connection,
+    metrics: &Metrics,
+    d: &Delivery,
+) -> Option<envelope::Stored> {
+    let (condition, text) = match envelope::ingress(&d.payload) {
+        Ok(stored) => return Some(stored),
+        Err(envelope::IngressError::SequenceBody) => (
+            Condition::NotImplemented,
+            "amqp-sequence bodies are not supported".to_string(),
+        ),
+        Err(e) => (Condition::DecodeError, e.to_string()),
+    };
+    let state = rejected(condition, text.clone());
+    settle_inbound(conn, metrics, d.link, d.delivery_id, d.settled, state);
+    if condition == Condition::NotImplemented {
+        let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
+    }
+    None
+}
+
+/// Lets backend calls a connection left in flight run to their end in a task of their own,
+/// `each` seeing every outcome. `false` when there is no runtime to run them on (they are
+/// dropped, as at process exit).
+pub(crate) fn run_out<T: Send + 'static>(
+    mut pending: futures_util::stream::FuturesUnordered<Pending<T>>,
+    mut each: impl FnMut(T) + Send + 'static,
+) -> bool {
+    if pending.is_empty() {
+        return true;
+    }
+    if tokio::runtime::Handle::try_current().is_err() {
+        return false;
+    }
+    tokio::spawn(async move {
+        while let Some(outcome) = futures_util::StreamExt::next(&mut pending).await {
+            each(outcome);
+        }
+    });
+    true
+}
+
 /// Settles an inbound delivery of any pattern, counting a rejection as a link-scope error when
 /// it goes on the wire (ERR-6) and as a dropped message when the client had pre-settled it (Q-7,
 /// MET-8).
@@ -117,6 +162,15 @@ pub(crate) fn settle_inbound(
         }
     }
     let _ = conn.settle(link, delivery_id, state);
+}
+
+/// The node a message goes to: a pattern and a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The pattern.
+    pub pattern: address::Pattern,
+    /// The channel.
+    pub channel: String,
 }
 
 /// What an accepted link serves, for the links endpoint (OBS-3).

@@ -136,11 +136,6 @@ impl RequestsHub {
     pub fn waiting(&self) -> usize {
         self.lock().len()
     }
-
-    /// Live responder subscriptions of `kind`.
-    pub fn subscriptions(&self, kind: RequestKind) -> usize {
-        self.fanout(kind).subscriptions()
-    }
 }
 
 impl RequestKind {

@@ -25,10 +25,11 @@ use tokio_stream::{Stream, StreamMap};
 use self::durable::Claim;
 use self::options::StartPosition;
 use super::address::Pattern;
-use super::envelope::{ingress, DeliveryInfo, Egress, IngressError, Stored};
+use super::envelope::{DeliveryInfo, Egress, Stored};
 use super::selector::{EnvelopeOperands, Selector};
 use super::{
-    label, rejected, settle_inbound, settling, subscribe_refusal, Pending, Serves, Settling,
+    ingress_or_refuse, label, run_out, settling, subscribe_refusal, Pending, Serves, Settling,
+    Target,
 };
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
@@ -61,15 +62,6 @@ pub struct Shared {
     pub buffer: usize,
     /// Credit window of produce links.
     pub credit_window: u32,
-}
-
-/// Where an event goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// Events or events-store.
-    pub pattern: Pattern,
-    /// The channel.
-    pub channel: String,
 }
 
 /// A produce link.
@@ -123,12 +115,7 @@ impl Drop for EventLinks {
     fn drop(&mut self) {
         // The connection ended: what its publishers sent is still sent (their outcomes find no
         // link), like a queue producer's messages are still stored.
-        let mut sends = std::mem::take(&mut self.sends);
-        if !sends.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(async move {
-                while futures_util::StreamExt::next(&mut sends).await.is_some() {}
-            });
-        }
+        run_out(std::mem::take(&mut self.sends), |_| {});
     }
 }
 
@@ -290,29 +277,8 @@ impl EventLinks {
         };
         let (pattern, channel) = (p.pattern, p.channel.clone());
         metrics.transfer(Direction::In, pattern.name());
-        let stored = match ingress(&d.payload) {
-            Ok(s) => s,
-            Err(e) => {
-                let (condition, text) = match e {
-                    IngressError::SequenceBody => (
-                        Condition::NotImplemented,
-                        "amqp-sequence bodies are not supported".to_string(),
-                    ),
-                    e => (Condition::DecodeError, e.to_string()),
-                };
-                settle_inbound(
-                    conn,
-                    metrics,
-                    d.link,
-                    d.delivery_id,
-                    d.settled,
-                    rejected(condition, text.clone()),
-                );
-                if condition == Condition::NotImplemented {
-                    let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
-                }
-                return true;
-            }
+        let Some(stored) = ingress_or_refuse(conn, metrics, d) else {
+            return true;
         };
         self.send(d, Target { pattern, channel }, stored, client_id, backend);
         true

@@ -30,11 +30,11 @@ use self::fetcher::{
 };
 use self::sender::{Done, Lane, ToStore};
 use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
-use super::dynamic::DynamicNodes;
-use super::envelope::{ingress, DeliveryInfo, Egress, IngressError};
-use super::events::{ConsumeRequest, EventLinks, Target};
-use super::rpc::{Ctx as RpcCtx, RequestTarget, ResponderRequest, RpcLinks};
-use super::{label, rejected, settle_inbound, Serves};
+use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
+use super::envelope::{DeliveryInfo, Egress};
+use super::events::{ConsumeRequest, EventLinks};
+use super::rpc::{Ctx as RpcCtx, ResponderRequest, RpcLinks};
+use super::{ingress_or_refuse, label, rejected, settle_inbound, Serves, Target};
 use crate::auth::policy::Action;
 use crate::auth::Access;
 use crate::backend::Backend;
@@ -310,8 +310,6 @@ fn pattern_of(to: Option<&str>) -> &'static str {
         _ => Pattern::Queues.name(),
     }
 }
-
-pub use super::dynamic::DYNAMIC_PREFIX;
 
 impl<B: Backend> QueuesHandler<B> {
     fn attach(&mut self, conn: &mut Connection, link: LinkId, a: &Attach) -> Result<(), AmqpError> {
@@ -717,48 +715,16 @@ impl<B: Backend> QueuesHandler<B> {
         let Some(LinkKind::Produce { channel }) = self.links.get(&d.link) else {
             return;
         };
-        let ingressed = ingress(&d.payload);
+        let stored = ingress_or_refuse(conn, &self.bridge.metrics, &d);
         // MET-4: every complete inbound message, under the pattern it is for (an anonymous
         // link's under the pattern its `to` names; queues when it names none).
-        let pattern = match (channel, &ingressed) {
-            (None, Ok(s)) => pattern_of(s.to.as_deref()),
+        let pattern = match (channel, &stored) {
+            (None, Some(s)) => pattern_of(s.to.as_deref()),
             _ => Pattern::Queues.name(),
         };
         self.bridge.metrics.transfer(Direction::In, pattern);
-        let stored = match ingressed {
-            Ok(s) => s,
-            Err(IngressError::SequenceBody) => {
-                // rejected, then the link is detached, both not-implemented.
-                self.settle_in(
-                    conn,
-                    d.link,
-                    d.delivery_id,
-                    d.settled,
-                    rejected(
-                        Condition::NotImplemented,
-                        "amqp-sequence bodies are not supported",
-                    ),
-                );
-                let _ = conn.detach(
-                    d.link,
-                    Some(AmqpError::new(
-                        Condition::NotImplemented,
-                        "amqp-sequence bodies are not supported",
-                    )),
-                );
-                return;
-            }
-            Err(e) => {
-                // ERR-9: a message that does not decode.
-                self.settle_in(
-                    conn,
-                    d.link,
-                    d.delivery_id,
-                    d.settled,
-                    rejected(Condition::DecodeError, e.to_string()),
-                );
-                return;
-            }
+        let Some(stored) = stored else {
+            return;
         };
         if channel.is_none() {
             if let Some(to) = stored
@@ -789,11 +755,6 @@ impl<B: Backend> QueuesHandler<B> {
                     return;
                 }
                 Ok(Route::Request(target)) => {
-                    let target = RequestTarget {
-                        pattern: target.pattern,
-                        channel: target.channel,
-                        client_id: &self.client_id,
-                    };
                     self.rpc.request(conn, &d, stored, target, rpc_ctx!(self));
                     return;
                 }

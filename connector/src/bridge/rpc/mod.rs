@@ -32,7 +32,8 @@ use super::address::Pattern;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
 use super::{
-    label, rejected, settle_inbound, settling, subscribe_refusal, Pending, Serves, Settling,
+    ingress_or_refuse, label, rejected, run_out, settle_inbound, settling, subscribe_refusal,
+    Pending, Serves, Settling, Target,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
@@ -106,7 +107,7 @@ pub struct RpcLinks {
     ready_opened: Vec<Opening>,
     ready_answered: Vec<Answered>,
     ready_responded: Vec<Settling>,
-    arrived: Vec<(LinkId, Option<Result<Request, BackendError>>)>,
+    arrived: Vec<(LinkId, Result<Request, BackendError>)>,
     next_token: u64,
     metrics: Arc<Metrics>,
     /// What this connection adds to `Metrics::rpc_held`.
@@ -116,32 +117,20 @@ pub struct RpcLinks {
 impl Drop for RpcLinks {
     fn drop(&mut self) {
         // The connection ended with requests in flight: they run to their end, and a response
-        // that still comes has no requester left (RPC-14, MET-11).
-        let mut calls = std::mem::take(&mut self.calls);
-        // The tokens go now; the requests still count until they end.
-        self.held(calls.len() as i64);
-        if !calls.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            let metrics = self.metrics.clone();
-            tokio::spawn(async move {
-                while let Some(a) = futures_util::StreamExt::next(&mut calls).await {
-                    metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
-                    if a.result.is_ok() {
-                        metrics.rpc_late_responses.inc();
-                    }
-                }
-            });
-        } else {
-            self.held(0);
-        }
-        let mut responses = std::mem::take(&mut self.responses);
-        if !responses.is_empty() && tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(async move {
-                while futures_util::StreamExt::next(&mut responses)
-                    .await
-                    .is_some()
-                {}
-            });
-        }
+        // that still comes has no requester left (RPC-14, MET-11). The tokens go now; the
+        // requests still count until they end.
+        let calls = std::mem::take(&mut self.calls);
+        let in_flight = calls.len() as i64;
+        let metrics = self.metrics.clone();
+        let running = run_out(calls, move |a: Answered| {
+            metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
+            if a.result.is_ok() {
+                metrics.rpc_late_responses.inc();
+            }
+        });
+        self.held(if running { in_flight } else { 0 });
+        // What responders answered is still sent to KubeMQ.
+        run_out(std::mem::take(&mut self.responses), |_| {});
     }
 }
 
@@ -154,16 +143,6 @@ pub struct ResponderRequest<'a> {
     /// The client's ATTACH (its consumer group, GRP-1).
     pub attach: &'a Attach,
     /// The connection's ClientID, which KubeMQ requires of a subscription.
-    pub client_id: &'a str,
-}
-
-/// Where a request message is sent.
-pub struct RequestTarget<'a> {
-    /// Commands or queries.
-    pub pattern: Pattern,
-    /// The channel.
-    pub channel: String,
-    /// The connection's ClientID.
     pub client_id: &'a str,
 }
 
@@ -333,26 +312,13 @@ impl RpcLinks {
             Routed::Response(_) => "responses",
         };
         self.metrics.transfer(Direction::In, counted);
-        let stored = match super::envelope::ingress(&d.payload) {
-            Ok(s) => s,
-            Err(e) => {
-                let state = rejected(Condition::DecodeError, e.to_string());
-                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
-                return true;
-            }
+        let Some(stored) = ingress_or_refuse(conn, &self.metrics, d) else {
+            return true;
         };
         match target {
-            Routed::Request { pattern, channel } => self.request(
-                conn,
-                d,
-                stored,
-                RequestTarget {
-                    pattern,
-                    channel,
-                    client_id: ctx.client_id,
-                },
-                ctx,
-            ),
+            Routed::Request { pattern, channel } => {
+                self.request(conn, d, stored, Target { pattern, channel }, ctx)
+            }
             Routed::Response(id) => self.respond(conn, d, &id, stored, ctx),
         }
         true
@@ -364,7 +330,7 @@ impl RpcLinks {
         conn: &mut Connection,
         d: &Delivery,
         stored: Stored,
-        target: RequestTarget<'_>,
+        target: Target,
         ctx: Ctx<'_, B>,
     ) {
         let checked = self.check_request(&stored, ctx.dynamic, ctx.shared);
@@ -398,7 +364,7 @@ impl RpcLinks {
         let request = requester::request(
             target.pattern,
             target.channel,
-            target.client_id,
+            ctx.client_id,
             stored,
             timeout,
         );
@@ -598,7 +564,7 @@ impl RpcLinks {
             if let Some(stream) = self.streams.remove(&link) {
                 self.parked.insert(link, stream);
             }
-            self.arrived.push((link, Some(item)));
+            self.arrived.push((link, item));
         }
         if self
             .expiry
@@ -678,28 +644,17 @@ impl RpcLinks {
         }
         for (link, item) in std::mem::take(&mut self.arrived) {
             match item {
-                Some(Ok(request)) => {
+                Ok(request) => {
                     if let Some(r) = self.responders.get_mut(&link) {
                         r.held = Some(request);
                     }
+                    self.pump(conn, link, shared);
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     tracing::debug!(link, error = %e, "request subscription ended");
                     let _ = conn.detach(link, Some(subscribe_refusal(&e)));
-                    continue;
-                }
-                None => {
-                    let _ = conn.detach(
-                        link,
-                        Some(AmqpError::new(
-                            Condition::InternalError,
-                            "request subscription ended",
-                        )),
-                    );
-                    continue;
                 }
             }
-            self.pump(conn, link, shared);
         }
         if std::mem::take(&mut self.expiry_due) {
             // Expired tokens make room: responders paused at the bound may go on.
