@@ -107,7 +107,7 @@ pub struct EventLinks {
     ready_opened: Vec<Opening>,
     ready_sent: Vec<Settling>,
     ready_forgotten: Vec<Forgotten>,
-    arrived: Vec<(LinkId, Option<Result<EventReceive, BackendError>>)>,
+    arrived: Vec<(LinkId, Result<EventReceive, BackendError>)>,
     egress: Egress,
 }
 
@@ -384,7 +384,7 @@ impl EventLinks {
         }
         while self.arrived.len() < ARRIVALS_PER_TURN {
             match Pin::new(&mut self.streams).poll_next(cx) {
-                Poll::Ready(Some((link, item))) => self.arrived.push((link, Some(item))),
+                Poll::Ready(Some((link, item))) => self.arrived.push((link, item)),
                 _ => break,
             }
         }
@@ -481,8 +481,8 @@ impl EventLinks {
         }
         for (link, item) in std::mem::take(&mut self.arrived) {
             match item {
-                Some(Ok(event)) => self.arrive(conn, link, event, shared, metrics),
-                Some(Err(e)) => {
+                Ok(event) => self.arrive(conn, link, event, shared, metrics),
+                Err(e) => {
                     self.end(link);
                     let error = match e {
                         BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
@@ -493,7 +493,6 @@ impl EventLinks {
                     };
                     let _ = conn.detach(link, Some(error));
                 }
-                None => {}
             }
         }
     }
