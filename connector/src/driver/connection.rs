@@ -25,6 +25,10 @@ const MAX_PENDING_WRITE: usize = 4 * 1024 * 1024;
 /// Spare room kept in the read buffer before each read: a client's window of a hundred or two
 /// 1 KiB messages arrives as one read and one turn (only the touched part costs memory).
 const READ_CHUNK: usize = 256 * 1024;
+/// Output at least this large is written at the end of a turn even when more input is ready.
+const EAGER_WRITE: usize = 64 * 1024;
+/// Turns whose output may gather before it is written even when more input is ready.
+const EAGER_TURNS: u32 = 16;
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
@@ -130,6 +134,8 @@ pub async fn run_connection<S: Wire, H: Handler>(
     let mut wbuf = BytesMut::new();
     // TLS records written but still inside the TLS stream, waiting for the socket.
     let mut unflushed = false;
+    // Turns since output was last written.
+    let mut turns_unwritten = 0u32;
     let mut shutting_down = *shutdown.borrow();
     if shutting_down {
         return;
@@ -169,15 +175,19 @@ pub async fn run_connection<S: Wire, H: Handler>(
         }
         handler.after_turn(&mut engine);
         engine.poll_transmit(&mut wbuf);
-        // Write this turn's output now if the socket takes it: the client sees it one select
-        // round sooner, and the next turn's output starts a fresh buffer instead of being copied
-        // behind this one.
-        if !wbuf.is_empty() {
+        // Output waits while more input is ready at once (the select below takes input before
+        // writing), so one write carries the replies to many frames and arrivals: on a busy
+        // connection most of a message's CPU is the write syscall. It leaves now, without
+        // waiting, once enough has gathered or enough turns have passed, so a steady stream of
+        // input cannot hold it back.
+        turns_unwritten += 1;
+        if !wbuf.is_empty() && (wbuf.len() >= EAGER_WRITE || turns_unwritten >= EAGER_TURNS) {
             // One attempt, without waiting: a socket that cannot take it now is waited for below.
             match Pin::new(&mut wr).poll_write(&mut Context::from_waker(Waker::noop()), &wbuf) {
                 Poll::Ready(Ok(n)) => {
                     wbuf.advance(n);
                     unflushed = S::BUFFERS_WRITES;
+                    turns_unwritten = 0;
                 }
                 Poll::Ready(Err(_)) => engine.transport_lost(),
                 Poll::Pending => {}
@@ -190,28 +200,48 @@ pub async fn run_connection<S: Wire, H: Handler>(
             rbuf.reserve(READ_CHUNK);
         }
         let deadline = engine.poll_timeout().map(Instant::from_std);
-        tokio::select! {
-            r = rd.read_buf(&mut rbuf), if wbuf.len() < MAX_PENDING_WRITE => match r {
-                Ok(0) | Err(_) => engine.transport_lost(),
-                Ok(_) => engine.handle_input(Instant::now().into_std(), &mut rbuf),
-            },
-            r = write_or_flush(&mut wr, &mut wbuf), if !wbuf.is_empty() || unflushed => match r {
-                Ok(Written::Some) => unflushed = S::BUFFERS_WRITES,
-                Ok(Written::Flushed) => unflushed = false,
-                Err(_) => engine.transport_lost(),
-            },
-            _ = sleep_until_opt(deadline) => engine.handle_timeout(Instant::now().into_std()),
-            _ = poll_fn(|cx| handler.poll_ready(cx)) => handler.on_ready(&mut engine),
-            Some((identity, probe)) = probed(&mut listed) => {
-                let _ = probe.send(identity.snapshot(&engine));
+        let may_read = wbuf.len() < MAX_PENDING_WRITE;
+        let input = tokio::select! {
+            biased;
+            // Any input that is ready, in random order (fair among them)...
+            input = async {
+                tokio::select! {
+                    r = rd.read_buf(&mut rbuf), if may_read => Input::Read(r),
+                    _ = sleep_until_opt(deadline) => Input::Timeout,
+                    _ = poll_fn(|cx| handler.poll_ready(cx)) => Input::Work,
+                    Some(probe) = probed(&mut listed) => Input::Probe(probe),
+                    r = shutdown.changed(), if !shutting_down => Input::Shutdown(r.is_ok()),
+                    r = changed(&mut broker_ready), if !shutting_down => Input::Broker(r),
+                }
+            } => input,
+            // ... before output: written when nothing else is ready.
+            r = write_or_flush(&mut wr, &mut wbuf), if !wbuf.is_empty() || unflushed => Input::Wrote(r),
+        };
+        match input {
+            Input::Read(Ok(0) | Err(_)) => engine.transport_lost(),
+            Input::Read(Ok(_)) => engine.handle_input(Instant::now().into_std(), &mut rbuf),
+            Input::Wrote(r) => {
+                turns_unwritten = 0;
+                match r {
+                    Ok(Written::Some) => unflushed = S::BUFFERS_WRITES,
+                    Ok(Written::Flushed) => unflushed = false,
+                    Err(_) => engine.transport_lost(),
+                }
             }
-            r = shutdown.changed(), if !shutting_down => {
+            Input::Timeout => engine.handle_timeout(Instant::now().into_std()),
+            Input::Work => handler.on_ready(&mut engine),
+            Input::Probe(probe) => {
+                if let Some((identity, _)) = &listed {
+                    let _ = probe.send(identity.snapshot(&engine));
+                }
+            }
+            Input::Shutdown(sent) => {
                 shutting_down = true;
-                if r.is_ok() {
+                if sent {
                     engine.shutdown(Instant::now().into_std());
                 }
             }
-            r = changed(&mut broker_ready), if !shutting_down => match r {
+            Input::Broker(r) => match r {
                 Ok(false) => {
                     shutting_down = true;
                     engine.broker_lost(Instant::now().into_std());
@@ -219,7 +249,7 @@ pub async fn run_connection<S: Wire, H: Handler>(
                 Ok(true) => {}
                 // Nobody watches the broker any more (the process is ending).
                 Err(_) => broker_ready = None,
-            }
+            },
         }
     }
     // Closed: no longer listed.
@@ -235,6 +265,24 @@ pub async fn run_connection<S: Wire, H: Handler>(
         wr.shutdown().await
     })
     .await;
+}
+
+/// What woke the connection loop.
+enum Input {
+    /// The socket read (0 bytes: the client closed it).
+    Read(std::io::Result<usize>),
+    /// Pending output was written or flushed.
+    Wrote(std::io::Result<Written>),
+    /// The engine's next deadline passed.
+    Timeout,
+    /// The handler has background work.
+    Work,
+    /// The detail endpoint asks for this connection's snapshot.
+    Probe(detail::Probe),
+    /// The process is shutting down (`false`: nobody will say so any more).
+    Shutdown(bool),
+    /// The broker's readiness changed.
+    Broker(Result<bool, watch::error::RecvError>),
 }
 
 /// What [`write_or_flush`] did.
@@ -258,12 +306,10 @@ async fn write_or_flush<W: AsyncWrite + Unpin>(
     }
 }
 
-/// The next probe of a listed connection, with what it says of itself; never, before OPEN.
-async fn probed(
-    listed: &mut Option<(detail::Identity, Membership)>,
-) -> Option<(&detail::Identity, detail::Probe)> {
+/// The next probe of a listed connection; never, before OPEN.
+async fn probed(listed: &mut Option<(detail::Identity, Membership)>) -> Option<detail::Probe> {
     match listed {
-        Some((identity, membership)) => Some((&*identity, membership.probed().await?)),
+        Some((_, membership)) => membership.probed().await,
         None => std::future::pending().await,
     }
 }
