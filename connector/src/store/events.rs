@@ -48,6 +48,7 @@ impl EventsHub {
         if event.event_id.is_empty() {
             event.event_id = crate::kubemq::new_id();
         }
+        let event_id = event.event_id.clone();
         let received = EventReceive {
             event_id: event.event_id,
             channel: event.channel,
@@ -57,11 +58,12 @@ impl EventsHub {
             sequence: 0,
             tags: event.tags,
         };
-        let routed = self.subs.route(&received.channel, &received);
+        let channel = received.channel.clone();
+        let routed = self.subs.route(&channel, received);
         self.dropped
             .fetch_add(routed.dropped as u64, Ordering::Relaxed);
         Ok(Published {
-            event_id: received.event_id,
+            event_id,
             delivered: routed.delivered,
         })
     }

@@ -3,7 +3,7 @@
 //! group, in turn. Each subscription has a bounded buffer; an item that finds it full is dropped
 //! for that subscriber, so a stalled reader never makes the process grow.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use tokio::sync::mpsc;
@@ -58,21 +58,26 @@ impl ChannelPattern {
 
 struct Subscriber<T> {
     pattern: ChannelPattern,
-    group: String,
+    /// Its (pattern text, group) when it is in a group: the members of one take turns.
+    group: Option<GroupKey>,
     tx: mpsc::Sender<T>,
 }
 
+/// A group of subscribers: the text of their pattern and the group's name.
+type GroupKey = (String, String);
+
 struct Subscribers<T> {
-    by_id: HashMap<u64, Subscriber<T>>,
+    /// By id, so that a group's members are in a stable order for their turns.
+    by_id: BTreeMap<u64, Subscriber<T>>,
     /// Round-robin position per (pattern text, group).
-    turns: HashMap<(String, String), usize>,
+    turns: HashMap<GroupKey, usize>,
     next_id: u64,
 }
 
 impl<T> Default for Subscribers<T> {
     fn default() -> Self {
         Subscribers {
-            by_id: HashMap::new(),
+            by_id: BTreeMap::new(),
             turns: HashMap::new(),
             next_id: 0,
         }
@@ -105,43 +110,42 @@ impl<T: Clone> Fanout<T> {
     }
 
     /// Queues `item`, sent to `channel`, for every matching subscriber without a group and one
-    /// member of each matching group.
-    pub fn route(&self, channel: &str, item: &T) -> Routed {
+    /// member of each matching group (copied only when it goes to more than one).
+    pub fn route(&self, channel: &str, item: T) -> Routed {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        let mut groups: HashMap<(String, String), Vec<u64>> = HashMap::new();
-        let mut targets = Vec::new();
-        let mut closed = Vec::new();
-        for (&id, s) in &subs.by_id {
-            if s.tx.is_closed() {
-                closed.push(id);
-            } else if s.pattern.matches(channel) {
-                if s.group.is_empty() {
-                    targets.push(id);
-                } else {
-                    let key = (pattern_key(&s.pattern), s.group.clone());
-                    groups.entry(key).or_default().push(id);
-                }
+        subs.by_id.retain(|_, s| !s.tx.is_closed());
+        let Subscribers { by_id, turns, .. } = &mut *subs;
+        let mut targets: Vec<&Subscriber<T>> = Vec::new();
+        // Few groups listen on one channel: a list beats a map here.
+        let mut groups: Vec<(&GroupKey, Vec<&Subscriber<T>>)> = Vec::new();
+        for s in by_id.values().filter(|s| s.pattern.matches(channel)) {
+            match &s.group {
+                None => targets.push(s),
+                Some(key) => match groups.iter_mut().find(|(k, _)| *k == key) {
+                    Some((_, members)) => members.push(s),
+                    None => groups.push((key, vec![s])),
+                },
             }
         }
-        for id in closed {
-            subs.by_id.remove(&id);
-        }
-        for (key, mut members) in groups {
-            // A stable order, so that the turn walks the members round-robin.
-            members.sort_unstable();
-            let turn = subs.turns.entry(key).or_default();
+        for (key, members) in groups {
+            let turn = match turns.get_mut(key) {
+                Some(turn) => turn,
+                None => turns.entry(key.clone()).or_default(),
+            };
             *turn = turn.wrapping_add(1);
-            if let Some(&id) = members.get(*turn % members.len()) {
-                targets.push(id);
+            if let Some(&s) = members.get(*turn % members.len()) {
+                targets.push(s);
             }
         }
         let mut routed = Routed::default();
-        for id in targets {
-            if let Some(s) = subs.by_id.get(&id) {
-                match s.tx.try_send(item.clone()) {
-                    Ok(()) => routed.delivered += 1,
-                    Err(_) => routed.dropped += 1,
-                }
+        let mut item = Some(item);
+        let last = targets.len().saturating_sub(1);
+        for (i, s) in targets.into_iter().enumerate() {
+            let one = if i == last { item.take() } else { item.clone() };
+            match one.map(|one| s.tx.try_send(one)) {
+                Some(Ok(())) => routed.delivered += 1,
+                Some(Err(_)) => routed.dropped += 1,
+                None => {}
             }
         }
         routed
@@ -152,23 +156,19 @@ impl<T: Clone> Fanout<T> {
     pub fn subscribe(&self, channel: &str, group: &str) -> mpsc::Receiver<T> {
         let (tx, rx) = mpsc::channel(self.buffer);
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
-        subs.by_id.retain(|_, s| !s.tx.is_closed());
-        let live: std::collections::HashSet<(String, String)> = subs
-            .by_id
-            .values()
-            .map(|s| (pattern_key(&s.pattern), s.group.clone()))
-            .collect();
-        subs.turns.retain(|k, _| live.contains(k));
-        let id = subs.next_id;
-        subs.next_id += 1;
-        subs.by_id.insert(
-            id,
-            Subscriber {
-                pattern: ChannelPattern::parse(channel),
-                group: group.to_string(),
-                tx,
-            },
-        );
+        let Subscribers {
+            by_id,
+            turns,
+            next_id,
+        } = &mut *subs;
+        by_id.retain(|_, s| !s.tx.is_closed());
+        let live: std::collections::HashSet<&GroupKey> =
+            by_id.values().filter_map(|s| s.group.as_ref()).collect();
+        turns.retain(|k, _| live.contains(k));
+        let pattern = ChannelPattern::parse(channel);
+        let group = (!group.is_empty()).then(|| (pattern_key(&pattern), group.to_string()));
+        by_id.insert(*next_id, Subscriber { pattern, group, tx });
+        *next_id += 1;
         rx
     }
 

@@ -94,7 +94,8 @@ impl RequestsHub {
         let (done, answer) = oneshot::channel();
         self.lock().insert(reply.clone(), Waiting { kind, done });
         let _guard = WaitGuard { hub: self, reply };
-        self.fanout(kind).route(&request.channel, &request);
+        let channel = request.channel.clone();
+        self.fanout(kind).route(&channel, request);
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(response)) => Ok(response),
             _ => Err(REQUEST_TIMEOUT),
