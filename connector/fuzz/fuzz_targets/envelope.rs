@@ -8,7 +8,9 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use connector::bridge::envelope::{application_property, egress, ingress, stamped, DeliveryInfo};
+use connector::bridge::envelope::{
+    application_properties, egress, ingress, stamped_egress, DeliveryInfo, Stamps,
+};
 use connector::engine::message::walk;
 use libfuzzer_sys::fuzz_target;
 
@@ -32,8 +34,12 @@ fuzz_target!(|data: &[u8]| {
         ("reply_to", serde_json::json!("/responses/r-1")),
         ("correlation_id", serde_json::json!("r-1")),
     ];
-    let restamped = stamped(&metadata, &props, &[("x-opt-kubemq-executed", true.into())]);
-    let out = egress(&restamped, body, &HashMap::new(), info);
+    let app = [("x-opt-kubemq-executed", true.into())];
+    let stamps = Stamps {
+        props: &props,
+        app: &app,
+    };
+    let out = stamped_egress(&metadata, &stamps, body, &HashMap::new(), info);
     assert!(walk(&out).is_ok(), "a restamped Metadata delivered as an invalid message");
-    let _ = application_property(&metadata, "x-opt-kubemq-executed");
+    let _ = application_properties(&metadata, ["x-opt-kubemq-executed", "x-opt-kubemq-error"]);
 });

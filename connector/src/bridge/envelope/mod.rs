@@ -15,6 +15,11 @@ use serde_amqp::Value;
 use serde_json::{json, Map, Value as Json};
 
 use crate::engine::message::{data_sections, walk, BodyKind, MessageError};
+
+mod encode;
+mod entries;
+mod read;
+mod write;
 use crate::engine::validate::value_len;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
@@ -85,26 +90,6 @@ fn section_value(
     }
 }
 
-/// The envelope's JSON shape. Typed, so that printing and parsing the common case (a body kind
-/// and a few properties) skips building a generic JSON tree; the sections stay generic JSON
-/// because their contents are the client's. Fields print in this order. Reading accepts JSON
-/// objects only (serde's derive would also take an array) and ignores keys it does not know.
-#[derive(Debug, Default, serde::Serialize)]
-struct Amqp10 {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    props: Option<Json>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    app: Option<Json>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    annotations: Option<Json>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    delivery_annotations: Option<Json>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    footer: Option<Json>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    body_section: Option<Json>,
-}
-
 /// The envelope of a message with only an empty body.
 const EMPTY_BODY_ENVELOPE: &str = r#"{"amqp10":{}}"#;
 /// The envelope of a message with only Data sections.
@@ -112,120 +97,35 @@ const DATA_BODY_ENVELOPE: &str = r#"{"amqp10":{"body_section":"data"}}"#;
 /// The envelope of a message with only an AmqpValue body.
 const VALUE_BODY_ENVELOPE: &str = r#"{"amqp10":{"body_section":"value"}}"#;
 
-impl Amqp10 {
-    /// Whether no section but the body is recorded.
-    fn is_empty(&self) -> bool {
-        self.props.is_none()
-            && self.app.is_none()
-            && self.annotations.is_none()
-            && self.delivery_annotations.is_none()
-            && self.footer.is_none()
-    }
-}
-
-/// `{"amqp10": {...}}`: what `Metadata` holds for a message that came through AMQP.
-#[derive(Debug, serde::Serialize)]
-struct Envelope {
-    amqp10: Amqp10,
-}
-
-/// The keys of both objects; anything else is skipped.
-#[derive(serde::Deserialize)]
-#[serde(field_identifier, rename_all = "snake_case")]
-enum Key {
-    Amqp10,
-    Props,
-    App,
-    Annotations,
-    DeliveryAnnotations,
-    Footer,
-    BodySection,
-    #[serde(other)]
-    Other,
-}
-
-impl<'de> serde::Deserialize<'de> for Amqp10 {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Object;
-        impl<'de> serde::de::Visitor<'de> for Object {
-            type Value = Amqp10;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Amqp10, A::Error> {
-                let mut e = Amqp10::default();
-                while let Some(key) = map.next_key::<Key>()? {
-                    let slot = match key {
-                        Key::Props => &mut e.props,
-                        Key::App => &mut e.app,
-                        Key::Annotations => &mut e.annotations,
-                        Key::DeliveryAnnotations => &mut e.delivery_annotations,
-                        Key::Footer => &mut e.footer,
-                        Key::BodySection => &mut e.body_section,
-                        Key::Amqp10 | Key::Other => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                            continue;
-                        }
-                    };
-                    *slot = Some(map.next_value()?);
-                }
-                Ok(e)
-            }
-        }
-        d.deserialize_map(Object)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Envelope {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Outer;
-        impl<'de> serde::de::Visitor<'de> for Outer {
-            type Value = Envelope;
-
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object with an amqp10 object")
-            }
-
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<Envelope, A::Error> {
-                let mut amqp10 = None;
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        // A non-object here fails the whole read: then it is not an envelope.
-                        Key::Amqp10 => amqp10 = Some(map.next_value::<Amqp10>()?),
-                        _ => {
-                            map.next_value::<serde::de::IgnoredAny>()?;
-                        }
-                    }
-                }
-                amqp10
-                    .map(|amqp10| Envelope { amqp10 })
-                    .ok_or_else(|| serde::de::Error::missing_field("amqp10"))
-            }
-        }
-        d.deserialize_map(Outer)
-    }
-}
-
-/// A section's JSON, if it is there and is an object (anything else is ignored on egress).
-fn object(section: &Option<Json>) -> Option<&Map<String, Json>> {
-    section.as_ref().and_then(Json::as_object)
-}
-
 /// Ingress (ENV-1 … ENV-9): an encoded AMQP message → envelope and body.
 pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     let msg: &[u8] = received;
     let layout = walk(msg)?;
-    let mut env = Amqp10::default();
-    let mut props = Map::new();
-    let (mut to, mut reply_to, mut ttl) = (None, None, None);
+    // The envelope's text, written as it is read: `{"amqp10":{` then its sections.
+    let mut text = Vec::new();
+    text.extend_from_slice(br#"{"amqp10":{"#);
+    let mut sections = 0;
+    let mut next_section = |text: &mut Vec<u8>, name: &str| {
+        if sections > 0 {
+            text.push(b',');
+        }
+        sections += 1;
+        write::string(text, name);
+        text.push(b':');
+    };
+    let (mut to, mut reply_to, mut ttl, mut correlation) = (None, None, None, None);
+    let mut props_open = false;
+    let mut prop = |text: &mut Vec<u8>, name: &str| {
+        if props_open {
+            text.push(b',');
+        } else {
+            next_section(text, "props");
+            text.push(b'{');
+            props_open = true;
+        }
+        write::string(text, name);
+        text.push(b':');
+    };
     if let Some(r) = &layout.properties {
         if let Value::List(fields) = section_value(msg, r, "properties")? {
             if let Some(Value::String(t)) = fields.get(2) {
@@ -234,9 +134,16 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             if let Some(Value::String(t)) = fields.get(4) {
                 reply_to = Some(t.clone());
             }
-            for (name, v) in PROPS.iter().zip(fields) {
-                if v != Value::Null {
-                    props.insert((*name).to_string(), prop_to_json(name, v));
+            // RPC-6: the correlation-id, or the message-id when there is none.
+            correlation = [5, 0]
+                .into_iter()
+                .filter_map(|i| Some((i, fields.get(i)?)))
+                .find(|(_, v)| **v != Value::Null)
+                .and_then(|(i, v)| Some(prop_to_json(PROPS.get(i)?, v.clone())));
+            for (name, v) in PROPS.iter().zip(&fields) {
+                if *v != Value::Null {
+                    prop(&mut text, name);
+                    write_prop(&mut text, name, v);
                 }
             }
         }
@@ -245,43 +152,42 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         // ENV-3: the header ttl is kept in props; the rest of the header is the connector's own.
         if let Value::List(fields) = section_value(msg, r, "header")? {
             if let Some(Value::Uint(t)) = fields.get(2) {
-                props.insert("ttl".into(), json!(t));
+                prop(&mut text, "ttl");
+                write::number(&mut text, *t);
                 ttl = Some(*t);
             }
             // Kept for selectors (JMSPriority) and restored on delivery; never for ordering.
             if let Some(Value::Ubyte(priority)) = fields.get(1) {
-                props.insert("priority".into(), json!(priority));
+                prop(&mut text, "priority");
+                write::number(&mut text, *priority);
             }
         }
     }
-    let correlation = props
-        .get("correlation_id")
-        .or_else(|| props.get("message_id"))
-        .cloned();
-    if !props.is_empty() {
-        env.props = Some(Json::Object(props));
+    if props_open {
+        text.push(b'}');
     }
-    for (slot, range, what) in [
+    for (name, range, what) in [
         (
-            &mut env.app,
+            "app",
             &layout.application_properties,
             "application-properties",
         ),
         (
-            &mut env.annotations,
+            "annotations",
             &layout.message_annotations,
             "message-annotations",
         ),
         (
-            &mut env.delivery_annotations,
+            "delivery_annotations",
             &layout.delivery_annotations,
             "delivery-annotations",
         ),
-        (&mut env.footer, &layout.footer, "footer"),
+        ("footer", &layout.footer, "footer"),
     ] {
         if let Some(r) = range {
             if let Value::Map(m) = section_value(msg, r, what)? {
-                *slot = Some(map_to_json(m));
+                next_section(&mut text, name);
+                write::section_map(&mut text, &m);
             }
         }
     }
@@ -303,16 +209,20 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         BodyKind::Value => (received.slice_ref(value_bytes(body_bytes)?), Some("value")),
         BodyKind::Sequence => return Err(IngressError::SequenceBody),
     };
-    let metadata = match (kind, env.is_empty()) {
+    let metadata = match (kind, sections) {
         // A message with nothing but its body (the common case of a plain client) has one of
-        // three envelopes; printing it each time would cost more than the rest of ingress.
-        (None, true) => EMPTY_BODY_ENVELOPE.to_string(),
-        (Some("data"), true) => DATA_BODY_ENVELOPE.to_string(),
-        (Some(_), true) => VALUE_BODY_ENVELOPE.to_string(),
-        (kind, false) => {
-            env.body_section = kind.map(|k| json!(k));
-            // Printing a typed value into a String cannot fail (no map has non-string keys).
-            serde_json::to_string(&Envelope { amqp10: env }).unwrap_or_default()
+        // three envelopes.
+        (None, 0) => EMPTY_BODY_ENVELOPE.to_string(),
+        (Some("data"), 0) => DATA_BODY_ENVELOPE.to_string(),
+        (Some(_), 0) => VALUE_BODY_ENVELOPE.to_string(),
+        (kind, _) => {
+            if let Some(kind) = kind {
+                text.extend_from_slice(br#","body_section":"#);
+                write::string(&mut text, kind);
+            }
+            text.extend_from_slice(b"}}");
+            // Only JSON text was written: strings through serde_json, the rest ASCII.
+            String::from_utf8(text).unwrap_or_default()
         }
     };
     Ok(Stored {
@@ -325,46 +235,90 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     })
 }
 
-/// `metadata` with properties and application-properties set over what it holds (replacing
-/// those of the same name): what the connector stamps on a request it delivers (RPC-12) and on a
-/// reply (RPC-6, RPC-7). Metadata that is not an `amqp10` envelope (a native KubeMQ client's)
-/// becomes one that keeps it as the `x-opt-kubemq-metadata` annotation, as egress would deliver
-/// it (OP-ENV-6).
-pub fn stamped(metadata: &str, props: &[(&str, Json)], app: &[(&str, Json)]) -> String {
-    let mut env = match serde_json::from_str::<Envelope>(metadata) {
-        Ok(e) => e.amqp10,
-        Err(_) => Amqp10 {
-            annotations: (!metadata.is_empty())
-                .then(|| json!({ "x-opt-kubemq-metadata": metadata })),
-            body_section: Some(json!("data")),
-            ..Amqp10::default()
-        },
-    };
-    for (section, entries) in [(&mut env.props, props), (&mut env.app, app)] {
-        if entries.is_empty() {
-            continue;
-        }
-        if !section.as_ref().is_some_and(Json::is_object) {
-            *section = Some(Json::Object(Map::new()));
-        }
-        if let Some(Json::Object(m)) = section {
-            for (k, v) in entries {
-                m.insert((*k).to_string(), v.clone());
+/// A properties field's JSON: fields with a fixed AMQP type are written plainly; the identifier
+/// unions (message-id, correlation-id) keep their type with markers (ENV-3).
+fn write_prop(out: &mut Vec<u8>, name: &str, v: &Value) {
+    match (name, v) {
+        ("content_type" | "content_encoding", Value::Symbol(s)) => write::string(out, s.as_str()),
+        ("group_sequence", Value::Uint(n)) => write::number(out, *n),
+        (_, v) => write::value(out, v),
+    }
+}
+
+/// Egress of `metadata` with properties and application-properties set over what it holds
+/// (replacing those of the same name): the message the connector delivers for a request (RPC-12)
+/// and for a reply (RPC-6, RPC-7). Metadata that is not an `amqp10` envelope (a native KubeMQ
+/// client's) is kept as the `x-opt-kubemq-metadata` annotation, as [`egress`] would deliver it
+/// (OP-ENV-6). The envelope is read once and never printed: the delivered message is all that is
+/// made of it.
+pub fn stamped_egress(
+    metadata: &str,
+    stamps: &Stamps<'_>,
+    body: &[u8],
+    tags: &std::collections::HashMap<String, String>,
+    info: DeliveryInfo,
+) -> Vec<u8> {
+    let mut env = read::envelope(metadata).unwrap_or_else(|| read::Sections {
+        annotations: (!metadata.is_empty()).then(|| vec![metadata_annotation(metadata)]),
+        ..read::Sections::default()
+    });
+    for (name, v) in stamps.props {
+        env.props.set(name, v);
+    }
+    if !stamps.app.is_empty() {
+        let app = env.app.get_or_insert_with(Vec::new);
+        for (k, v) in stamps.app {
+            let v = value_from_json(v);
+            match app
+                .iter_mut()
+                .find(|(key, _)| matches!(key, Value::String(key) if key == k))
+            {
+                Some(slot) => slot.1 = v,
+                None => app.push((Value::String((*k).to_string()), v)),
             }
         }
     }
-    // Printing a typed value into a String cannot fail (no map has non-string keys).
-    serde_json::to_string(&Envelope { amqp10: env }).unwrap_or_default()
+    shape_of(Some(env), metadata, tags).assemble(body, info)
 }
 
-/// The application-property `key` of a stored message, in its JSON form; `None` when it has
-/// none or its Metadata is no envelope.
-pub fn application_property(metadata: &str, key: &str) -> Option<Json> {
-    let env = serde_json::from_str::<Envelope>(metadata).ok()?.amqp10;
-    match env.app? {
-        Json::Object(mut m) => m.remove(key),
-        _ => None,
+/// What [`stamped_egress`] sets over a message's envelope, by JSON name.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stamps<'a> {
+    /// Properties fields by the envelope's names (`reply_to`, `correlation_id`, ...; other
+    /// names are not properties fields and are ignored).
+    pub props: &'a [(&'a str, Json)],
+    /// Application-properties.
+    pub app: &'a [(&'a str, Json)],
+}
+
+/// The application-properties `keys` of a message stored by [`ingress`]; `None` for each it
+/// does not have.
+pub fn application_properties<const N: usize>(
+    metadata: &str,
+    keys: [&str; N],
+) -> [Option<Value>; N] {
+    // Ingress prints keys as they are (JSON escapes only quotes, backslashes and control
+    // characters, which these keys never hold), so a key missing from the text is missing from
+    // the envelope, and the common reply is answered without reading its envelope at all.
+    if !keys.iter().any(|k| metadata.contains(k)) {
+        return [const { None }; N];
     }
+    let app = read::envelope(metadata)
+        .and_then(|e| e.app)
+        .unwrap_or_default();
+    keys.map(|k| {
+        app.iter()
+            .find(|(key, _)| matches!(key, Value::String(key) if key == k))
+            .map(|(_, v)| v.clone())
+    })
+}
+
+/// The annotation that carries Metadata which is not an envelope (OP-ENV-6).
+fn metadata_annotation(metadata: &str) -> (Value, Value) {
+    (
+        Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
+        Value::String(metadata.to_string()),
+    )
 }
 
 /// The encoded value inside an AmqpValue section (after its descriptor).
@@ -444,79 +398,66 @@ struct Shape {
 }
 
 fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Shape {
-    let env = serde_json::from_str::<Envelope>(metadata)
-        .ok()
-        .map(|e| e.amqp10);
+    shape_of(read::envelope(metadata), metadata, tags)
+}
+
+/// The shape of a message whose Metadata `metadata` reads as `env` (`None`: not an envelope).
+fn shape_of(
+    env: Option<read::Sections>,
+    metadata: &str,
+    tags: &std::collections::HashMap<String, String>,
+) -> Shape {
     let mut out = Vec::new();
-    let props = env.as_ref().and_then(|e| object(&e.props));
-    let ttl = props
-        .and_then(|p| p.get("ttl"))
-        .and_then(Json::as_u64)
-        .and_then(|t| u32::try_from(t).ok());
-    let priority = props
-        .and_then(|p| p.get("priority"))
-        .and_then(Json::as_u64)
-        .and_then(|t| u8::try_from(t).ok());
-    match &env {
-        Some(env) => {
-            for (section, code) in [(&env.delivery_annotations, 0x71), (&env.annotations, 0x72)] {
-                if let Some(m) = object(section) {
-                    push_section(&mut out, code, Value::Map(annotations_from_json(m)));
-                }
-            }
-            if let Some(p) = props {
-                let mut fields: Vec<Value> = PROPS
-                    .iter()
-                    .map(|name| {
-                        p.get(*name)
-                            .map_or(Value::Null, |v| prop_from_json(name, v))
-                    })
-                    .collect();
-                while fields.last() == Some(&Value::Null) {
-                    fields.pop();
-                }
-                if !fields.is_empty() {
-                    push_section(&mut out, 0x73, Value::List(fields));
-                }
-            }
-            if let Some(m) = object(&env.app) {
-                let app = m
-                    .iter()
-                    .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
-                    .collect();
-                push_section(&mut out, 0x74, Value::Map(app));
-            } else if !tags.is_empty() {
-                push_section(&mut out, 0x74, tags_map(tags));
-            }
+    let Some(env) = env else {
+        if !metadata.is_empty() {
+            push_section(
+                &mut out,
+                0x72,
+                Value::Map(OrderedMap::from_iter([metadata_annotation(metadata)])),
+            );
         }
-        None => {
-            if !metadata.is_empty() {
-                let mut m = OrderedMap::new();
-                m.insert(
-                    Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
-                    Value::String(metadata.to_string()),
-                );
-                push_section(&mut out, 0x72, Value::Map(m));
-            }
-            if !tags.is_empty() {
-                push_section(&mut out, 0x74, tags_map(tags));
-            }
+        if !tags.is_empty() {
+            push_section(&mut out, 0x74, tags_map(tags));
+        }
+        return Shape {
+            ttl: None,
+            priority: None,
+            before_body: out,
+            value_body: false,
+            footer: Vec::new(),
+        };
+    };
+    for (section, code) in [(env.delivery_annotations, 0x71), (env.annotations, 0x72)] {
+        if let Some(m) = section {
+            push_section(&mut out, code, Value::Map(m.into_iter().collect()));
         }
     }
-    let value_body = env
-        .as_ref()
-        .and_then(|e| e.body_section.as_ref())
-        .and_then(Json::as_str)
-        == Some("value");
+    let read::Props {
+        fields,
+        ttl,
+        priority,
+    } = env.props;
+    let mut fields = Vec::from(fields);
+    while fields.last() == Some(&Value::Null) {
+        fields.pop();
+    }
+    if !fields.is_empty() {
+        push_section(&mut out, 0x73, Value::List(fields));
+    }
+    if let Some(app) = env.app {
+        encode::map_section(&mut out, 0x74, &app);
+    } else if !tags.is_empty() {
+        push_section(&mut out, 0x74, tags_map(tags));
+    }
     let mut footer = Vec::new();
-    if let Some(m) = env.as_ref().and_then(|e| object(&e.footer)) {
-        push_section(&mut footer, 0x78, Value::Map(annotations_from_json(m)));
+    if let Some(m) = env.footer {
+        push_section(&mut footer, 0x78, Value::Map(m.into_iter().collect()));
     }
     Shape {
         ttl,
         priority,
         before_body: out,
-        value_body,
+        value_body: env.value_body,
         footer,
     }
 }
@@ -607,19 +548,11 @@ fn push_data(out: &mut Vec<u8>, body: &[u8]) {
     out.extend_from_slice(body);
 }
 
-fn push_section(out: &mut Vec<u8>, code: u64, value: Value) {
-    let section = Described {
-        descriptor: Descriptor::Code(code),
-        value,
-    };
-    match serde_amqp::to_vec(&section) {
-        Ok(bytes) => out.extend_from_slice(&bytes),
-        Err(e) => tracing::error!(error = %e, code, "could not encode a message section"),
-    }
+fn push_section(out: &mut Vec<u8>, code: u8, value: Value) {
+    encode::section(out, code, &value);
 }
 
-/// Properties fields with a fixed AMQP type are written plainly; the identifier unions
-/// (message-id, correlation-id) keep their type with markers (ENV-3).
+/// A properties field as JSON (what [`write_prop`] prints).
 fn prop_to_json(name: &str, v: Value) -> Json {
     match (name, v) {
         ("content_type" | "content_encoding", Value::Symbol(s)) => json!(s.as_str()),
@@ -630,7 +563,8 @@ fn prop_to_json(name: &str, v: Value) -> Json {
 
 fn prop_from_json(name: &str, v: &Json) -> Value {
     match (name, v) {
-        ("content_type" | "content_encoding", Json::String(s)) => {
+        // A symbol is ASCII: a client's non-ASCII text here was a string, and stays one.
+        ("content_type" | "content_encoding", Json::String(s)) if s.is_ascii() => {
             Value::Symbol(Symbol::from(s.as_str()))
         }
         ("group_sequence", Json::Number(n)) => n
@@ -639,37 +573,6 @@ fn prop_from_json(name: &str, v: &Json) -> Value {
             .map_or(Value::Null, Value::Uint),
         (_, v) => value_from_json(v),
     }
-}
-
-fn key_to_string(k: Value) -> String {
-    match k {
-        Value::Symbol(s) => s.0,
-        Value::String(s) => s,
-        Value::Ulong(n) => format!("$u64:{n}"),
-        other => value_to_json(other).to_string(),
-    }
-}
-
-fn map_to_json(m: OrderedMap<Value, Value>) -> Json {
-    Json::Object(
-        m.into_inner()
-            .into_iter()
-            .map(|(k, v)| (key_to_string(k), value_to_json(v)))
-            .collect(),
-    )
-}
-
-/// Annotation maps: keys are symbols (or ulongs, written `$u64:N`).
-fn annotations_from_json(m: &Map<String, Json>) -> OrderedMap<Value, Value> {
-    m.iter()
-        .map(|(k, v)| {
-            let key = match k.strip_prefix("$u64:").and_then(|n| n.parse().ok()) {
-                Some(n) => Value::Ulong(n),
-                None => Value::Symbol(Symbol::from(k.as_str())),
-            };
-            (key, value_from_json(v))
-        })
-        .collect()
 }
 
 fn marker(name: &str, v: Json) -> Json {

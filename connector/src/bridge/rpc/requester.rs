@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{json, Value as Json};
 
 use super::super::address::Pattern;
-use super::super::envelope::{egress, stamped, DeliveryInfo, Stored};
+use super::super::envelope::{stamped_egress, DeliveryInfo, Stamps, Stored};
 use crate::backend::BackendError;
 use crate::engine::AmqpError;
 use crate::kubemq::request::RequestType;
@@ -72,7 +72,9 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
     if let Some(c) = &asked.correlation {
         props.push(("correlation_id", c.clone()));
     }
-    let (metadata, body) = match (asked.pattern, outcome) {
+    let tags = std::collections::HashMap::new();
+    let info = DeliveryInfo { receive_count: 1 };
+    match (asked.pattern, outcome) {
         (Pattern::Commands, outcome) => {
             // RPC-7: the outcome, never data; a failure or a timeout is `executed = false`.
             let (executed, error) = match outcome {
@@ -83,18 +85,21 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
             if !error.is_empty() {
                 app.push((ERROR, json!(error)));
             }
-            (stamped("", &props, &app), Vec::new())
+            let stamps = Stamps {
+                props: &props,
+                app: &app,
+            };
+            Some(stamped_egress("", &stamps, &[], &tags, info))
         }
-        (_, Ok(r)) => (stamped(&r.metadata, &props, &[]), r.body.clone()),
-        (_, Err(_)) => return None,
-    };
-    let tags = std::collections::HashMap::new();
-    Some(egress(
-        &metadata,
-        &body,
-        &tags,
-        DeliveryInfo { receive_count: 1 },
-    ))
+        (_, Ok(r)) => {
+            let stamps = Stamps {
+                props: &props,
+                app: &[],
+            };
+            Some(stamped_egress(&r.metadata, &stamps, &r.body, &tags, info))
+        }
+        (_, Err(_)) => None,
+    }
 }
 
 /// A failed request's text for its command reply (OP-RPC-4): KubeMQ's own (`Error 301: timeout

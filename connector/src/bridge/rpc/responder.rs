@@ -5,10 +5,13 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value as Json};
+use serde_amqp::Value;
+use serde_json::json;
 
 use super::super::address::Pattern;
-use super::super::envelope::{application_property, egress, stamped, DeliveryInfo, Stored};
+use super::super::envelope::{
+    application_properties, stamped_egress, DeliveryInfo, Stamps, Stored,
+};
 use super::requester::{ERROR, EXECUTED};
 use crate::kubemq::{Request, Response};
 
@@ -116,12 +119,13 @@ impl Tokens {
         now: Instant,
     ) -> Result<Response, NoRequest> {
         let token = self.take(request_id, now)?;
-        let error = match application_property(&reply.metadata, ERROR) {
-            Some(Json::String(e)) => e,
+        let [error, executed] = application_properties(&reply.metadata, [ERROR, EXECUTED]);
+        let error = match error {
+            Some(Value::String(e)) => e,
             _ => String::new(),
         };
-        let executed = match application_property(&reply.metadata, EXECUTED) {
-            Some(Json::Bool(b)) => b,
+        let executed = match executed {
+            Some(Value::Bool(b)) => b,
             _ => error.is_empty(),
         };
         let mut response = Response {
@@ -145,16 +149,17 @@ impl Tokens {
 /// `reply-to` the request's token and `correlation-id` its RequestID.
 pub fn delivered(request: &Request) -> Vec<u8> {
     let token = format!("/responses/{}", request.request_id);
-    let metadata = stamped(
+    let props = [
+        ("reply_to", json!(token)),
+        ("correlation_id", json!(request.request_id)),
+    ];
+    let stamps = Stamps {
+        props: &props,
+        app: &[],
+    };
+    stamped_egress(
         &request.metadata,
-        &[
-            ("reply_to", json!(token)),
-            ("correlation_id", json!(request.request_id)),
-        ],
-        &[],
-    );
-    egress(
-        &metadata,
+        &stamps,
         &request.body,
         &request.tags,
         DeliveryInfo { receive_count: 1 },

@@ -1,0 +1,381 @@
+//! An envelope's JSON read straight into AMQP values: what [`value_from_json`] makes of the
+//! parsed JSON, without building the JSON tree first (egress reads an envelope for every
+//! delivery whose Metadata differs from the last one's).
+//!
+//! Reading is lenient as the envelope asks (ENV-12): keys it does not know are skipped, and a
+//! section that is not an object counts as absent. Only `amqp10` itself must be an object.
+
+use std::fmt;
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_amqp::primitives::{Symbol, Ulong};
+use serde_amqp::Value;
+use serde_json::Value as Json;
+
+use super::entries::Entries;
+use super::{from_marker, prop_from_json, value_from_json, PROPS};
+
+/// The sections an envelope records, as AMQP values.
+#[derive(Debug, Default)]
+pub(super) struct Sections {
+    /// The properties fields, by position (null when absent).
+    pub props: Props,
+    /// Application-properties, string keys.
+    pub app: Option<Vec<(Value, Value)>>,
+    /// Message annotations, symbol (or ulong) keys.
+    pub annotations: Option<Vec<(Value, Value)>>,
+    /// Delivery annotations.
+    pub delivery_annotations: Option<Vec<(Value, Value)>>,
+    /// The footer.
+    pub footer: Option<Vec<(Value, Value)>>,
+    /// Whether the body was an AmqpValue.
+    pub value_body: bool,
+}
+
+/// The properties section's fields and the header fields kept beside them (ENV-3).
+#[derive(Debug, Default)]
+pub(super) struct Props {
+    /// By position, as [`PROPS`] names them.
+    pub fields: [Value; 13],
+    /// The header ttl.
+    pub ttl: Option<u32>,
+    /// The header priority.
+    pub priority: Option<u8>,
+}
+
+impl Props {
+    /// Sets the field named `name` (one of [`PROPS`]) from its JSON; other names are ignored.
+    pub fn set(&mut self, name: &str, json: &Json) {
+        if let Some(i) = PROPS.iter().position(|p| *p == name) {
+            if let Some(slot) = self.fields.get_mut(i) {
+                *slot = prop_from_json(name, json);
+            }
+        }
+    }
+}
+
+/// The whole Metadata: `{"amqp10": {...}}`; an error when it is not an envelope (OP-ENV-6).
+pub(super) fn envelope(metadata: &str) -> Option<Sections> {
+    serde_json::from_str::<Envelope>(metadata).ok().map(|e| e.0)
+}
+
+struct Envelope(Sections);
+
+/// The keys of both objects; anything else is skipped.
+#[derive(serde::Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum Key {
+    Amqp10,
+    Props,
+    App,
+    Annotations,
+    DeliveryAnnotations,
+    Footer,
+    BodySection,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for Envelope {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Outer;
+        impl<'de> Visitor<'de> for Outer {
+            type Value = Envelope;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object with an amqp10 object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
+                let mut amqp10 = None;
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        // A non-object here fails the whole read: then it is not an envelope.
+                        Key::Amqp10 => amqp10 = Some(map.next_value::<Amqp10>()?.0),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                amqp10
+                    .map(Envelope)
+                    .ok_or_else(|| serde::de::Error::missing_field("amqp10"))
+            }
+        }
+        d.deserialize_map(Outer)
+    }
+}
+
+struct Amqp10(Sections);
+
+impl<'de> serde::Deserialize<'de> for Amqp10 {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object;
+        impl<'de> Visitor<'de> for Object {
+            type Value = Amqp10;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Amqp10, A::Error> {
+                let mut s = Sections::default();
+                // A key given twice: the last one counts, whole.
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Props => {
+                            s.props = map
+                                .next_value::<Lenient<PropsObject>>()?
+                                .0
+                                .map(|p| p.0)
+                                .unwrap_or_default()
+                        }
+                        Key::App => s.app = map.next_value::<Lenient<AppObject>>()?.0.map(|a| a.0),
+                        Key::Annotations => {
+                            s.annotations = map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
+                        }
+                        Key::DeliveryAnnotations => {
+                            s.delivery_annotations =
+                                map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
+                        }
+                        Key::Footer => {
+                            s.footer = map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
+                        }
+                        Key::BodySection => {
+                            s.value_body = map.next_value::<Json>()?.as_str() == Some("value")
+                        }
+                        Key::Amqp10 | Key::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(Amqp10(s))
+            }
+        }
+        d.deserialize_map(Object)
+    }
+}
+
+/// An object read by `T`'s map visitor; any other JSON (skipped whole) is `None`.
+struct Lenient<T>(Option<T>);
+
+/// What an object section makes, from its entries.
+trait FromObject: Sized {
+    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+}
+
+impl<'de, T: FromObject> serde::Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(std::marker::PhantomData<T>);
+        impl<'de, T: FromObject> Visitor<'de> for V<T> {
+            type Value = Lenient<T>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Lenient<T>, A::Error> {
+                T::read(map).map(|t| Lenient(Some(t)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Lenient<T>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Lenient(None))
+            }
+            fn visit_unit<E>(self) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Lenient<T>, E> {
+                Ok(Lenient(None))
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
+}
+
+/// The properties object; absent fields are null.
+struct PropsObject(Props);
+
+impl FromObject for PropsObject {
+    fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut p = Props::default();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "ttl" => {
+                    p.ttl = map
+                        .next_value::<Json>()?
+                        .as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                }
+                "priority" => {
+                    p.priority = map
+                        .next_value::<Json>()?
+                        .as_u64()
+                        .and_then(|t| u8::try_from(t).ok())
+                }
+                // Typed by its name: read as JSON first.
+                "content_type" | "content_encoding" | "group_sequence" => {
+                    p.set(&key, &map.next_value::<Json>()?)
+                }
+                name => match PROPS.iter().position(|n| *n == name) {
+                    Some(i) => {
+                        let v = map.next_value::<FromJson>()?.0;
+                        if let Some(slot) = p.fields.get_mut(i) {
+                            *slot = v;
+                        }
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                },
+            }
+        }
+        Ok(PropsObject(p))
+    }
+}
+
+/// Application-properties: string keys.
+struct AppObject(Vec<(Value, Value)>);
+
+impl FromObject for AppObject {
+    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        Ok(AppObject(
+            entries(map)?
+                .into_iter()
+                .map(|(k, v)| (Value::String(k), v))
+                .collect(),
+        ))
+    }
+}
+
+/// Annotation maps: symbol keys, or ulong keys written `$u64:N`.
+struct Annotations(Vec<(Value, Value)>);
+
+impl FromObject for Annotations {
+    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
+        Ok(Annotations(
+            entries(map)?
+                .into_iter()
+                .map(|(k, v)| {
+                    let key = match k
+                        .strip_prefix("$u64:")
+                        .and_then(|n| n.parse::<Ulong>().ok())
+                    {
+                        Some(n) => Value::Ulong(n),
+                        None => Value::Symbol(Symbol::from(k)),
+                    };
+                    (key, v)
+                })
+                .collect(),
+        ))
+    }
+}
+
+/// An object's entries as AMQP values, a repeated key in its first place with its last value.
+fn entries<'de, A: MapAccess<'de>>(mut map: A) -> Result<Entries<String, Value>, A::Error> {
+    let mut e = Entries::with_capacity(map.size_hint().unwrap_or(0));
+    while let Some(key) = map.next_key::<String>()? {
+        let v = map.next_value::<FromJson>()?.0;
+        e.insert(key, v);
+    }
+    Ok(e)
+}
+
+/// One JSON value as [`value_from_json`] reads it.
+pub(super) struct FromJson(pub Value);
+
+impl<'de> serde::Deserialize<'de> for FromJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FromJsonVisitor).map(FromJson)
+    }
+}
+
+struct FromJsonVisitor;
+
+/// An entry of an object being read: a key that may be a marker keeps its JSON until the object
+/// is known to hold nothing else.
+enum Pending {
+    Json(Json),
+    Value(Value),
+}
+
+impl Pending {
+    fn value(self) -> Value {
+        match self {
+            Pending::Json(j) => value_from_json(&j),
+            Pending::Value(v) => v,
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for FromJsonVisitor {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON")
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::Long(n))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(i64::try_from(n).map_or(Value::Double((n as f64).into()), Value::Long))
+    }
+    fn visit_f64<E>(self, f: f64) -> Result<Value, E> {
+        Ok(Value::Double(f.into()))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_string()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+        while let Some(FromJson(v)) = seq.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::List(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        let mut e: Entries<String, Pending> = Entries::with_capacity(1);
+        while let Some(key) = map.next_key::<String>()? {
+            let v = if key.starts_with('$') {
+                Pending::Json(map.next_value()?)
+            } else {
+                Pending::Value(map.next_value::<FromJson>()?.0)
+            };
+            e.insert(key, v);
+        }
+        let mut entries = e.into_iter();
+        let first = entries.next();
+        let more = entries.len() > 0;
+        if let (Some((k, Pending::Json(j))), false) = (&first, more) {
+            if let Some(v) = from_marker(k, j) {
+                return Ok(v);
+            }
+        }
+        Ok(Value::Map(
+            first
+                .into_iter()
+                .chain(entries)
+                .map(|(k, v)| (Value::String(k), v.value()))
+                .collect(),
+        ))
+    }
+}
