@@ -19,12 +19,12 @@ pub(super) fn map_section(out: &mut Vec<u8>, code: u8, entries: &[(Value, Value)
 }
 
 fn map<'a>(out: &mut Vec<u8>, entries: impl Iterator<Item = (&'a Value, &'a Value)>, n: usize) {
-    let mut body = Vec::new();
-    for (k, v) in entries {
-        value(&mut body, k);
-        value(&mut body, v);
-    }
-    compound(out, [0xc1, 0xd1], n * 2, &body);
+    compound(out, [0xc1, 0xd1], n * 2, |out| {
+        for (k, v) in entries {
+            value(out, k);
+            value(out, v);
+        }
+    });
 }
 
 /// One value with its constructor.
@@ -76,24 +76,36 @@ fn list(out: &mut Vec<u8>, items: &[Value]) {
         out.push(0x45);
         return;
     }
-    let mut body = Vec::new();
-    for v in items {
-        value(&mut body, v);
-    }
-    compound(out, [0xc0, 0xd0], items.len(), &body);
+    compound(out, [0xc0, 0xd0], items.len(), |out| {
+        for v in items {
+            value(out, v);
+        }
+    });
 }
 
-/// A list or map: 8-bit size and count while the items take under 255 bytes.
-fn compound(out: &mut Vec<u8>, [small, large]: [u8; 2], count: usize, body: &[u8]) {
-    match u8::try_from(body.len() + 1) {
-        Ok(size) if body.len() < 255 => out.extend_from_slice(&[small, size, count as u8]),
+/// A list or map whose `count` items `items` writes: 8-bit size and count while the items take
+/// under 255 bytes. The items are written in place behind room for the wide header, which
+/// shrinks to the short one when they turn out small.
+fn compound(
+    out: &mut Vec<u8>,
+    [small, large]: [u8; 2],
+    count: usize,
+    items: impl FnOnce(&mut Vec<u8>),
+) {
+    let header = out.len();
+    out.extend_from_slice(&[large, 0, 0, 0, 0, 0, 0, 0, 0]);
+    items(out);
+    let len = out.len() - header - 9;
+    match u8::try_from(len + 1) {
+        Ok(size) if len < 255 => {
+            out.splice(header..header + 9, [small, size, count as u8]);
+        }
         _ => {
-            out.push(large);
-            out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-            out.extend_from_slice(&(count as u32).to_be_bytes());
+            let [a, b, c, d] = ((len + 4) as u32).to_be_bytes();
+            let [e, f, g, h] = (count as u32).to_be_bytes();
+            out.splice(header..header + 9, [large, a, b, c, d, e, f, g, h]);
         }
     }
-    out.extend_from_slice(body);
 }
 
 /// Binary, string or symbol: 8-bit length while under 255 bytes.

@@ -16,6 +16,7 @@ use serde_json::{json, Map, Value as Json};
 
 use crate::engine::message::{data_sections, walk, BodyKind, MessageError};
 
+mod decode;
 mod encode;
 mod entries;
 mod read;
@@ -90,6 +91,19 @@ fn section_value(
     }
 }
 
+/// A header or properties section's value: read by hand when its fields are plain, by serde_amqp
+/// otherwise.
+fn list_section(
+    msg: &[u8],
+    range: &std::ops::Range<usize>,
+    what: &'static str,
+) -> Result<Value, IngressError> {
+    match msg.get(range.clone()).and_then(decode::list_section) {
+        Some(fields) => Ok(Value::List(fields)),
+        None => section_value(msg, range, what),
+    }
+}
+
 /// The envelope of a message with only an empty body.
 const EMPTY_BODY_ENVELOPE: &str = r#"{"amqp10":{}}"#;
 /// The envelope of a message with only Data sections.
@@ -102,7 +116,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     let msg: &[u8] = received;
     let layout = walk(msg)?;
     // The envelope's text, written as it is read: `{"amqp10":{` then its sections.
-    let mut text = Vec::new();
+    let mut text = Vec::with_capacity(256);
     text.extend_from_slice(br#"{"amqp10":{"#);
     let mut sections = 0;
     let mut next_section = |text: &mut Vec<u8>, name: &str| {
@@ -127,7 +141,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         text.push(b':');
     };
     if let Some(r) = &layout.properties {
-        if let Value::List(fields) = section_value(msg, r, "properties")? {
+        if let Value::List(fields) = list_section(msg, r, "properties")? {
             if let Some(Value::String(t)) = fields.get(2) {
                 to = Some(t.clone());
             }
@@ -150,7 +164,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     }
     if let Some(r) = &layout.header {
         // ENV-3: the header ttl is kept in props; the rest of the header is the connector's own.
-        if let Value::List(fields) = section_value(msg, r, "header")? {
+        if let Value::List(fields) = list_section(msg, r, "header")? {
             if let Some(Value::Uint(t)) = fields.get(2) {
                 prop(&mut text, "ttl");
                 write::number(&mut text, *t);
@@ -407,7 +421,7 @@ fn shape_of(
     metadata: &str,
     tags: &std::collections::HashMap<String, String>,
 ) -> Shape {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(128);
     let Some(env) = env else {
         if !metadata.is_empty() {
             push_section(
@@ -433,11 +447,10 @@ fn shape_of(
         }
     }
     let read::Props {
-        fields,
+        mut fields,
         ttl,
         priority,
     } = env.props;
-    let mut fields = Vec::from(fields);
     while fields.last() == Some(&Value::Null) {
         fields.pop();
     }

@@ -35,8 +35,9 @@ pub(super) struct Sections {
 /// The properties section's fields and the header fields kept beside them (ENV-3).
 #[derive(Debug, Default)]
 pub(super) struct Props {
-    /// By position, as [`PROPS`] names them.
-    pub fields: [Value; 13],
+    /// By position, as [`PROPS`] names them, up to the last one set (a Vec, not an array of
+    /// all 13: the sections are moved about while read, and an array of values is large).
+    pub fields: Vec<Value>,
     /// The header ttl.
     pub ttl: Option<u32>,
     /// The header priority.
@@ -47,9 +48,17 @@ impl Props {
     /// Sets the field named `name` (one of [`PROPS`]) from its JSON; other names are ignored.
     pub fn set(&mut self, name: &str, json: &Json) {
         if let Some(i) = PROPS.iter().position(|p| *p == name) {
-            if let Some(slot) = self.fields.get_mut(i) {
-                *slot = prop_from_json(name, json);
-            }
+            self.set_field(i, prop_from_json(name, json));
+        }
+    }
+
+    /// Sets the field at position `i`.
+    fn set_field(&mut self, i: usize, v: Value) {
+        if self.fields.len() <= i {
+            self.fields.resize(i + 1, Value::Null);
+        }
+        if let Some(slot) = self.fields.get_mut(i) {
+            *slot = v;
         }
     }
 }
@@ -228,12 +237,7 @@ impl FromObject for PropsObject {
                     p.set(&key, &map.next_value::<Json>()?)
                 }
                 name => match PROPS.iter().position(|n| *n == name) {
-                    Some(i) => {
-                        let v = map.next_value::<FromJson>()?.0;
-                        if let Some(slot) = p.fields.get_mut(i) {
-                            *slot = v;
-                        }
-                    }
+                    Some(i) => p.set_field(i, map.next_value::<FromJson>()?.0),
                     None => {
                         map.next_value::<IgnoredAny>()?;
                     }
