@@ -13,6 +13,7 @@ use connector::bridge::envelope::{
 };
 use connector::engine::message::walk;
 use libfuzzer_sys::fuzz_target;
+use serde_amqp::Value;
 
 fuzz_target!(|data: &[u8]| {
     let info = DeliveryInfo { receive_count: 1 };
@@ -31,10 +32,10 @@ fuzz_target!(|data: &[u8]| {
     assert!(walk(&out).is_ok(), "stored Metadata delivered as an invalid message");
     // A request delivered to a responder (RPC-12), a command's outcome read from a reply.
     let props = [
-        ("reply_to", serde_json::json!("/responses/r-1")),
-        ("correlation_id", serde_json::json!("r-1")),
+        ("reply_to", Value::String("/responses/r-1".into())),
+        ("correlation_id", Value::String("r-1".into())),
     ];
-    let app = [("x-opt-kubemq-executed", true.into())];
+    let app = [("x-opt-kubemq-executed", Value::Bool(true))];
     let stamps = Stamps {
         props: &props,
         app: &app,

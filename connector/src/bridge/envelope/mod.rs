@@ -59,8 +59,8 @@ pub struct Stored {
     /// The header `ttl` in milliseconds, a request's timeout (RPC-3).
     pub ttl: Option<u32>,
     /// What a reply to this message is correlated by (RPC-6): its `correlation-id`, or its
-    /// `message-id` when it has none, in the envelope's typed JSON form (ENV-10).
-    pub correlation: Option<Json>,
+    /// `message-id` when it has none.
+    pub correlation: Option<Value>,
 }
 
 /// Why a message cannot be stored.
@@ -151,9 +151,9 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             // RPC-6: the correlation-id, or the message-id when there is none.
             correlation = [5, 0]
                 .into_iter()
-                .filter_map(|i| Some((i, fields.get(i)?)))
-                .find(|(_, v)| **v != Value::Null)
-                .and_then(|(i, v)| Some(prop_to_json(PROPS.get(i)?, v.clone())));
+                .filter_map(|i| fields.get(i))
+                .find(|v| **v != Value::Null)
+                .cloned();
             for (name, v) in PROPS.iter().zip(&fields) {
                 if *v != Value::Null {
                     prop(&mut text, name);
@@ -277,12 +277,12 @@ pub fn stamped_egress(
         ..read::Sections::default()
     });
     for (name, v) in stamps.props {
-        env.props.set(name, v);
+        env.props.set_value(name, v.clone());
     }
     if !stamps.app.is_empty() {
         let app = env.app.get_or_insert_with(Vec::new);
         for (k, v) in stamps.app {
-            let v = value_from_json(v);
+            let v = v.clone();
             match app
                 .iter_mut()
                 .find(|(key, _)| matches!(key, Value::String(key) if key == k))
@@ -295,14 +295,14 @@ pub fn stamped_egress(
     shape_of(Some(env), metadata, tags).assemble(body, info)
 }
 
-/// What [`stamped_egress`] sets over a message's envelope, by JSON name.
+/// What [`stamped_egress`] sets over a message's envelope.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stamps<'a> {
     /// Properties fields by the envelope's names (`reply_to`, `correlation_id`, ...; other
     /// names are not properties fields and are ignored).
-    pub props: &'a [(&'a str, Json)],
+    pub props: &'a [(&'a str, Value)],
     /// Application-properties.
-    pub app: &'a [(&'a str, Json)],
+    pub app: &'a [(&'a str, Value)],
 }
 
 /// The application-properties `keys` of a message stored by [`ingress`]; `None` for each it
@@ -563,15 +563,6 @@ fn push_data(out: &mut Vec<u8>, body: &[u8]) {
 
 fn push_section(out: &mut Vec<u8>, code: u8, value: Value) {
     encode::section(out, code, &value);
-}
-
-/// A properties field as JSON (what [`write_prop`] prints).
-fn prop_to_json(name: &str, v: Value) -> Json {
-    match (name, v) {
-        ("content_type" | "content_encoding", Value::Symbol(s)) => json!(s.as_str()),
-        ("group_sequence", Value::Uint(n)) => json!(n),
-        (_, v) => value_to_json(v),
-    }
 }
 
 fn prop_from_json(name: &str, v: &Json) -> Value {

@@ -52,6 +52,13 @@ impl Props {
         }
     }
 
+    /// Sets the field named `name` (one of [`PROPS`]) to `v`; other names are ignored.
+    pub fn set_value(&mut self, name: &str, v: Value) {
+        if let Some(i) = PROPS.iter().position(|p| *p == name) {
+            self.set_field(i, v);
+        }
+    }
+
     /// Sets the field at position `i`.
     fn set_field(&mut self, i: usize, v: Value) {
         if self.fields.len() <= i {

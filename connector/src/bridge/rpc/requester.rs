@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value as Json};
+use serde_amqp::Value;
 
 use super::super::address::Pattern;
 use super::super::envelope::{stamped_egress, DeliveryInfo, Stamps, Stored};
@@ -37,7 +37,7 @@ pub struct Asked {
     /// The requester's dynamic node (its `reply-to`).
     pub reply_to: String,
     /// The request's correlation-id, or its message-id (RPC-6).
-    pub correlation: Option<Json>,
+    pub correlation: Option<Value>,
 }
 
 /// The KubeMQ request for a stored message.
@@ -68,7 +68,7 @@ pub fn request(
 /// The reply to deliver for a request's outcome, or `None` when nothing is delivered (a query
 /// that failed or timed out, RPC-8).
 pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<Vec<u8>> {
-    let mut props: Vec<(&str, Json)> = vec![("to", json!(asked.reply_to))];
+    let mut props = vec![("to", Value::String(asked.reply_to.clone()))];
     if let Some(c) = &asked.correlation {
         props.push(("correlation_id", c.clone()));
     }
@@ -81,9 +81,9 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
                 Ok(r) => (r.executed, r.error.clone()),
                 Err(e) => (false, error_text(e)),
             };
-            let mut app = vec![(EXECUTED, json!(executed))];
+            let mut app = vec![(EXECUTED, Value::Bool(executed))];
             if !error.is_empty() {
-                app.push((ERROR, json!(error)));
+                app.push((ERROR, Value::String(error)));
             }
             let stamps = Stamps {
                 props: &props,

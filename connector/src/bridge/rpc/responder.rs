@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use serde_amqp::Value;
-use serde_json::json;
 
 use super::super::address::Pattern;
 use super::super::envelope::{
@@ -150,8 +149,8 @@ impl Tokens {
 pub fn delivered(request: &Request) -> Vec<u8> {
     let token = format!("/responses/{}", request.request_id);
     let props = [
-        ("reply_to", json!(token)),
-        ("correlation_id", json!(request.request_id)),
+        ("reply_to", Value::String(token)),
+        ("correlation_id", Value::String(request.request_id.clone())),
     ];
     let stamps = Stamps {
         props: &props,
