@@ -26,7 +26,7 @@ pub struct RoleLabel {
 }
 
 /// Patterns besides queues whose transfer counters are kept at hand.
-const HOT_PATTERNS: [&str; 2] = ["events", "events-store"];
+const HOT_PATTERNS: [&str; 4] = ["events", "events-store", "commands", "queries"];
 /// The patterns of MET-6.
 const RPC_PATTERNS: [&str; 2] = ["commands", "queries"];
 
@@ -143,7 +143,7 @@ pub struct Metrics {
     queue_transfers: [Counter; 2],
     /// The transfer counters of the patterns on a hot path, by pattern then direction: found
     /// without building a label set per message.
-    pattern_transfers: [[Counter; 2]; 2],
+    pattern_transfers: [[Counter; 2]; 4],
     /// The dispositions family's counters, by `Outcome` (counted on every settled delivery).
     outcome_counters: [Counter; 4],
 }

@@ -5,6 +5,7 @@
 //! Reading is lenient as the envelope asks (ENV-12): keys it does not know are skipped, and a
 //! section that is not an object counts as absent. Only `amqp10` itself must be an object.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -225,7 +226,7 @@ struct PropsObject(Props);
 impl FromObject for PropsObject {
     fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
         let mut p = Props::default();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+        while let Some(Text(key)) = map.next_key()? {
             match &*key {
                 "ttl" => {
                     p.ttl = map
@@ -302,6 +303,33 @@ fn entries<'de, A: MapAccess<'de>>(mut map: A) -> Result<Entries<String, Value>,
     Ok(e)
 }
 
+/// A JSON string, borrowed from the Metadata when it holds no escapes (serde's own `Cow` always
+/// copies).
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> serde::Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s.to_string())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Text<'de>, E> {
+                Ok(Text(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
+
 /// One JSON value as [`value_from_json`] reads it.
 pub(super) struct FromJson(pub Value);
 
@@ -364,19 +392,42 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
         Ok(Value::List(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let mut e: Entries<String, Pending> = Entries::with_capacity(1);
-        while let Some(key) = map.next_key::<String>()? {
-            let v = if key.starts_with('$') {
+        let pending = |key: &str, map: &mut A| -> Result<Pending, A::Error> {
+            Ok(if key.starts_with('$') {
                 Pending::Json(map.next_value()?)
             } else {
                 Pending::Value(map.next_value::<FromJson>()?.0)
-            };
+            })
+        };
+        // The common object here is a marker alone (`{"$u64":"7"}`): read without a list.
+        let Some(first) = map.next_key::<Text<'de>>()?.map(|t| t.0) else {
+            return Ok(Value::Map(Default::default()));
+        };
+        let first_value = pending(&first, &mut map)?;
+        let Some(second) = map.next_key::<Text<'de>>()?.map(|t| t.0) else {
+            if let Pending::Json(j) = &first_value {
+                if let Some(v) = from_marker(&first, j) {
+                    return Ok(v);
+                }
+            }
+            return Ok(Value::Map(
+                [(Value::String(first.into_owned()), first_value.value())]
+                    .into_iter()
+                    .collect(),
+            ));
+        };
+        let mut e: Entries<Cow<'de, str>, Pending> = Entries::with_capacity(2);
+        e.insert(first, first_value);
+        let second_value = pending(&second, &mut map)?;
+        e.insert(second, second_value);
+        while let Some(Text(key)) = map.next_key()? {
+            let v = pending(&key, &mut map)?;
             e.insert(key, v);
         }
         let mut entries = e.into_iter();
         let first = entries.next();
-        let more = entries.len() > 0;
-        if let (Some((k, Pending::Json(j))), false) = (&first, more) {
+        // A key given twice may have left one entry: then it is read as a marker too.
+        if let (Some((k, Pending::Json(j))), 0) = (&first, entries.len()) {
             if let Some(v) = from_marker(k, j) {
                 return Ok(v);
             }
@@ -385,7 +436,7 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
             first
                 .into_iter()
                 .chain(entries)
-                .map(|(k, v)| (Value::String(k), v.value()))
+                .map(|(k, v)| (Value::String(k.into_owned()), v.value()))
                 .collect(),
         ))
     }
