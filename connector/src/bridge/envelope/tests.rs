@@ -544,6 +544,37 @@ fn non_ascii_content_type_stays_a_string() {
     assert_eq!(fields[6], Value::String("¡".into()));
 }
 
+/// OP-ENV-3: an `$array` is delivered as an AMQP array when its items share one primitive type;
+/// an empty one as an array of nulls (with its element constructor, which AMQP requires even for
+/// no elements); items of mixed or compound types (which only a native client's Metadata can
+/// hold: AMQP has no array of them) as a list of the same values.
+#[test]
+fn op_env_3_arrays_without_one_amqp_type() {
+    let metadata = r#"{"amqp10":{"app":{"same":{"$array":[{"$u32":1},{"$u32":300}]},"mixed":{"$array":[1,"x"]}}}}"#;
+    let out = egress(metadata, b"", &HashMap::new(), first_delivery());
+    let app = sections(&out)
+        .into_iter()
+        .find_map(|(c, v)| match (c, v) {
+            (0x74, Value::Map(m)) => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    let get = |k: &str| app.get(&Value::String(k.into())).cloned().unwrap();
+    assert_eq!(
+        get("same"),
+        Value::Array(Array(vec![Value::Uint(1), Value::Uint(300)]))
+    );
+    assert_eq!(
+        get("mixed"),
+        Value::List(vec![Value::Long(1), Value::String("x".into())])
+    );
+    // serde_amqp reads an empty array without its constructor, so the bytes are checked here.
+    let mut empty = Vec::new();
+    encode::value(&mut empty, &value_from_json(&json!({"$array": []})));
+    assert_eq!(empty, [0xe0, 0x02, 0x00, 0x40]);
+    assert_eq!(crate::engine::validate::value_len(&empty), Ok(4));
+}
+
 /// Lists and maps whose items take 255 bytes or more get the wide header, as serde_amqp writes it.
 #[test]
 fn wide_compounds_match_serde_amqp() {
