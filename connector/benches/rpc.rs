@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use connector::bridge::address::Pattern;
-use connector::bridge::envelope::ingress;
+use connector::bridge::envelope::{ingress, Stored};
 use connector::bridge::rpc::requester::{reply, request, Asked};
 use connector::bridge::rpc::responder::{delivered, Tokens};
 use connector::engine::message::walk;
-use connector::kubemq::Response;
+use connector::kubemq::{Request, Response};
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use fe2o3_amqp_types::messaging::message::__private::Serializable;
 use fe2o3_amqp_types::messaging::{Data, Message, MessageId, Properties};
@@ -64,9 +64,9 @@ fn reply_message() -> Bytes {
     )
 }
 
-/// One round trip; returns the bytes delivered to the requester.
-fn round_trip(request_msg: &Bytes, reply_msg: &Bytes, tokens: &mut Tokens) -> Vec<u8> {
-    let stored = ingress(request_msg).unwrap();
+/// What the requester's side keeps of a stored request, and the KubeMQ request it becomes (with
+/// the fixed RequestID).
+fn asked_and_request(stored: Stored) -> (Asked, Request) {
     let asked = Asked {
         pattern: Pattern::Queries,
         reply_to: stored.reply_to.clone().unwrap(),
@@ -81,6 +81,12 @@ fn round_trip(request_msg: &Bytes, reply_msg: &Bytes, tokens: &mut Tokens) -> Ve
     );
     req.request_id = REQUEST_ID.into();
     req.reply_channel = "_INBOX.bench".into();
+    (asked, req)
+}
+
+/// One round trip; returns the bytes delivered to the requester.
+fn round_trip(request_msg: &Bytes, reply_msg: &Bytes, tokens: &mut Tokens) -> Vec<u8> {
+    let (asked, req) = asked_and_request(ingress(request_msg).unwrap());
     black_box(delivered(&req));
     let now = Instant::now();
     tokens.insert(&req, Pattern::Queries, now + Duration::from_secs(15));
@@ -115,21 +121,7 @@ fn bench(c: &mut Criterion) {
     });
 
     // The four conversions of a round trip on their own.
-    let stored = ingress(&request_msg).unwrap();
-    let asked = Asked {
-        pattern: Pattern::Queries,
-        reply_to: stored.reply_to.clone().unwrap(),
-        correlation: stored.correlation.clone(),
-    };
-    let mut req = request(
-        Pattern::Queries,
-        "bench".into(),
-        "requester",
-        stored,
-        Duration::from_secs(10),
-    );
-    req.request_id = REQUEST_ID.into();
-    req.reply_channel = "_INBOX.bench".into();
+    let (asked, req) = asked_and_request(ingress(&request_msg).unwrap());
     let now = Instant::now();
     tokens.insert(&req, Pattern::Queries, now + Duration::from_secs(15));
     let response = tokens

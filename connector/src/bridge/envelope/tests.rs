@@ -51,6 +51,14 @@ fn sections(msg: &[u8]) -> Vec<(u64, Value)> {
         .collect()
 }
 
+/// The value of the section with descriptor `code` in an encoded message.
+fn section_of(msg: &[u8], code: u64) -> Value {
+    sections(msg)
+        .into_iter()
+        .find_map(|(c, v)| (c == code).then_some(v))
+        .unwrap()
+}
+
 fn first_delivery() -> DeliveryInfo {
     DeliveryInfo { receive_count: 1 }
 }
@@ -534,13 +542,9 @@ fn non_ascii_content_type_stays_a_string() {
     encode::section(&mut msg, 0x73, &Value::List(props));
     let stored = ingress(&msg.into()).unwrap();
     let out = egress(&stored.metadata, b"", &HashMap::new(), first_delivery());
-    let fields = sections(&out)
-        .into_iter()
-        .find_map(|(c, v)| match (c, v) {
-            (0x73, Value::List(f)) => Some(f),
-            _ => None,
-        })
-        .unwrap();
+    let Value::List(fields) = section_of(&out, 0x73) else {
+        panic!("properties are a list")
+    };
     assert_eq!(fields[6], Value::String("¡".into()));
 }
 
@@ -552,13 +556,9 @@ fn non_ascii_content_type_stays_a_string() {
 fn op_env_3_arrays_without_one_amqp_type() {
     let metadata = r#"{"amqp10":{"app":{"same":{"$array":[{"$u32":1},{"$u32":300}]},"mixed":{"$array":[1,"x"]}}}}"#;
     let out = egress(metadata, b"", &HashMap::new(), first_delivery());
-    let app = sections(&out)
-        .into_iter()
-        .find_map(|(c, v)| match (c, v) {
-            (0x74, Value::Map(m)) => Some(m),
-            _ => None,
-        })
-        .unwrap();
+    let Value::Map(app) = section_of(&out, 0x74) else {
+        panic!("application-properties are a map")
+    };
     let get = |k: &str| app.get(&Value::String(k.into())).cloned().unwrap();
     assert_eq!(
         get("same"),
