@@ -34,7 +34,7 @@ pub struct ServeOptions {
     /// open ones are closed with `amqp:connection:forced` (CONN-16). None: always ready.
     pub broker_ready: Option<watch::Receiver<bool>>,
     /// Count a connection against `max_connections` only once its 8-byte protocol header came:
-    /// sockets that say nothing then wait in a pool of their own ([`waiting_pool`] places; past
+    /// sockets that say nothing then wait in a pool of their own (`waiting_pool` places; past
     /// it they are dropped at once) until the handshake timeout, holding no connection slot.
     pub count_after_header: bool,
     /// Where open connections are listed for the detail endpoints (OBS-1).

@@ -6,6 +6,12 @@
 //! legally send is refused for being unusual. Values are written as JSON with `$` type markers
 //! where JSON alone would lose the AMQP type (ENV-10, ENV-11); the choices the specification
 //! leaves open are in docs/decisions.md.
+//!
+//! A message's way through: [`ingress`] walks the received sections (`decode` reads the header
+//! and properties fields by hand) and writes the envelope's text straight from them (`write`);
+//! [`egress`] reads that text straight into AMQP values (`read`, with `entries` for JSON
+//! objects' key order) and encodes the delivered sections (`encode`). The generic conversions
+//! [`value_to_json`] and [`value_from_json`] are what the direct ones are tested against.
 
 use base64::Engine as _;
 use serde_amqp::described::Described;
@@ -15,13 +21,13 @@ use serde_amqp::Value;
 use serde_json::{json, Map, Value as Json};
 
 use crate::engine::message::{data_sections, walk, BodyKind, MessageError};
+use crate::engine::validate::value_len;
 
 mod decode;
 mod encode;
 mod entries;
 mod read;
 mod write;
-use crate::engine::validate::value_len;
 
 const B64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 /// Largest integer a JSON number carries exactly.
