@@ -9,6 +9,8 @@ use std::ops::Range;
 
 use super::validate::{value_len, ValidateError};
 
+pub use super::quick_decode::section_fields;
+
 /// Section descriptor codes (AMQP 1.0 part 3).
 mod code {
     pub const HEADER: u64 = 0x70;

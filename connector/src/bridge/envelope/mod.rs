@@ -7,8 +7,8 @@
 //! where JSON alone would lose the AMQP type (ENV-10, ENV-11); the choices the specification
 //! leaves open are in docs/decisions.md.
 //!
-//! A message's way through: [`ingress`] walks the received sections (`decode` reads the header
-//! and properties fields by hand) and writes the envelope's text straight from them (`write`);
+//! A message's way through: [`ingress`] walks the received sections (the engine's
+//! `section_fields` reads the header and properties fields by hand) and writes the envelope's text straight from them (`write`);
 //! [`egress`] reads that text straight into AMQP values (`read`, with `entries` for JSON
 //! objects' key order) and encodes the delivered sections (`encode`). The generic conversions
 //! [`value_to_json`] and [`value_from_json`] are what the direct ones are tested against.
@@ -20,10 +20,9 @@ use serde_amqp::primitives::{Array, OrderedMap, Symbol, Timestamp};
 use serde_amqp::Value;
 use serde_json::{json, Map, Value as Json};
 
-use crate::engine::message::{data_sections, walk, BodyKind, MessageError};
+use crate::engine::message::{data_sections, section_fields, walk, BodyKind, MessageError};
 use crate::engine::validate::value_len;
 
-mod decode;
 mod encode;
 mod entries;
 mod read;
@@ -104,7 +103,7 @@ fn list_section(
     range: &std::ops::Range<usize>,
     what: &'static str,
 ) -> Result<Value, IngressError> {
-    match msg.get(range.clone()).and_then(decode::list_section) {
+    match msg.get(range.clone()).and_then(section_fields) {
         Some(fields) => Ok(Value::List(fields)),
         None => section_value(msg, range, what),
     }
