@@ -16,7 +16,7 @@
 use base64::Engine as _;
 use serde_amqp::described::Described;
 use serde_amqp::descriptor::Descriptor;
-use serde_amqp::primitives::{Array, OrderedMap, Symbol, Timestamp};
+use serde_amqp::primitives::{Array, Symbol, Timestamp};
 use serde_amqp::Value;
 use serde_json::{json, Map, Value as Json};
 
@@ -277,27 +277,39 @@ pub fn stamped_egress(
     tags: &std::collections::HashMap<String, String>,
     info: DeliveryInfo,
 ) -> Vec<u8> {
-    let mut env = read::envelope(metadata).unwrap_or_else(|| read::Sections {
-        annotations: (!metadata.is_empty()).then(|| vec![metadata_annotation(metadata)]),
-        ..read::Sections::default()
-    });
+    let mut env = sections(metadata);
     for (name, v) in stamps.props {
         env.props.set_value(name, v.clone());
     }
     if !stamps.app.is_empty() {
         let app = env.app.get_or_insert_with(Vec::new);
         for (k, v) in stamps.app {
-            let v = v.clone();
-            match app
-                .iter_mut()
-                .find(|(key, _)| matches!(key, Value::String(key) if key == k))
-            {
-                Some(slot) => slot.1 = v,
-                None => app.push((Value::String((*k).to_string()), v)),
+            match app.iter_mut().find(|(key, _)| is_key(key, k)) {
+                Some(slot) => slot.1 = v.clone(),
+                None => app.push((Value::String((*k).to_string()), v.clone())),
             }
         }
     }
-    shape_of(Some(env), metadata, tags).assemble(body, info)
+    shape_of(env, tags).assemble(body, info)
+}
+
+/// What `metadata` records: its envelope's sections, or for Metadata that is not an envelope (a
+/// native KubeMQ client's, OP-ENV-6) the `x-opt-kubemq-metadata` annotation holding it.
+fn sections(metadata: &str) -> read::Sections {
+    read::envelope(metadata).unwrap_or_else(|| read::Sections {
+        annotations: (!metadata.is_empty()).then(|| {
+            vec![(
+                Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
+                Value::String(metadata.to_string()),
+            )]
+        }),
+        ..read::Sections::default()
+    })
+}
+
+/// Whether an application-properties key is the string `k`.
+fn is_key(key: &Value, k: &str) -> bool {
+    matches!(key, Value::String(key) if key == k)
 }
 
 /// What [`stamped_egress`] sets over a message's envelope.
@@ -327,17 +339,9 @@ pub fn application_properties<const N: usize>(
         .unwrap_or_default();
     keys.map(|k| {
         app.iter()
-            .find(|(key, _)| matches!(key, Value::String(key) if key == k))
+            .find(|(key, _)| is_key(key, k))
             .map(|(_, v)| v.clone())
     })
-}
-
-/// The annotation that carries Metadata which is not an envelope (OP-ENV-6).
-fn metadata_annotation(metadata: &str) -> (Value, Value) {
-    (
-        Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
-        Value::String(metadata.to_string()),
-    )
 }
 
 /// The encoded value inside an AmqpValue section (after its descriptor).
@@ -417,38 +421,16 @@ struct Shape {
 }
 
 fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Shape {
-    shape_of(read::envelope(metadata), metadata, tags)
+    shape_of(sections(metadata), tags)
 }
 
-/// The shape of a message whose Metadata `metadata` reads as `env` (`None`: not an envelope).
-fn shape_of(
-    env: Option<read::Sections>,
-    metadata: &str,
-    tags: &std::collections::HashMap<String, String>,
-) -> Shape {
+/// The shape of a message whose Metadata records `env`.
+fn shape_of(env: read::Sections, tags: &std::collections::HashMap<String, String>) -> Shape {
     let mut out = Vec::with_capacity(128);
-    let Some(env) = env else {
-        if !metadata.is_empty() {
-            push_section(
-                &mut out,
-                0x72,
-                Value::Map(OrderedMap::from_iter([metadata_annotation(metadata)])),
-            );
-        }
-        if !tags.is_empty() {
-            push_section(&mut out, 0x74, tags_map(tags));
-        }
-        return Shape {
-            ttl: None,
-            priority: None,
-            before_body: out,
-            value_body: false,
-            footer: Vec::new(),
-        };
-    };
     for (section, code) in [(env.delivery_annotations, 0x71), (env.annotations, 0x72)] {
         if let Some(m) = section {
-            push_section(&mut out, code, Value::Map(m.into_iter().collect()));
+            // Through a map: `$u64:7` and `$u64:07` name the same key.
+            encode::section(&mut out, code, &Value::Map(m.into_iter().collect()));
         }
     }
     let read::Props {
@@ -460,16 +442,16 @@ fn shape_of(
         fields.pop();
     }
     if !fields.is_empty() {
-        push_section(&mut out, 0x73, Value::List(fields));
+        encode::section(&mut out, 0x73, &Value::List(fields));
     }
     if let Some(app) = env.app {
         encode::map_section(&mut out, 0x74, &app);
     } else if !tags.is_empty() {
-        push_section(&mut out, 0x74, tags_map(tags));
+        encode::section(&mut out, 0x74, &tags_map(tags));
     }
     let mut footer = Vec::new();
     if let Some(m) = env.footer {
-        push_section(&mut footer, 0x78, Value::Map(m.into_iter().collect()));
+        encode::section(&mut footer, 0x78, &Value::Map(m.into_iter().collect()));
     }
     Shape {
         ttl,
@@ -531,26 +513,14 @@ fn push_header(
         None => fields.push(0x40), // null: 4, the default
     }
     match ttl {
-        Some(t) => push_uint(&mut fields, t),
+        Some(t) => encode::value(&mut fields, &Value::Uint(t)),
         None => fields.push(0x40),
     }
     fields.push(if first_acquirer { 0x41 } else { 0x42 });
-    push_uint(&mut fields, delivery_count);
+    encode::value(&mut fields, &Value::Uint(delivery_count));
     // list8: size (count byte + fields), count 5.
     out.extend_from_slice(&[0x00, 0x53, 0x70, 0xc0, fields.len() as u8 + 1, 5]);
     out.extend_from_slice(&fields);
-}
-
-/// A uint in its shortest encoding.
-fn push_uint(out: &mut Vec<u8>, n: u32) {
-    match n {
-        0 => out.push(0x43),
-        1..=255 => out.extend_from_slice(&[0x52, n as u8]),
-        _ => {
-            out.push(0x70);
-            out.extend_from_slice(&n.to_be_bytes());
-        }
-    }
 }
 
 /// One Data section holding `body`, copied once.
@@ -564,10 +534,6 @@ fn push_data(out: &mut Vec<u8>, body: &[u8]) {
         }
     }
     out.extend_from_slice(body);
-}
-
-fn push_section(out: &mut Vec<u8>, code: u8, value: Value) {
-    encode::section(out, code, &value);
 }
 
 fn prop_from_json(name: &str, v: &Json) -> Value {
