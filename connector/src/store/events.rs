@@ -9,11 +9,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::mpsc;
 
 use super::errors::{event_validation, subscribe_channel, SubscribeKind};
-use super::fanout::Fanout;
+use super::fanout::{Channeled, Fanout};
 use crate::kubemq::{Event, EventReceive};
 
 /// Events a subscription's buffer holds before further events are dropped for it.
 pub const SUBSCRIPTION_BUFFER: usize = 1024;
+
+impl Channeled for EventReceive {
+    fn channel(&self) -> &str {
+        &self.channel
+    }
+}
 
 /// The in-memory events router.
 pub struct EventsHub {
@@ -58,8 +64,7 @@ impl EventsHub {
             sequence: 0,
             tags: event.tags,
         };
-        let channel = received.channel.clone();
-        let routed = self.subs.route(&channel, received);
+        let routed = self.subs.route(received);
         self.dropped
             .fetch_add(routed.dropped as u64, Ordering::Relaxed);
         Ok(Published {

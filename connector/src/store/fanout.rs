@@ -100,7 +100,13 @@ pub struct Fanout<T> {
     buffer: usize,
 }
 
-impl<T: Clone> Fanout<T> {
+/// An item that names the channel it was sent to.
+pub trait Channeled {
+    /// The channel it was sent to.
+    fn channel(&self) -> &str;
+}
+
+impl<T: Clone + Channeled> Fanout<T> {
     /// No subscriptions yet; each will buffer `buffer` items.
     pub fn new(buffer: usize) -> Self {
         Fanout {
@@ -109,16 +115,16 @@ impl<T: Clone> Fanout<T> {
         }
     }
 
-    /// Queues `item`, sent to `channel`, for every matching subscriber without a group and one
-    /// member of each matching group (copied only when it goes to more than one).
-    pub fn route(&self, channel: &str, item: T) -> Routed {
+    /// Queues `item` for every subscriber matching its channel without a group and one member of
+    /// each matching group (copied only when it goes to more than one).
+    pub fn route(&self, item: T) -> Routed {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         subs.by_id.retain(|_, s| !s.tx.is_closed());
         let Subscribers { by_id, turns, .. } = &mut *subs;
         let mut targets: Vec<&Subscriber<T>> = Vec::new();
         // Few groups listen on one channel: a list beats a map here.
         let mut groups: Vec<(&GroupKey, Vec<&Subscriber<T>>)> = Vec::new();
-        for s in by_id.values().filter(|s| s.pattern.matches(channel)) {
+        for s in by_id.values().filter(|s| s.pattern.matches(item.channel())) {
             match &s.group {
                 None => targets.push(s),
                 Some(key) => match groups.iter_mut().find(|(k, _)| *k == key) {

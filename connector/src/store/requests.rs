@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::errors::{
     request_validation, response_validation, subscribe_channel, SubscribeKind, REQUEST_TIMEOUT,
 };
-use super::fanout::Fanout;
+use super::fanout::{Channeled, Fanout};
 use crate::kubemq::request::RequestType;
 use crate::kubemq::{Request, Response};
 
@@ -94,8 +94,7 @@ impl RequestsHub {
         let (done, answer) = oneshot::channel();
         self.lock().insert(reply.clone(), Waiting { kind, done });
         let _guard = WaitGuard { hub: self, reply };
-        let channel = request.channel.clone();
-        self.fanout(kind).route(&channel, request);
+        self.fanout(kind).route(request);
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(response)) => Ok(response),
             _ => Err(REQUEST_TIMEOUT),
@@ -136,6 +135,12 @@ impl RequestsHub {
     /// Requests waiting for a response right now.
     pub fn waiting(&self) -> usize {
         self.lock().len()
+    }
+}
+
+impl Channeled for Request {
+    fn channel(&self) -> &str {
+        &self.channel
     }
 }
 
