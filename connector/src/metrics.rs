@@ -25,8 +25,16 @@ pub struct RoleLabel {
     pub role: Role,
 }
 
-/// Patterns besides queues whose transfer counters are kept at hand.
-const HOT_PATTERNS: [&str; 4] = ["events", "events-store", "commands", "queries"];
+/// Everything a transfer is counted under (MET-4): the patterns, and responses to requests.
+/// Their counters are kept at hand, so that counting a message looks up no labels.
+const COUNTED_PATTERNS: [&str; 6] = [
+    "queues",
+    "events",
+    "events-store",
+    "commands",
+    "queries",
+    "responses",
+];
 /// The patterns of MET-6.
 const RPC_PATTERNS: [&str; 2] = ["commands", "queries"];
 
@@ -138,12 +146,9 @@ pub struct Metrics {
     pub rpc_held: std::sync::atomic::AtomicI64,
     /// The members of `rpc_requests`, by [`RPC_PATTERNS`]: counted without a label set per request.
     rpc_counters: [Counter; 2],
-    /// The `queues` members of `transfers` (in, out), held so that counting a message does not
-    /// build and hash a label set: this is on every message's path.
-    queue_transfers: [Counter; 2],
-    /// The transfer counters of the patterns on a hot path, by pattern then direction: found
-    /// without building a label set per message.
-    pattern_transfers: [[Counter; 2]; 4],
+    /// The members of `transfers` by [`COUNTED_PATTERNS`] then direction, held so that counting
+    /// a message does not build and hash a label set: this is on every message's path.
+    pattern_transfers: [[Counter; 2]; COUNTED_PATTERNS.len()],
     /// The dispositions family's counters, by `Outcome` (counted on every settled delivery).
     outcome_counters: [Counter; 4],
 }
@@ -171,7 +176,6 @@ impl Metrics {
             events_store_dropped_stalled: Counter::default(),
             rpc_late_responses: Counter::default(),
             rpc_held: Default::default(),
-            queue_transfers: Default::default(),
             rpc_counters: Default::default(),
             pattern_transfers: Default::default(),
             outcome_counters: Default::default(),
@@ -200,12 +204,7 @@ impl Metrics {
                 })
                 .clone()
         });
-        m.queue_transfers = [Direction::In, Direction::Out].map(|direction| {
-            m.transfers
-                .get_or_create(&TransferLabels::new(direction, "queues"))
-                .clone()
-        });
-        m.pattern_transfers = HOT_PATTERNS.map(|pattern| {
+        m.pattern_transfers = COUNTED_PATTERNS.map(|pattern| {
             [Direction::In, Direction::Out].map(|direction| {
                 m.transfers
                     .get_or_create(&TransferLabels::new(direction, pattern))
@@ -282,11 +281,7 @@ impl Metrics {
 
     /// Counts one message transfer.
     pub fn transfer(&self, direction: Direction, pattern: &str) {
-        if pattern == "queues" {
-            if let Some(c) = self.queue_transfers.get(direction as usize) {
-                c.inc();
-            }
-        } else if let Some(i) = HOT_PATTERNS.iter().position(|p| *p == pattern) {
+        if let Some(i) = COUNTED_PATTERNS.iter().position(|p| *p == pattern) {
             if let Some(c) = self
                 .pattern_transfers
                 .get(i)

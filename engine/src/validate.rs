@@ -31,45 +31,77 @@ pub enum ValidateError {
     /// 1.6.21): stored, it would be handed to every consumer, whose decoders refuse it.
     #[error("invalid {kind} at offset {at}")]
     BadText {
-        /// `string` or `symbol`.
-        kind: &'static str,
+        /// String or symbol.
+        kind: TextKind,
         /// Where its bytes start.
         at: usize,
     },
 }
 
-/// How the bytes after a constructor are laid out.
-enum Layout {
-    Fixed(usize),
-    Var(usize),
-    Compound(usize, bool),
-    Array(usize),
+/// The kind of text a [`ValidateError::BadText`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    /// A string (UTF-8).
+    String,
+    /// A symbol (ASCII).
+    Symbol,
 }
 
-fn layout(code: u8) -> Result<Layout, ValidateError> {
-    Ok(match code {
-        0x40..=0x45 => Layout::Fixed(0),
-        0x50..=0x56 => Layout::Fixed(1),
-        0x60 | 0x61 => Layout::Fixed(2),
-        0x70..=0x74 => Layout::Fixed(4),
-        0x80..=0x84 => Layout::Fixed(8),
-        0x94 | 0x98 => Layout::Fixed(16),
-        0xa0 | 0xa1 | 0xa3 => Layout::Var(1),
-        0xb0 | 0xb1 | 0xb3 => Layout::Var(4),
-        0xc0 => Layout::Compound(1, false),
-        0xc1 => Layout::Compound(1, true),
-        0xd0 => Layout::Compound(4, false),
-        0xd1 => Layout::Compound(4, true),
-        0xe0 => Layout::Array(1),
-        0xf0 => Layout::Array(4),
-        other => return Err(ValidateError::UnknownConstructor(other)),
-    })
+impl std::fmt::Display for TextKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TextKind::String => "string",
+            TextKind::Symbol => "symbol",
+        })
+    }
+}
+
+/// How the bytes after a constructor are laid out (widths in bytes).
+#[derive(Clone, Copy)]
+enum Layout {
+    Fixed(u8),
+    Var(u8),
+    Compound(u8, bool),
+    Array(u8),
+    Unknown,
+}
+
+/// The layout of every constructor byte: one lookup per value, on every frame.
+static LAYOUTS: [Layout; 256] = layouts();
+
+const fn layouts() -> [Layout; 256] {
+    let mut table = [Layout::Unknown; 256];
+    let mut code = 0;
+    while code < 256 {
+        table[code] = match code as u8 {
+            0x40..=0x45 => Layout::Fixed(0),
+            0x50..=0x56 => Layout::Fixed(1),
+            0x60 | 0x61 => Layout::Fixed(2),
+            0x70..=0x74 => Layout::Fixed(4),
+            0x80..=0x84 => Layout::Fixed(8),
+            0x94 | 0x98 => Layout::Fixed(16),
+            0xa0 | 0xa1 | 0xa3 => Layout::Var(1),
+            0xb0 | 0xb1 | 0xb3 => Layout::Var(4),
+            0xc0 => Layout::Compound(1, false),
+            0xc1 => Layout::Compound(1, true),
+            0xd0 => Layout::Compound(4, false),
+            0xd1 => Layout::Compound(4, true),
+            0xe0 => Layout::Array(1),
+            0xf0 => Layout::Array(4),
+            _ => Layout::Unknown,
+        };
+        code += 1;
+    }
+    table
 }
 
 struct Cursor<'a> {
     buf: &'a [u8],
     pos: usize,
 }
+
+/// What the walk returns: small, so that it stays in registers through the recursion.
+type Walk = Result<(), ValidateError>;
 
 impl Cursor<'_> {
     fn byte(&mut self) -> Result<u8, ValidateError> {
@@ -81,7 +113,7 @@ impl Cursor<'_> {
         Ok(b)
     }
 
-    fn width(&mut self, w: usize) -> Result<usize, ValidateError> {
+    fn width(&mut self, w: u8) -> Result<usize, ValidateError> {
         if w == 1 {
             return Ok(usize::from(self.byte()?));
         }
@@ -106,100 +138,128 @@ impl Cursor<'_> {
         Ok(s)
     }
 
-    /// One complete value: constructor (possibly described) and its data.
-    fn value(&mut self, depth: usize) -> Result<(), ValidateError> {
+    /// One complete value: constructor (possibly described) and its data. Scalars, most of
+    /// every frame, are walked here without a further call.
+    #[inline]
+    fn value(&mut self, depth: usize) -> Walk {
         if depth > MAX_DEPTH {
             return Err(ValidateError::TooDeep);
         }
         let code = self.byte()?;
         if code == 0x00 {
-            self.value(depth + 1)?;
-            return self.value(depth + 1);
+            return self.described(depth);
         }
         self.data(code, depth)
     }
 
+    /// A described value: its descriptor, then the value.
+    #[inline(never)]
+    fn described(&mut self, depth: usize) -> Walk {
+        self.value(depth + 1)?;
+        self.value(depth + 1)
+    }
+
     /// The data that follows constructor `code`.
-    fn data(&mut self, code: u8, depth: usize) -> Result<(), ValidateError> {
-        match layout(code)? {
-            Layout::Fixed(n) => self.take(n).map(|_| ()),
-            Layout::Var(w) => {
-                let n = self.width(w)?;
-                let at = self.pos;
-                let bytes = self.take(n)?;
-                match code {
-                    0xa1 | 0xb1 if std::str::from_utf8(bytes).is_err() => {
-                        Err(ValidateError::BadText { kind: "string", at })
-                    }
-                    0xa3 | 0xb3 if !bytes.is_ascii() => {
-                        Err(ValidateError::BadText { kind: "symbol", at })
-                    }
-                    _ => Ok(()),
-                }
-            }
-            Layout::Compound(w, is_map) => {
-                let size = self.width(w)?;
-                let start = self.pos;
-                let end = start.checked_add(size).filter(|e| *e <= self.buf.len());
-                let end = end.ok_or(ValidateError::Truncated(start))?;
-                if size < w {
-                    return Err(ValidateError::Truncated(start));
-                }
-                let count = self.width(w)?;
-                if is_map && count % 2 != 0 {
-                    return Err(ValidateError::OddMap);
-                }
-                // Each item takes at least one byte: a count beyond the size is a lie.
-                if count > size {
-                    return Err(ValidateError::Truncated(start));
-                }
-                let mut inner = Cursor {
-                    buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
-                    pos: self.pos,
-                };
-                for _ in 0..count {
-                    inner.value(depth + 1)?;
-                }
-                if inner.pos != end {
-                    return Err(ValidateError::Truncated(inner.pos));
-                }
-                self.pos = end;
-                Ok(())
-            }
-            Layout::Array(w) => {
-                let size = self.width(w)?;
-                let start = self.pos;
-                let end = start.checked_add(size).filter(|e| *e <= self.buf.len());
-                let end = end.ok_or(ValidateError::Truncated(start))?;
-                if size < w {
-                    return Err(ValidateError::Truncated(start));
-                }
-                let count = self.width(w)?;
-                if count > size {
-                    return Err(ValidateError::Truncated(start));
-                }
-                let mut inner = Cursor {
-                    buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
-                    pos: self.pos,
-                };
-                let mut elem = inner.byte()?;
-                if elem == 0x00 {
-                    inner.value(depth + 1)?;
-                    elem = inner.byte()?;
-                }
-                if matches!(layout(elem)?, Layout::Array(_)) || elem == 0x00 {
-                    return Err(ValidateError::Unsupported(elem));
-                }
-                for _ in 0..count {
-                    inner.data(elem, depth + 1)?;
-                }
-                if inner.pos != end {
-                    return Err(ValidateError::Truncated(inner.pos));
-                }
-                self.pos = end;
-                Ok(())
-            }
+    #[inline]
+    fn data(&mut self, code: u8, depth: usize) -> Walk {
+        match LAYOUTS[usize::from(code)] {
+            Layout::Fixed(n) => self.take(usize::from(n)).map(|_| ()),
+            Layout::Var(w) => self.text(code, w),
+            Layout::Compound(w, is_map) => self.compound(w, is_map, depth),
+            Layout::Array(w) => self.array(w, depth),
+            Layout::Unknown => Err(ValidateError::UnknownConstructor(code)),
         }
+    }
+
+    /// Binary, string or symbol: strings must be UTF-8, symbols ASCII.
+    #[inline(never)]
+    fn text(&mut self, code: u8, w: u8) -> Walk {
+        let n = self.width(w)?;
+        let at = self.pos;
+        let bytes = self.take(n)?;
+        match code {
+            0xa1 | 0xb1 if std::str::from_utf8(bytes).is_err() => Err(ValidateError::BadText {
+                kind: TextKind::String,
+                at,
+            }),
+            0xa3 | 0xb3 if !bytes.is_ascii() => Err(ValidateError::BadText {
+                kind: TextKind::Symbol,
+                at,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The size and count fields of a compound or array, each `w` bytes wide: the count, and
+    /// where the items end. The cursor is left after the count.
+    fn sized(&mut self, w: u8) -> Result<(usize, usize), ValidateError> {
+        let size = self.width(w)?;
+        let start = self.pos;
+        let end = start.checked_add(size).filter(|e| *e <= self.buf.len());
+        let end = end.ok_or(ValidateError::Truncated(start))?;
+        if size < usize::from(w) {
+            return Err(ValidateError::Truncated(start));
+        }
+        let count = self.width(w)?;
+        Ok((count, end))
+    }
+
+    /// A list or map.
+    #[inline(never)]
+    fn compound(&mut self, w: u8, is_map: bool, depth: usize) -> Walk {
+        let start = self.pos + usize::from(w);
+        let (count, end) = self.sized(w)?;
+        if is_map && count % 2 != 0 {
+            return Err(ValidateError::OddMap);
+        }
+        // Each item takes at least one byte: a count beyond the size is a lie.
+        if count > end - start {
+            return Err(ValidateError::Truncated(start));
+        }
+        let mut inner = Cursor {
+            buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
+            pos: self.pos,
+        };
+        for _ in 0..count {
+            inner.value(depth + 1)?;
+        }
+        if inner.pos != end {
+            return Err(ValidateError::Truncated(inner.pos));
+        }
+        self.pos = end;
+        Ok(())
+    }
+
+    /// An array: one element constructor (possibly described), then `count` elements' data.
+    #[inline(never)]
+    fn array(&mut self, w: u8, depth: usize) -> Walk {
+        let start = self.pos + usize::from(w);
+        let (count, end) = self.sized(w)?;
+        if count > end - start {
+            return Err(ValidateError::Truncated(start));
+        }
+        let mut inner = Cursor {
+            buf: self.buf.get(..end).ok_or(ValidateError::Truncated(start))?,
+            pos: self.pos,
+        };
+        let mut elem = inner.byte()?;
+        if elem == 0x00 {
+            inner.value(depth + 1)?;
+            elem = inner.byte()?;
+        }
+        match LAYOUTS[usize::from(elem)] {
+            Layout::Unknown => return Err(ValidateError::UnknownConstructor(elem)),
+            Layout::Array(_) => return Err(ValidateError::Unsupported(elem)),
+            _ => {}
+        }
+        for _ in 0..count {
+            inner.data(elem, depth + 1)?;
+        }
+        if inner.pos != end {
+            return Err(ValidateError::Truncated(inner.pos));
+        }
+        self.pos = end;
+        Ok(())
     }
 }
 
@@ -232,21 +292,21 @@ mod tests {
         assert_eq!(
             value_len(&[0xa1, 2, 0xc3, 0x28]),
             Err(ValidateError::BadText {
-                kind: "string",
+                kind: TextKind::String,
                 at: 2
             })
         );
         assert_eq!(
             value_len(&[0xb1, 0, 0, 0, 1, 0xff]),
             Err(ValidateError::BadText {
-                kind: "string",
+                kind: TextKind::String,
                 at: 5
             })
         );
         assert_eq!(
             value_len(&[0xa3, 1, 0xe9]),
             Err(ValidateError::BadText {
-                kind: "symbol",
+                kind: TextKind::Symbol,
                 at: 2
             })
         );

@@ -1,7 +1,7 @@
 //! One connection's task: socket ⇄ engine ⇄ handler, until the engine says the connection is over.
 
 use std::future::poll_fn;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -13,6 +13,8 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::server::TlsStream;
+use tokio_stream::wrappers::WatchStream;
+use tokio_stream::StreamExt;
 
 use super::Handler;
 use crate::auth::audit;
@@ -114,7 +116,7 @@ pub async fn run_connection<S: Wire, H: Handler>(
     let Surroundings {
         cfg,
         admission,
-        mut shutdown,
+        shutdown,
         mut broker_ready,
         registry,
     } = around;
@@ -144,6 +146,12 @@ pub async fn run_connection<S: Wire, H: Handler>(
     if let Some(r) = broker_ready.as_mut() {
         r.borrow_and_update();
     }
+    // The rare inputs wait in futures kept across turns: made afresh every turn, each would join
+    // and leave a waiter list (or the timer wheel) on every message.
+    let mut shutdown = WatchStream::from_changes(shutdown);
+    let mut broker_ready = broker_ready.map(WatchStream::from_changes);
+    let mut timer = pin!(tokio::time::sleep_until(Instant::now()));
+    let mut armed: Option<Instant> = None;
     if !rbuf.is_empty() {
         engine.handle_input(Instant::now().into_std(), &mut rbuf);
     }
@@ -200,6 +208,12 @@ pub async fn run_connection<S: Wire, H: Handler>(
             rbuf.reserve(READ_CHUNK);
         }
         let deadline = engine.poll_timeout().map(Instant::from_std);
+        if deadline != armed {
+            if let Some(d) = deadline {
+                timer.as_mut().reset(d);
+            }
+            armed = deadline;
+        }
         let may_read = wbuf.len() < MAX_PENDING_WRITE;
         let input = tokio::select! {
             biased;
@@ -207,10 +221,10 @@ pub async fn run_connection<S: Wire, H: Handler>(
             input = async {
                 tokio::select! {
                     r = rd.read_buf(&mut rbuf), if may_read => Input::Read(r),
-                    _ = sleep_until_opt(deadline) => Input::Timeout,
+                    () = &mut timer, if armed.is_some() => Input::Timeout,
                     _ = poll_fn(|cx| handler.poll_ready(cx)) => Input::Work,
                     Some(probe) = probed(&mut listed) => Input::Probe(probe),
-                    r = shutdown.changed(), if !shutting_down => Input::Shutdown(r.is_ok()),
+                    r = shutdown.next(), if !shutting_down => Input::Shutdown(r.is_some()),
                     r = changed(&mut broker_ready), if !shutting_down => Input::Broker(r),
                 }
             } => input,
@@ -242,13 +256,13 @@ pub async fn run_connection<S: Wire, H: Handler>(
                 }
             }
             Input::Broker(r) => match r {
-                Ok(false) => {
+                Some(false) => {
                     shutting_down = true;
                     engine.broker_lost(Instant::now().into_std());
                 }
-                Ok(true) => {}
+                Some(true) => {}
                 // Nobody watches the broker any more (the process is ending).
-                Err(_) => broker_ready = None,
+                None => broker_ready = None,
             },
         }
     }
@@ -281,8 +295,8 @@ enum Input {
     Probe(detail::Probe),
     /// The process is shutting down (`false`: nobody will say so any more).
     Shutdown(bool),
-    /// The broker's readiness changed.
-    Broker(Result<bool, watch::error::RecvError>),
+    /// The broker's readiness changed (`None`: nobody will say so any more).
+    Broker(Option<bool>),
 }
 
 /// What [`write_or_flush`] did.
@@ -315,21 +329,9 @@ async fn probed(listed: &mut Option<(detail::Identity, Membership)>) -> Option<d
 }
 
 /// The broker's readiness once it changed; never, when nothing reports it.
-async fn changed(
-    ready: &mut Option<watch::Receiver<bool>>,
-) -> Result<bool, watch::error::RecvError> {
+async fn changed(ready: &mut Option<WatchStream<bool>>) -> Option<bool> {
     match ready {
-        Some(r) => {
-            r.changed().await?;
-            Ok(*r.borrow_and_update())
-        }
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
+        Some(r) => r.next().await,
         None => std::future::pending().await,
     }
 }

@@ -3,7 +3,6 @@
 //! the first response sent to that address completes the request, and a request that gets none
 //! within its timeout — also with no responder at all — fails with `Error 301`. Nothing is kept.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -13,6 +12,7 @@ use super::errors::{
     request_validation, response_validation, subscribe_channel, SubscribeKind, REQUEST_TIMEOUT,
 };
 use super::fanout::{Channeled, Fanout};
+use crate::engine::FastMap;
 use crate::kubemq::request::RequestType;
 use crate::kubemq::{Request, Response};
 
@@ -42,8 +42,9 @@ struct Waiting {
 pub struct RequestsHub {
     commands: Fanout<Request>,
     queries: Fanout<Request>,
-    /// Requests waiting, by reply address.
-    waiting: Mutex<HashMap<String, Waiting>>,
+    /// Requests waiting, by the uuid of their reply address (the hub's own, random: a fast hash
+    /// is safe with them).
+    waiting: Mutex<FastMap<u128, Waiting>>,
 }
 
 impl Default for RequestsHub {
@@ -59,17 +60,27 @@ impl Default for RequestsHub {
 /// Takes a waiting request off the table when its sender stops waiting, however it stops.
 struct WaitGuard<'a> {
     hub: &'a RequestsHub,
-    reply: String,
+    inbox: u128,
 }
 
 impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
-        self.hub.lock().remove(&self.reply);
+        self.hub.lock().remove(&self.inbox);
     }
 }
 
+/// The uuid of a reply address this hub gave (`_INBOX.` and a lowercase hyphenated uuid);
+/// `None` for any other text, which no request waits on.
+fn inbox_of(reply_channel: &str) -> Option<u128> {
+    let text = reply_channel.strip_prefix(INBOX_PREFIX)?;
+    let id = uuid::Uuid::try_parse(text).ok()?;
+    let mut canonical = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    (id.hyphenated().encode_lower(&mut canonical).as_bytes() == text.as_bytes())
+        .then_some(id.as_u128())
+}
+
 impl RequestsHub {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Waiting>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, FastMap<u128, Waiting>> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -88,12 +99,13 @@ impl RequestsHub {
         if request.request_id.is_empty() {
             request.request_id = crate::kubemq::new_id();
         }
-        let reply = format!("{INBOX_PREFIX}{}", crate::kubemq::new_id());
-        request.reply_channel = reply.clone();
+        let inbox = uuid::Uuid::new_v4();
+        request.reply_channel = format!("{INBOX_PREFIX}{}", inbox.hyphenated());
         let timeout = Duration::from_millis(u64::try_from(request.timeout).unwrap_or(1));
         let (done, answer) = oneshot::channel();
-        self.lock().insert(reply.clone(), Waiting { kind, done });
-        let _guard = WaitGuard { hub: self, reply };
+        let inbox = inbox.as_u128();
+        self.lock().insert(inbox, Waiting { kind, done });
+        let _guard = WaitGuard { hub: self, inbox };
         self.fanout(kind).route(request);
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(response)) => Ok(response),
@@ -118,7 +130,9 @@ impl RequestsHub {
     /// error, as KubeMQ discards them.
     pub fn respond(&self, mut response: Response) -> Result<(), &'static str> {
         response_validation(&response)?;
-        let Some(waiting) = self.lock().remove(&response.reply_channel) else {
+        let Some(waiting) =
+            inbox_of(&response.reply_channel).and_then(|id| self.lock().remove(&id))
+        else {
             return Ok(());
         };
         response.reply_channel.clear();
@@ -217,6 +231,39 @@ mod tests {
         assert_eq!(&got.body[..], b"pong");
         assert_eq!(got.metadata, "answer-metadata");
         assert!(got.cache_hit);
+        assert_eq!(hub.waiting(), 0);
+    }
+
+    /// A response completes a request only through the exact reply address it was given, as
+    /// KubeMQ compares them as text: the same uuid in capitals, another form or without the
+    /// prefix completes nothing.
+    #[tokio::test]
+    async fn only_the_exact_reply_address_answers() {
+        let hub = std::sync::Arc::new(RequestsHub::default());
+        let mut queries = hub.subscribe(RequestKind::Query, "r", "ops", "").unwrap();
+        let h = hub.clone();
+        let query =
+            tokio::spawn(async move { h.send(request(RequestType::Query, "ops", 5000)).await });
+        let delivered = queries.recv().await.unwrap();
+        let uuid = delivered
+            .reply_channel
+            .strip_prefix(INBOX_PREFIX)
+            .unwrap()
+            .to_string();
+        for wrong in [
+            format!("{INBOX_PREFIX}{}", uuid.to_uppercase()),
+            format!("{INBOX_PREFIX}{}", uuid.replace('-', "")),
+            format!("{INBOX_PREFIX}{{{uuid}}}"),
+            uuid.clone(),
+            format!("{INBOX_PREFIX}{uuid} "),
+        ] {
+            let mut r = answer(&delivered, true);
+            r.reply_channel = wrong;
+            hub.respond(r).unwrap();
+            assert_eq!(hub.waiting(), 1);
+        }
+        hub.respond(answer(&delivered, true)).unwrap();
+        assert!(query.await.unwrap().is_ok());
         assert_eq!(hub.waiting(), 0);
     }
 

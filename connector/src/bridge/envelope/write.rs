@@ -14,8 +14,20 @@ use super::{B64, JSON_SAFE};
 
 /// `s` as a JSON string.
 pub(super) fn string(out: &mut Vec<u8>, s: &str) {
-    // Writing into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
+    // JSON escapes only quotes, backslashes and control characters, which addresses and ids
+    // never hold: such a string is copied whole, checked without a branch per byte.
+    let plain = !s.bytes().fold(false, |esc, b| {
+        esc | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if plain {
+        out.reserve(s.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
 }
 
 /// An integer as a JSON number.

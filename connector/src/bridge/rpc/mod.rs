@@ -13,6 +13,7 @@
 pub mod requester;
 pub mod responder;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -24,7 +25,6 @@ use fe2o3_amqp_types::definitions::SenderSettleMode;
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
 use fe2o3_amqp_types::performatives::Attach;
 use futures_util::stream::FuturesUnordered;
-use tokio_stream::{Stream, StreamMap};
 
 use self::requester::Asked;
 use self::responder::{NoRequest, Tokens};
@@ -62,13 +62,18 @@ struct RequestLink {
     channel: String,
 }
 
-/// A responder's link and the request it holds for credit.
+/// A responder's link and the requests taken for it.
 struct Responder {
     pattern: Pattern,
     /// The client asked for pre-settled deliveries.
     presettled: bool,
-    /// Taken from the subscription when the link had no credit or the token table was full.
-    held: Option<Request>,
+    /// Taken from the subscription, not yet delivered (the link's credit shrank meanwhile, or
+    /// the token table filled up).
+    held: VecDeque<Request>,
+    /// How many more requests may be taken from the subscription: what the link's credit and
+    /// the token table's room allowed at the last [`RpcLinks::pump`], less what was taken since
+    /// (so never more than `RpcMaxPending` held). A turn takes all of them at once.
+    budget: usize,
 }
 
 /// A subscription the backend is opening, for a responder link not yet answered.
@@ -93,9 +98,10 @@ pub struct RpcLinks {
     /// target), by link.
     response_links: FastMap<LinkId, String>,
     responders: FastMap<LinkId, Responder>,
-    streams: StreamMap<LinkId, RequestStream>,
-    /// Subscriptions of responders whose link cannot take a request now.
-    parked: FastMap<LinkId, RequestStream>,
+    /// Each responder's subscription, polled while its budget lasts.
+    streams: FastMap<LinkId, RequestStream>,
+    /// Responders that took requests this turn.
+    fed: Vec<LinkId>,
     opening: FuturesUnordered<Pending<Opening>>,
     calls: FuturesUnordered<Pending<Answered>>,
     responses: FuturesUnordered<Pending<Settling>>,
@@ -107,7 +113,8 @@ pub struct RpcLinks {
     ready_opened: Vec<Opening>,
     ready_answered: Vec<Answered>,
     ready_responded: Vec<Settling>,
-    arrived: Vec<(LinkId, Result<Request, BackendError>)>,
+    /// Subscriptions that failed this turn.
+    failed: Vec<(LinkId, BackendError)>,
     next_token: u64,
     metrics: Arc<Metrics>,
     /// What this connection adds to `Metrics::rpc_held`.
@@ -153,8 +160,8 @@ impl RpcLinks {
             requesters: FastMap::default(),
             response_links: FastMap::default(),
             responders: FastMap::default(),
-            streams: StreamMap::new(),
-            parked: FastMap::default(),
+            streams: FastMap::default(),
+            fed: Vec::new(),
             opening: FuturesUnordered::new(),
             calls: FuturesUnordered::new(),
             responses: FuturesUnordered::new(),
@@ -164,7 +171,7 @@ impl RpcLinks {
             ready_opened: Vec::new(),
             ready_answered: Vec::new(),
             ready_responded: Vec::new(),
-            arrived: Vec::new(),
+            failed: Vec::new(),
             next_token: FIRST_TOKEN,
             metrics,
             counted_held: 0,
@@ -464,33 +471,39 @@ impl RpcLinks {
         true
     }
 
-    /// Delivers the request `link` holds and, while it has credit and the token table room,
-    /// lets its subscription go on; parks the subscription otherwise.
+    /// Delivers the requests `link` holds while it has credit and the token table room, then
+    /// sets how many more its subscription may give: as many as the link's credit and the
+    /// table's room left take (none while requests are still held).
     fn pump(&mut self, conn: &mut Connection, link: LinkId, shared: &Shared) {
         let Some(r) = self.responders.get_mut(&link) else {
             return;
         };
-        if let Some(request) = r.held.take() {
-            if conn.credit(link) == 0 || self.tokens.len() >= shared.max_pending {
-                r.held = Some(request);
-            } else {
-                let (pattern, presettled) = (r.pattern, r.presettled);
-                self.deliver(conn, link, (pattern, presettled), request, shared);
+        let (pattern, presettled) = (r.pattern, r.presettled);
+        let mut held = std::mem::take(&mut r.held);
+        // RPC-11: delivered within credit, paused while the token table is full.
+        while conn.credit(link) > 0 && self.tokens.len() < shared.max_pending {
+            let Some(request) = held.pop_front() else {
+                break;
+            };
+            if let Err(request) = self.deliver(conn, link, (pattern, presettled), request, shared) {
+                held.push_front(request);
+                break;
             }
         }
-        let can_take = conn.credit(link) > 0
-            && self.tokens.len() < shared.max_pending
-            && self.responders.get(&link).is_some_and(|r| r.held.is_none());
-        if can_take {
-            if let Some(stream) = self.parked.remove(&link) {
-                self.streams.insert(link, stream);
-            }
-        } else if let Some(stream) = self.streams.remove(&link) {
-            self.parked.insert(link, stream);
+        let budget = if held.is_empty() {
+            let room = shared.max_pending.saturating_sub(self.tokens.len());
+            (conn.credit(link) as usize).min(room)
+        } else {
+            0
+        };
+        if let Some(r) = self.responders.get_mut(&link) {
+            r.held = held;
+            r.budget = budget;
         }
     }
 
-    /// Delivers one request on a responder's link (RPC-12) and records its token.
+    /// Delivers one request on a responder's link (RPC-12) and records its token; gives the
+    /// request back when the link cannot take it.
     fn deliver(
         &mut self,
         conn: &mut Connection,
@@ -498,7 +511,7 @@ impl RpcLinks {
         (pattern, presettled): (Pattern, bool),
         request: Request,
         shared: &Shared,
-    ) {
+    ) -> Result<(), Request> {
         let answerable = responder::answerable_for(&request, shared.default_timeout);
         let message = responder::delivered(&request);
         let token = self.next_token;
@@ -512,8 +525,9 @@ impl RpcLinks {
             self.tokens.insert(&request, pattern, expires);
             self.expire_by(expires);
             self.count_held();
-        } else if let Some(r) = self.responders.get_mut(&link) {
-            r.held = Some(request);
+            Ok(())
+        } else {
+            Err(request)
         }
     }
 
@@ -541,7 +555,6 @@ impl RpcLinks {
         }
         if self.responders.remove(&link).is_some() {
             self.streams.remove(&link);
-            self.parked.remove(&link);
             return Some(metrics::Role::sender);
         }
         None
@@ -559,13 +572,7 @@ impl RpcLinks {
         while let Poll::Ready(Some(r)) = self.responses.poll_next_unpin(cx) {
             self.ready_responded.push(r);
         }
-        while let Poll::Ready(Some((link, item))) = Pin::new(&mut self.streams).poll_next(cx) {
-            // One request per link and turn: the link's credit is looked at before the next.
-            if let Some(stream) = self.streams.remove(&link) {
-                self.parked.insert(link, stream);
-            }
-            self.arrived.push((link, item));
-        }
+        self.take_requests(cx);
         if self
             .expiry
             .as_mut()
@@ -578,11 +585,50 @@ impl RpcLinks {
             || !self.ready_opened.is_empty()
             || !self.ready_answered.is_empty()
             || !self.ready_responded.is_empty()
-            || !self.arrived.is_empty()
+            || !self.fed.is_empty()
+            || !self.failed.is_empty()
         {
             Poll::Ready(())
         } else {
             Poll::Pending
+        }
+    }
+
+    /// Takes from each responder's subscription as many requests as its budget allows.
+    fn take_requests(&mut self, cx: &mut Context<'_>) {
+        let mut ended = Vec::new();
+        for (link, r) in self.responders.iter_mut() {
+            if r.budget == 0 {
+                continue;
+            }
+            let Some(stream) = self.streams.get_mut(link) else {
+                continue;
+            };
+            let took = r.held.len();
+            while r.budget > 0 {
+                match stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(Ok(request))) => {
+                        r.budget -= 1;
+                        r.held.push_back(request);
+                    }
+                    Poll::Ready(Some(Err(e))) => {
+                        self.failed.push((*link, e));
+                        r.budget = 0;
+                    }
+                    Poll::Ready(None) => {
+                        ended.push(*link);
+                        r.budget = 0;
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            if r.held.len() > took {
+                self.fed.push(*link);
+            }
+        }
+        // A subscription that ended gives nothing more; it is not polled again.
+        for link in ended {
+            self.streams.remove(&link);
         }
     }
 
@@ -612,10 +658,11 @@ impl RpcLinks {
                         Responder {
                             pattern: o.pattern,
                             presettled: o.presettled,
-                            held: None,
+                            held: VecDeque::new(),
+                            budget: 0,
                         },
                     );
-                    self.parked.insert(o.link, stream);
+                    self.streams.insert(o.link, stream);
                     self.pump(conn, o.link, shared);
                 }
                 Err(e) => {
@@ -642,19 +689,14 @@ impl RpcLinks {
         for r in std::mem::take(&mut self.ready_responded) {
             r.settle(conn, &self.metrics);
         }
-        for (link, item) in std::mem::take(&mut self.arrived) {
-            match item {
-                Ok(request) => {
-                    if let Some(r) = self.responders.get_mut(&link) {
-                        r.held = Some(request);
-                    }
-                    self.pump(conn, link, shared);
-                }
-                Err(e) => {
-                    tracing::debug!(link, error = %e, "request subscription ended");
-                    let _ = conn.detach(link, Some(subscribe_refusal(&e)));
-                }
-            }
+        let mut fed = std::mem::take(&mut self.fed);
+        for link in fed.drain(..) {
+            self.pump(conn, link, shared);
+        }
+        self.fed = fed;
+        for (link, e) in std::mem::take(&mut self.failed) {
+            tracing::debug!(link, error = %e, "request subscription ended");
+            let _ = conn.detach(link, Some(subscribe_refusal(&e)));
         }
         if std::mem::take(&mut self.expiry_due) {
             // Expired tokens make room: responders paused at the bound may go on.
