@@ -31,16 +31,16 @@ fuzz_target!(|data: &[u8]| {
     let out = egress(&metadata, body, &HashMap::new(), info);
     assert!(walk(&out).is_ok(), "stored Metadata delivered as an invalid message");
     // A request delivered to a responder (RPC-12), a command's outcome read from a reply.
-    let props = [
+    let mut props = [
         ("reply_to", Value::String("/responses/r-1".into())),
         ("correlation_id", Value::String("r-1".into())),
     ];
-    let app = [("x-opt-kubemq-executed", Value::Bool(true))];
+    let mut app = [("x-opt-kubemq-executed", Value::Bool(true))];
     let stamps = Stamps {
-        props: &props,
-        app: &app,
+        props: &mut props,
+        app: &mut app,
     };
-    let out = stamped_egress(&metadata, &stamps, body, &HashMap::new(), info);
+    let out = stamped_egress(&metadata, stamps, body, &HashMap::new(), info);
     assert!(walk(&out).is_ok(), "a restamped Metadata delivered as an invalid message");
     let _ = application_properties(&metadata, ["x-opt-kubemq-executed", "x-opt-kubemq-error"]);
 });

@@ -8,7 +8,7 @@
 //! its reply, so replies never overflow a node and a requester that grants no credit has its
 //! requests refused instead of growing the connector.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 
 use bytes::Bytes;
 
@@ -73,10 +73,12 @@ fn full() -> AmqpError {
 /// One connection's dynamic nodes.
 #[derive(Debug)]
 pub struct DynamicNodes {
-    nodes: HashMap<String, Node>,
+    /// By address. The addresses are the connector's own, and a connection has few: a fast
+    /// hash is safe with them.
+    nodes: FastMap<String, Node>,
     by_link: FastMap<LinkId, String>,
     /// Unsettled deliveries: token → (address, message), offered again if released.
-    unsettled: HashMap<u64, (String, Bytes)>,
+    unsettled: FastMap<u64, (String, Bytes)>,
     next_token: u64,
     /// Messages a node holds at most (MaxUnsettledPerLink).
     capacity: usize,
@@ -86,9 +88,9 @@ impl DynamicNodes {
     /// No nodes yet; each will hold at most `capacity` messages.
     pub fn new(capacity: usize) -> Self {
         DynamicNodes {
-            nodes: HashMap::new(),
+            nodes: FastMap::default(),
             by_link: FastMap::default(),
-            unsettled: HashMap::new(),
+            unsettled: FastMap::default(),
             next_token: FIRST_TOKEN,
             capacity: capacity.max(1),
         }

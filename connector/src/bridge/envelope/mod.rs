@@ -146,25 +146,26 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         text.push(b':');
     };
     if let Some(r) = &layout.properties {
-        if let Value::List(fields) = list_section(msg, r, "properties")? {
-            if let Some(Value::String(t)) = fields.get(2) {
-                to = Some(t.clone());
-            }
-            if let Some(Value::String(t)) = fields.get(4) {
-                reply_to = Some(t.clone());
-            }
-            // RPC-6: the correlation-id, or the message-id when there is none.
-            correlation = [5, 0]
-                .into_iter()
-                .filter_map(|i| fields.get(i))
-                .find(|v| **v != Value::Null)
-                .cloned();
+        if let Value::List(mut fields) = list_section(msg, r, "properties")? {
             for (name, v) in PROPS.iter().zip(&fields) {
                 if *v != Value::Null {
                     prop(&mut text, name);
                     write_prop(&mut text, name, v);
                 }
             }
+            // Written: what the connector keeps beside the text is moved out of the fields.
+            let mut field = |i: usize| fields.get_mut(i).map(std::mem::take);
+            if let Some(Value::String(t)) = field(2) {
+                to = Some(t);
+            }
+            if let Some(Value::String(t)) = field(4) {
+                reply_to = Some(t);
+            }
+            // RPC-6: the correlation-id, or the message-id when there is none.
+            correlation = [5, 0]
+                .into_iter()
+                .filter_map(&mut field)
+                .find(|v| *v != Value::Null);
         }
     }
     if let Some(r) = &layout.header {
@@ -272,21 +273,22 @@ fn write_prop(out: &mut Vec<u8>, name: &str, v: &Value) {
 /// made of it.
 pub fn stamped_egress(
     metadata: &str,
-    stamps: &Stamps<'_>,
+    stamps: Stamps<'_>,
     body: &[u8],
     tags: &std::collections::HashMap<String, String>,
     info: DeliveryInfo,
 ) -> Vec<u8> {
     let mut env = sections(metadata);
-    for (name, v) in stamps.props {
-        env.props.set_value(name, v.clone());
+    for (name, v) in stamps.props.iter_mut() {
+        env.props.set_value(name, std::mem::take(v));
     }
     if !stamps.app.is_empty() {
         let app = env.app.get_or_insert_with(Vec::new);
-        for (k, v) in stamps.app {
+        for (k, v) in stamps.app.iter_mut() {
+            let v = std::mem::take(v);
             match app.iter_mut().find(|(key, _)| is_key(key, k)) {
-                Some(slot) => slot.1 = v.clone(),
-                None => app.push((Value::String((*k).to_string()), v.clone())),
+                Some(slot) => slot.1 = v,
+                None => app.push((Value::String((*k).to_string()), v)),
             }
         }
     }
@@ -312,14 +314,14 @@ fn is_key(key: &Value, k: &str) -> bool {
     matches!(key, Value::String(key) if key == k)
 }
 
-/// What [`stamped_egress`] sets over a message's envelope.
-#[derive(Debug, Clone, Copy, Default)]
+/// What [`stamped_egress`] sets over a message's envelope (the values are moved into it).
+#[derive(Debug, Default)]
 pub struct Stamps<'a> {
     /// Properties fields by the envelope's names (`reply_to`, `correlation_id`, ...; other
     /// names are not properties fields and are ignored).
-    pub props: &'a [(&'a str, Value)],
+    pub props: &'a mut [(&'static str, Value)],
     /// Application-properties.
-    pub app: &'a [(&'a str, Value)],
+    pub app: &'a mut [(&'static str, Value)],
 }
 
 /// The application-properties `keys` of a message stored by [`ingress`]; `None` for each it

@@ -522,7 +522,7 @@ impl RpcLinks {
         {
             self.metrics.transfer(Direction::Out, pattern.name());
             let expires = Instant::now() + answerable;
-            self.tokens.insert(&request, pattern, expires);
+            self.tokens.insert(request, pattern, expires);
             self.expire_by(expires);
             self.count_held();
             Ok(())

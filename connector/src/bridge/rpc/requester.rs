@@ -68,10 +68,15 @@ pub fn request(
 /// The reply to deliver for a request's outcome, or `None` when nothing is delivered (a query
 /// that failed or timed out, RPC-8).
 pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<Vec<u8>> {
-    let mut props = vec![("to", Value::String(asked.reply_to.clone()))];
-    if let Some(c) = &asked.correlation {
-        props.push(("correlation_id", c.clone()));
-    }
+    // The correlation is stamped only when the request had one (RPC-6).
+    let mut props = [
+        ("to", Value::String(asked.reply_to.clone())),
+        (
+            "correlation_id",
+            asked.correlation.clone().unwrap_or_default(),
+        ),
+    ];
+    let props = &mut props[..if asked.correlation.is_some() { 2 } else { 1 }];
     let tags = std::collections::HashMap::new();
     let info = DeliveryInfo { receive_count: 1 };
     match (asked.pattern, outcome) {
@@ -81,22 +86,23 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
                 Ok(r) => (r.executed, r.error.clone()),
                 Err(e) => (false, error_text(e)),
             };
-            let mut app = vec![(EXECUTED, Value::Bool(executed))];
-            if !error.is_empty() {
-                app.push((ERROR, Value::String(error)));
-            }
+            let mut app = [
+                (EXECUTED, Value::Bool(executed)),
+                (ERROR, Value::String(error)),
+            ];
+            let with_error = matches!(&app[1].1, Value::String(e) if !e.is_empty());
             let stamps = Stamps {
-                props: &props,
-                app: &app,
+                props,
+                app: &mut app[..if with_error { 2 } else { 1 }],
             };
-            Some(stamped_egress("", &stamps, &[], &tags, info))
+            Some(stamped_egress("", stamps, &[], &tags, info))
         }
         (_, Ok(r)) => {
             let stamps = Stamps {
-                props: &props,
-                app: &[],
+                props,
+                app: &mut [],
             };
-            Some(stamped_egress(&r.metadata, &stamps, &r.body, &tags, info))
+            Some(stamped_egress(&r.metadata, stamps, &r.body, &tags, info))
         }
         (_, Err(_)) => None,
     }

@@ -57,11 +57,11 @@ impl Tokens {
     }
 
     /// Records a delivered request, answerable until `expires`.
-    pub fn insert(&mut self, request: &Request, pattern: Pattern, expires: Instant) {
+    pub fn insert(&mut self, request: Request, pattern: Pattern, expires: Instant) {
         self.live.insert(
-            request.request_id.clone(),
+            request.request_id,
             Token {
-                reply_channel: request.reply_channel.clone(),
+                reply_channel: request.reply_channel,
                 pattern,
                 expires,
             },
@@ -148,17 +148,17 @@ impl Tokens {
 /// `reply-to` the request's token and `correlation-id` its RequestID.
 pub fn delivered(request: &Request) -> Vec<u8> {
     let token = format!("/responses/{}", request.request_id);
-    let props = [
+    let mut props = [
         ("reply_to", Value::String(token)),
         ("correlation_id", Value::String(request.request_id.clone())),
     ];
     let stamps = Stamps {
-        props: &props,
-        app: &[],
+        props: &mut props,
+        app: &mut [],
     };
     stamped_egress(
         &request.metadata,
-        &stamps,
+        stamps,
         &request.body,
         &request.tags,
         DeliveryInfo { receive_count: 1 },
@@ -200,8 +200,8 @@ mod tests {
             reply_channel: format!("_INBOX.{id}"),
             ..Default::default()
         };
-        t.insert(&r("a"), Pattern::Commands, now + Duration::from_secs(10));
-        t.insert(&r("b"), Pattern::Queries, now + Duration::from_secs(1));
+        t.insert(r("a"), Pattern::Commands, now + Duration::from_secs(10));
+        t.insert(r("b"), Pattern::Queries, now + Duration::from_secs(1));
         let failed =
             r#"{"amqp10":{"app":{"x-opt-kubemq-executed":false,"x-opt-kubemq-error":"no"}}}"#;
         let a = t.answer("a", "me", stored(failed), now).unwrap();
@@ -217,7 +217,7 @@ mod tests {
             t.answer("b", "me", stored(""), now).unwrap_err(),
             NoRequest::Expired
         );
-        t.insert(&r("c"), Pattern::Queries, now + Duration::from_secs(1));
+        t.insert(r("c"), Pattern::Queries, now + Duration::from_secs(1));
         let c = t.answer("c", "me", stored("{}"), now).unwrap();
         assert!(c.executed && &c.body[..] == b"body" && c.metadata == "{}");
     }
