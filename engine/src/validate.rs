@@ -69,6 +69,17 @@ enum Layout {
 /// The layout of every constructor byte: one lookup per value, on every frame.
 static LAYOUTS: [Layout; 256] = layouts();
 
+/// The layout of constructor `code`.
+fn layout(code: u8) -> Layout {
+    // A byte always indexes the 256 entries.
+    LAYOUTS
+        .get(usize::from(code))
+        .copied()
+        .unwrap_or(Layout::Unknown)
+}
+
+// Evaluated at compile time, where an index out of bounds would fail the build.
+#[allow(clippy::indexing_slicing)]
 const fn layouts() -> [Layout; 256] {
     let mut table = [Layout::Unknown; 256];
     let mut code = 0;
@@ -162,7 +173,7 @@ impl Cursor<'_> {
     /// The data that follows constructor `code`.
     #[inline]
     fn data(&mut self, code: u8, depth: usize) -> Walk {
-        match LAYOUTS[usize::from(code)] {
+        match layout(code) {
             Layout::Fixed(n) => self.take(usize::from(n)).map(|_| ()),
             Layout::Var(w) => self.text(code, w),
             Layout::Compound(w, is_map) => self.compound(w, is_map, depth),
@@ -247,7 +258,7 @@ impl Cursor<'_> {
             inner.value(depth + 1)?;
             elem = inner.byte()?;
         }
-        match LAYOUTS[usize::from(elem)] {
+        match layout(elem) {
             Layout::Unknown => return Err(ValidateError::UnknownConstructor(elem)),
             Layout::Array(_) => return Err(ValidateError::Unsupported(elem)),
             _ => {}

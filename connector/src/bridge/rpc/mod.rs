@@ -482,11 +482,7 @@ impl RpcLinks {
         let mut held = std::mem::take(&mut r.held);
         // RPC-11: delivered within credit, paused while the token table is full.
         while conn.credit(link) > 0 && self.tokens.len() < shared.max_pending {
-            let Some(request) = held.pop_front() else {
-                break;
-            };
-            if let Err(request) = self.deliver(conn, link, (pattern, presettled), request, shared) {
-                held.push_front(request);
+            if !self.deliver(conn, link, (pattern, presettled), &mut held, shared) {
                 break;
             }
         }
@@ -502,18 +498,21 @@ impl RpcLinks {
         }
     }
 
-    /// Delivers one request on a responder's link (RPC-12) and records its token; gives the
-    /// request back when the link cannot take it.
+    /// Delivers the first of `held` on a responder's link (RPC-12) and records its token;
+    /// `false`, with the request still held, when there is none or the link cannot take it.
     fn deliver(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
         (pattern, presettled): (Pattern, bool),
-        request: Request,
+        held: &mut VecDeque<Request>,
         shared: &Shared,
-    ) -> Result<(), Request> {
-        let answerable = responder::answerable_for(&request, shared.default_timeout);
-        let message = responder::delivered(&request);
+    ) -> bool {
+        let Some(request) = held.front() else {
+            return false;
+        };
+        let answerable = responder::answerable_for(request, shared.default_timeout);
+        let message = responder::delivered(request);
         let token = self.next_token;
         self.next_token += 1;
         if conn
@@ -522,12 +521,14 @@ impl RpcLinks {
         {
             self.metrics.transfer(Direction::Out, pattern.name());
             let expires = Instant::now() + answerable;
-            self.tokens.insert(request, pattern, expires);
+            if let Some(request) = held.pop_front() {
+                self.tokens.insert(request, pattern, expires);
+            }
             self.expire_by(expires);
             self.count_held();
-            Ok(())
+            true
         } else {
-            Err(request)
+            false
         }
     }
 

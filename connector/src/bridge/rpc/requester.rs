@@ -76,7 +76,8 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
             asked.correlation.clone().unwrap_or_default(),
         ),
     ];
-    let props = &mut props[..if asked.correlation.is_some() { 2 } else { 1 }];
+    let stamped = if asked.correlation.is_some() { 2 } else { 1 };
+    let props = props.get_mut(..stamped).unwrap_or_default();
     let tags = std::collections::HashMap::new();
     let info = DeliveryInfo { receive_count: 1 };
     match (asked.pattern, outcome) {
@@ -93,7 +94,9 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
             let with_error = matches!(&app[1].1, Value::String(e) if !e.is_empty());
             let stamps = Stamps {
                 props,
-                app: &mut app[..if with_error { 2 } else { 1 }],
+                app: app
+                    .get_mut(..if with_error { 2 } else { 1 })
+                    .unwrap_or_default(),
             };
             Some(stamped_egress("", stamps, &[], &tags, info))
         }
