@@ -508,21 +508,25 @@ fn push_header(
     first_acquirer: bool,
     delivery_count: u32,
 ) {
-    let mut fields = Vec::with_capacity(16);
-    fields.push(0x41); // durable: true
+    // list8: its size byte (count byte + fields) is set once the fields are written.
+    out.extend_from_slice(&[0x00, 0x53, 0x70, 0xc0, 0, 5]);
+    let size_at = out.len() - 2;
+    out.push(0x41); // durable: true
     match priority {
-        Some(p) => fields.extend_from_slice(&[0x50, p]),
-        None => fields.push(0x40), // null: 4, the default
+        Some(p) => out.extend_from_slice(&[0x50, p]),
+        None => out.push(0x40), // null: 4, the default
     }
     match ttl {
-        Some(t) => encode::value(&mut fields, &Value::Uint(t)),
-        None => fields.push(0x40),
+        Some(t) => encode::value(out, &Value::Uint(t)),
+        None => out.push(0x40),
     }
-    fields.push(if first_acquirer { 0x41 } else { 0x42 });
-    encode::value(&mut fields, &Value::Uint(delivery_count));
-    // list8: size (count byte + fields), count 5.
-    out.extend_from_slice(&[0x00, 0x53, 0x70, 0xc0, fields.len() as u8 + 1, 5]);
-    out.extend_from_slice(&fields);
+    out.push(if first_acquirer { 0x41 } else { 0x42 });
+    encode::value(out, &Value::Uint(delivery_count));
+    // At most 1 + 2 + 5 + 1 + 5 bytes: the size fits a byte.
+    let size = (out.len() - size_at - 1) as u8;
+    if let Some(b) = out.get_mut(size_at) {
+        *b = size;
+    }
 }
 
 /// One Data section holding `body`, copied once.

@@ -63,6 +63,9 @@ impl Props {
     /// Sets the field at position `i`.
     fn set_field(&mut self, i: usize, v: Value) {
         if self.fields.len() <= i {
+            // Room for every field at the first: an envelope sets several, in any order.
+            self.fields
+                .reserve(PROPS.len().max(i + 1) - self.fields.len());
             self.fields.resize(i + 1, Value::Null);
         }
         if let Some(slot) = self.fields.get_mut(i) {
