@@ -111,7 +111,7 @@ struct Cursor<'a> {
     pos: usize,
 }
 
-/// What the walk returns: small, so that it stays in registers through the recursion.
+/// What each step of the walk returns.
 type Walk = Result<(), ValidateError>;
 
 impl Cursor<'_> {
