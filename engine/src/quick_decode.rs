@@ -70,54 +70,44 @@ impl<'a> Fields<'a> {
         self.take(1)?.first().copied()
     }
 
+    /// The next field as [`Fields::scalar`] reads it, kept when `pick` takes its value; null or
+    /// absent is `Some(None)`.
+    fn typed<T>(&mut self, pick: impl FnOnce(Value) -> Option<T>) -> Field<T> {
+        let Some(code) = self.next()? else {
+            return Some(None);
+        };
+        match self.scalar(code)? {
+            Value::Null => Some(None),
+            v => pick(v).map(Some),
+        }
+    }
+
     fn uint(&mut self) -> Field<u32> {
-        Some(match self.next()? {
-            None | Some(0x40) => None,
-            Some(0x43) => Some(0),
-            Some(0x52) => Some(u32::from(self.byte()?)),
-            Some(0x70) => Some(u32::from_be_bytes(self.take(4)?.try_into().ok()?)),
-            Some(_) => return None,
+        self.typed(|v| match v {
+            Value::Uint(n) => Some(n),
+            _ => None,
         })
     }
 
     fn boolean(&mut self) -> Field<bool> {
-        Some(match self.next()? {
-            None | Some(0x40) => None,
-            Some(0x41) => Some(true),
-            Some(0x42) => Some(false),
-            Some(0x56) => match self.byte()? {
-                0 => Some(false),
-                1 => Some(true),
-                _ => return None,
-            },
-            Some(_) => return None,
+        self.typed(|v| match v {
+            Value::Bool(b) => Some(b),
+            _ => None,
         })
     }
 
     fn binary(&mut self) -> Field<ByteBuf> {
-        Some(match self.next()? {
-            None | Some(0x40) => None,
-            Some(0xa0) => {
-                let n = self.byte()? as usize;
-                Some(ByteBuf::from(self.take(n)?))
-            }
-            Some(0xb0) => {
-                let n = u32::from_be_bytes(self.take(4)?.try_into().ok()?) as usize;
-                Some(ByteBuf::from(self.take(n)?))
-            }
-            Some(_) => return None,
+        self.typed(|v| match v {
+            Value::Binary(b) => Some(b),
+            _ => None,
         })
     }
 
     fn settle_mode(&mut self) -> Field<ReceiverSettleMode> {
-        Some(match self.next()? {
-            None | Some(0x40) => None,
-            Some(0x50) => match self.byte()? {
-                0 => Some(ReceiverSettleMode::First),
-                1 => Some(ReceiverSettleMode::Second),
-                _ => return None,
-            },
-            Some(_) => return None,
+        self.typed(|v| match v {
+            Value::Ubyte(0) => Some(ReceiverSettleMode::First),
+            Value::Ubyte(1) => Some(ReceiverSettleMode::Second),
+            _ => None,
         })
     }
 

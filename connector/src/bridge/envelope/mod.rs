@@ -8,10 +8,11 @@
 //! leaves open are in docs/decisions.md.
 //!
 //! A message's way through: [`ingress`] walks the received sections (the engine's
-//! `section_fields` reads the header and properties fields by hand) and writes the envelope's text straight from them (`write`);
-//! [`egress`] reads that text straight into AMQP values (`read`, with `entries` for JSON
-//! objects' key order) and encodes the delivered sections (`encode`). The generic conversions
-//! [`value_to_json`] and [`value_from_json`] are what the direct ones are tested against.
+//! `section_fields` reads the header and properties fields by hand) and writes the envelope's
+//! text straight from them (`write`); [`egress`] reads that text straight into AMQP values
+//! (`read`, with `entries` for JSON objects' key order) and encodes the delivered sections
+//! (`encode`). The generic conversions [`value_to_json`] and [`value_from_json`] are what the
+//! direct ones are tested against.
 
 use base64::Engine as _;
 use serde_amqp::described::Described;

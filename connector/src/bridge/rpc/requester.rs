@@ -87,11 +87,11 @@ pub fn reply(asked: &Asked, outcome: &Result<Response, BackendError>) -> Option<
                 Ok(r) => (r.executed, r.error.clone()),
                 Err(e) => (false, error_text(e)),
             };
+            let with_error = !error.is_empty();
             let mut app = [
                 (EXECUTED, Value::Bool(executed)),
                 (ERROR, Value::String(error)),
             ];
-            let with_error = matches!(&app[1].1, Value::String(e) if !e.is_empty());
             let stamps = Stamps {
                 props,
                 app: app
