@@ -269,6 +269,14 @@ pub(super) fn from<'a, T: serde::Deserialize<'a>>(
 
 /// Decodes one AMQP frame body (non-empty) into a performative.
 pub fn decode_performative(body: &Bytes) -> Result<Performative, DecodeError> {
+    // The two performatives on every message's path, in their plain encodings, are checked as
+    // they are read; anything else is walked by the validator first.
+    if let Some((transfer, len)) = quick_decode::transfer(body) {
+        return Ok(Performative::Transfer(transfer, body.slice(len..)));
+    }
+    if let Some(disposition) = quick_decode::disposition(body) {
+        return Ok(Performative::Disposition(disposition));
+    }
     let len = value_len(body)?;
     let perf = body
         .get(..len)
@@ -283,14 +291,8 @@ pub fn decode_performative(body: &Bytes) -> Result<Performative, DecodeError> {
         0x11 => Performative::Begin(from(perf, "begin")?),
         0x12 => Performative::Attach(decode_attach(perf)?),
         0x13 => Performative::Flow(from(perf, "flow")?),
-        0x14 => Performative::Transfer(
-            match quick_decode::transfer(perf) {
-                Some(t) => t,
-                None => from(perf, "transfer")?,
-            },
-            body.slice(len..),
-        ),
-        0x15 => Performative::Disposition(decode_disposition(perf)?),
+        0x14 => Performative::Transfer(from(perf, "transfer")?, body.slice(len..)),
+        0x15 => Performative::Disposition(serde_disposition(perf)?),
         0x16 => Performative::Detach(from(perf, "detach")?),
         0x17 => Performative::End(from(perf, "end")?),
         0x18 => Performative::Close(from(perf, "close")?),
@@ -317,13 +319,6 @@ fn decode_attach(perf: &[u8]) -> Result<AttachFrame, DecodeError> {
         role: head.role,
         coordinator,
     })
-}
-
-fn decode_disposition(perf: &[u8]) -> Result<DispositionFrame, DecodeError> {
-    match quick_decode::disposition(perf) {
-        Some(d) => Ok(d),
-        None => serde_disposition(perf),
-    }
 }
 
 /// DISPOSITION through serde: strictly first, then leniently for states fe2o3 refuses.

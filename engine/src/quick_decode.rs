@@ -6,9 +6,11 @@
 //! Only the plain cases are decoded here: the numeric descriptor, fields in their usual
 //! encodings, and for DISPOSITION no state or an empty `accepted` / `released`. Anything else
 //! returns `None` and goes through the serde decoder, which stays the reference for what is
-//! accepted and how it is refused (differential tests pin that both agree). The input has
-//! already passed the structural validator, so sizes and counts match the bytes; every read is
-//! still bounds-checked.
+//! accepted and how it is refused (differential tests pin that both agree). TRANSFER and
+//! DISPOSITION are read before the structural validator runs: every read is bounds-checked and
+//! a performative is taken only when its fields fill its list's size exactly, so what is read
+//! here is what the validator would pass (a differential test pins that too); sections are read
+//! after it.
 
 use fe2o3_amqp_types::definitions::{Handle, ReceiverSettleMode, Role};
 use fe2o3_amqp_types::performatives::Transfer;
@@ -23,10 +25,49 @@ struct Fields<'a> {
     buf: &'a [u8],
     pos: usize,
     left: u32,
+    /// Where the list's size says it ends, in `buf`.
+    end: usize,
 }
 
 /// `None`: not an encoding this module reads. `Some(None)`: null or absent.
 type Field<T> = Option<Option<T>>;
+
+/// A fixed-width scalar as read, before it becomes a [`Value`] (which has a destructor to run).
+#[derive(Debug, Clone, Copy)]
+enum Fixed {
+    Null,
+    Bool(bool),
+    Ubyte(u8),
+    Byte(i8),
+    Ushort(u16),
+    Short(i16),
+    Uint(u32),
+    Int(i32),
+    Ulong(u64),
+    Long(i64),
+    /// Milliseconds since the epoch.
+    Timestamp(i64),
+    Uuid([u8; 16]),
+}
+
+impl From<Fixed> for Value {
+    fn from(f: Fixed) -> Value {
+        match f {
+            Fixed::Null => Value::Null,
+            Fixed::Bool(b) => Value::Bool(b),
+            Fixed::Ubyte(n) => Value::Ubyte(n),
+            Fixed::Byte(n) => Value::Byte(n),
+            Fixed::Ushort(n) => Value::Ushort(n),
+            Fixed::Short(n) => Value::Short(n),
+            Fixed::Uint(n) => Value::Uint(n),
+            Fixed::Int(n) => Value::Int(n),
+            Fixed::Ulong(n) => Value::Ulong(n),
+            Fixed::Long(n) => Value::Long(n),
+            Fixed::Timestamp(ms) => Value::Timestamp(Timestamp::from_milliseconds(ms)),
+            Fixed::Uuid(u) => Value::Uuid(u.into()),
+        }
+    }
+}
 
 impl<'a> Fields<'a> {
     /// The list of a performative with the small-ulong descriptor `code`.
@@ -35,16 +76,21 @@ impl<'a> Fields<'a> {
             return None;
         }
         let list = perf.get(3..)?;
-        let (pos, left) = match *list.first()? {
-            0x45 => (1, 0),
-            0xc0 => (3, u32::from(*list.get(2)?)),
-            0xd0 => (9, u32::from_be_bytes(list.get(5..9)?.try_into().ok()?)),
+        let (pos, left, end) = match *list.first()? {
+            0x45 => (1, 0, 1),
+            0xc0 => (3, u32::from(*list.get(2)?), 2 + usize::from(*list.get(1)?)),
+            0xd0 => (
+                9,
+                u32::from_be_bytes(list.get(5..9)?.try_into().ok()?),
+                5usize.checked_add(u32::from_be_bytes(list.get(1..5)?.try_into().ok()?) as usize)?,
+            ),
             _ => return None,
         };
         Some(Fields {
             buf: list,
             pos,
             left,
+            end,
         })
     }
 
@@ -61,7 +107,7 @@ impl<'a> Fields<'a> {
     }
 
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let bytes = self.buf.get(self.pos..self.pos + n)?;
+        let bytes = self.buf.get(self.pos..self.pos.checked_add(n)?)?;
         self.pos += n;
         Some(bytes)
     }
@@ -82,16 +128,29 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// The next field as [`Fields::fixed`] reads it, kept when `pick` takes its value; null or
+    /// absent is `Some(None)`. No `Value` is made: these fields are on every TRANSFER and
+    /// DISPOSITION.
+    fn typed_fixed<T>(&mut self, pick: impl FnOnce(Fixed) -> Option<T>) -> Field<T> {
+        let Some(code) = self.next()? else {
+            return Some(None);
+        };
+        match self.fixed(code)? {
+            Fixed::Null => Some(None),
+            v => pick(v).map(Some),
+        }
+    }
+
     fn uint(&mut self) -> Field<u32> {
-        self.typed(|v| match v {
-            Value::Uint(n) => Some(n),
+        self.typed_fixed(|v| match v {
+            Fixed::Uint(n) => Some(n),
             _ => None,
         })
     }
 
     fn boolean(&mut self) -> Field<bool> {
-        self.typed(|v| match v {
-            Value::Bool(b) => Some(b),
+        self.typed_fixed(|v| match v {
+            Fixed::Bool(b) => Some(b),
             _ => None,
         })
     }
@@ -104,9 +163,9 @@ impl<'a> Fields<'a> {
     }
 
     fn settle_mode(&mut self) -> Field<ReceiverSettleMode> {
-        self.typed(|v| match v {
-            Value::Ubyte(0) => Some(ReceiverSettleMode::First),
-            Value::Ubyte(1) => Some(ReceiverSettleMode::Second),
+        self.typed_fixed(|v| match v {
+            Fixed::Ubyte(0) => Some(ReceiverSettleMode::First),
+            Fixed::Ubyte(1) => Some(ReceiverSettleMode::Second),
             _ => None,
         })
     }
@@ -150,44 +209,55 @@ impl<'a> Fields<'a> {
     /// The scalar after constructor `code`, as serde_amqp's generic `Value` reads it.
     fn scalar(&mut self, code: u8) -> Option<Value> {
         Some(match code {
-            0x40 => Value::Null,
-            0x41 => Value::Bool(true),
-            0x42 => Value::Bool(false),
-            0x56 => match self.byte()? {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                _ => return None,
-            },
-            0x50 => Value::Ubyte(self.byte()?),
-            0x51 => Value::Byte(i8::from_be_bytes(self.array()?)),
-            0x60 => Value::Ushort(u16::from_be_bytes(self.array()?)),
-            0x61 => Value::Short(i16::from_be_bytes(self.array()?)),
-            0x43 => Value::Uint(0),
-            0x52 => Value::Uint(u32::from(self.byte()?)),
-            0x70 => Value::Uint(u32::from_be_bytes(self.array()?)),
-            0x54 => Value::Int(i32::from(i8::from_be_bytes(self.array()?))),
-            0x71 => Value::Int(i32::from_be_bytes(self.array()?)),
-            0x44 => Value::Ulong(0),
-            0x53 => Value::Ulong(u64::from(self.byte()?)),
-            0x80 => Value::Ulong(u64::from_be_bytes(self.array()?)),
-            0x55 => Value::Long(i64::from(i8::from_be_bytes(self.array()?))),
-            0x81 => Value::Long(i64::from_be_bytes(self.array()?)),
-            0x83 => Value::Timestamp(Timestamp::from_milliseconds(i64::from_be_bytes(
-                self.array()?,
-            ))),
-            0x98 => Value::Uuid(self.array::<16>()?.into()),
             0xa0 | 0xb0 => Value::Binary(ByteBuf::from(self.variable(code)?)),
             0xa1 | 0xb1 => Value::String(std::str::from_utf8(self.variable(code)?).ok()?.into()),
             0xa3 | 0xb3 => Value::Symbol(Symbol::from(
                 std::str::from_utf8(self.variable(code)?).ok()?,
             )),
+            _ => self.fixed(code)?.into(),
+        })
+    }
+
+    /// The fixed-width scalar after constructor `code`.
+    fn fixed(&mut self, code: u8) -> Option<Fixed> {
+        Some(match code {
+            0x40 => Fixed::Null,
+            0x41 => Fixed::Bool(true),
+            0x42 => Fixed::Bool(false),
+            0x56 => match self.byte()? {
+                0 => Fixed::Bool(false),
+                1 => Fixed::Bool(true),
+                _ => return None,
+            },
+            0x50 => Fixed::Ubyte(self.byte()?),
+            0x51 => Fixed::Byte(i8::from_be_bytes(self.array()?)),
+            0x60 => Fixed::Ushort(u16::from_be_bytes(self.array()?)),
+            0x61 => Fixed::Short(i16::from_be_bytes(self.array()?)),
+            0x43 => Fixed::Uint(0),
+            0x52 => Fixed::Uint(u32::from(self.byte()?)),
+            0x70 => Fixed::Uint(u32::from_be_bytes(self.array()?)),
+            0x54 => Fixed::Int(i32::from(i8::from_be_bytes(self.array()?))),
+            0x71 => Fixed::Int(i32::from_be_bytes(self.array()?)),
+            0x44 => Fixed::Ulong(0),
+            0x53 => Fixed::Ulong(u64::from(self.byte()?)),
+            0x80 => Fixed::Ulong(u64::from_be_bytes(self.array()?)),
+            0x55 => Fixed::Long(i64::from(i8::from_be_bytes(self.array()?))),
+            0x81 => Fixed::Long(i64::from_be_bytes(self.array()?)),
+            0x83 => Fixed::Timestamp(i64::from_be_bytes(self.array()?)),
+            0x98 => Fixed::Uuid(self.array::<16>()?),
             _ => return None,
         })
     }
 
-    /// Whether every field was read (a longer list goes to serde, which decides).
+    /// Whether every field was read and they fill the list's size exactly (a longer list, or
+    /// sizes that disagree, go to the validator and serde, which decide).
     fn done(&self) -> bool {
-        self.left == 0
+        self.left == 0 && self.pos == self.end
+    }
+
+    /// The performative's length: descriptor, then the list.
+    fn performative_len(&self) -> usize {
+        3 + self.end
     }
 }
 
@@ -204,9 +274,11 @@ pub fn section_fields(section: &[u8]) -> Option<Vec<Value>> {
     Some(fields)
 }
 
-/// A TRANSFER performative in its plain encodings (no delivery state).
-pub(super) fn transfer(perf: &[u8]) -> Option<Transfer> {
-    let mut f = Fields::of(perf, 0x14)?;
+/// A TRANSFER performative in its plain encodings (no delivery state) at the start of a frame
+/// body, and its length (the payload follows). Every size and field is checked here, so a
+/// transfer read here needs no structural walk first.
+pub(super) fn transfer(body: &[u8]) -> Option<(Transfer, usize)> {
+    let mut f = Fields::of(body, 0x14)?;
     let handle = f.uint()??;
     let delivery_id = f.uint()?;
     let delivery_tag = f.binary()?;
@@ -221,22 +293,26 @@ pub(super) fn transfer(perf: &[u8]) -> Option<Transfer> {
     let resume = f.boolean()?.unwrap_or(false);
     let aborted = f.boolean()?.unwrap_or(false);
     let batchable = f.boolean()?.unwrap_or(false);
-    f.done().then_some(Transfer {
-        handle: Handle(handle),
-        delivery_id,
-        delivery_tag,
-        message_format,
-        settled,
-        more,
-        rcv_settle_mode,
-        state: None,
-        resume,
-        aborted,
-        batchable,
-    })
+    f.done().then_some((
+        Transfer {
+            handle: Handle(handle),
+            delivery_id,
+            delivery_tag,
+            message_format,
+            settled,
+            more,
+            rcv_settle_mode,
+            state: None,
+            resume,
+            aborted,
+            batchable,
+        },
+        f.performative_len(),
+    ))
 }
 
-/// A DISPOSITION performative in its plain encodings.
+/// A DISPOSITION performative in its plain encodings, filling the frame body exactly. Checked as
+/// [`transfer`] is.
 pub(super) fn disposition(perf: &[u8]) -> Option<DispositionFrame> {
     let mut f = Fields::of(perf, 0x15)?;
     let role = if f.boolean()?? {
@@ -249,7 +325,7 @@ pub(super) fn disposition(perf: &[u8]) -> Option<DispositionFrame> {
     let settled = f.boolean()?.unwrap_or(false);
     let state = f.outcome()?;
     let _batchable = f.boolean()?;
-    f.done().then_some(DispositionFrame {
+    (f.done() && f.performative_len() == perf.len()).then_some(DispositionFrame {
         role,
         first,
         last,
@@ -426,25 +502,48 @@ mod tests {
         performative(0x15, vec![boolean, uint, uint, boolean, state, boolean])
     }
 
+    /// A frame body made from `perf`: a payload after it, then now and then one byte changed
+    /// and the end cut off, so that sizes and counts disagree with the bytes.
+    fn frame_body(perf: BoxedStrategy<Vec<u8>>) -> BoxedStrategy<Vec<u8>> {
+        (
+            perf,
+            proptest::collection::vec(any::<u8>(), 0..8),
+            proptest::option::weighted(0.3, (any::<prop::sample::Index>(), any::<u8>())),
+            proptest::option::weighted(0.2, any::<prop::sample::Index>()),
+        )
+            .prop_map(|(mut body, payload, flip, cut)| {
+                body.extend(payload);
+                if let Some((at, b)) = flip {
+                    let i = at.index(body.len());
+                    body[i] = b;
+                }
+                if let Some(at) = cut {
+                    body.truncate(at.index(body.len() + 1));
+                }
+                body
+            })
+            .boxed()
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(4000))]
 
-        /// Whatever the quick decoder reads, serde reads the same; what serde refuses, the quick
-        /// decoder leaves alone.
+        /// Whatever the quick decoder reads, the validator passes with the same length and serde
+        /// reads the same; what either refuses, the quick decoder leaves alone.
         #[test]
-        fn transfer_agrees_with_serde(perf in transfer_frames()) {
-            prop_assume!(value_len(&perf).is_ok_and(|n| n == perf.len()));
-            if let Some(quick) = transfer(&perf) {
-                let slow: Result<Transfer, _> = from(&perf, "transfer");
+        fn transfer_agrees_with_validator_and_serde(body in frame_body(transfer_frames())) {
+            if let Some((quick, len)) = transfer(&body) {
+                prop_assert_eq!(value_len(&body), Ok(len));
+                let slow: Result<Transfer, _> = from(&body[..len], "transfer");
                 prop_assert_eq!(Ok(quick), slow);
             }
         }
 
         #[test]
-        fn disposition_agrees_with_serde(perf in disposition_frames()) {
-            prop_assume!(value_len(&perf).is_ok_and(|n| n == perf.len()));
-            if let Some(quick) = disposition(&perf) {
-                prop_assert_eq!(Ok(quick), serde_disposition(&perf));
+        fn disposition_agrees_with_validator_and_serde(body in frame_body(disposition_frames())) {
+            if let Some(quick) = disposition(&body) {
+                prop_assert_eq!(value_len(&body), Ok(body.len()));
+                prop_assert_eq!(Ok(quick), serde_disposition(&body));
             }
         }
     }
@@ -485,7 +584,7 @@ mod tests {
             batchable: true,
         };
         let bytes = serde_amqp::to_vec(&t).expect("encode");
-        assert_eq!(transfer(&bytes), Some(t));
+        assert_eq!(transfer(&bytes), Some((t, bytes.len())));
         let d = fe2o3_amqp_types::performatives::Disposition {
             role: Role::Receiver,
             first: 5,

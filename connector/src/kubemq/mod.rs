@@ -17,7 +17,12 @@ pub const REPORTED_VERSION: &str = "v2.4.0";
 
 /// A new message, transaction or request id, as KubeMQ makes them (a random UUID).
 pub fn new_id() -> String {
-    uuid::Uuid::new_v4().to_string()
+    // Encoded into a buffer: `to_string` goes through the formatting machinery, per request.
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+    uuid::Uuid::new_v4()
+        .hyphenated()
+        .encode_lower(&mut text)
+        .to_owned()
 }
 
 /// One queue's entry in a QueuesInfo answer, from the store's counts.

@@ -100,7 +100,8 @@ impl RequestsHub {
             request.request_id = crate::kubemq::new_id();
         }
         let inbox = uuid::Uuid::new_v4();
-        request.reply_channel = format!("{INBOX_PREFIX}{}", inbox.hyphenated());
+        let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
+        request.reply_channel = [INBOX_PREFIX, inbox.hyphenated().encode_lower(&mut text)].concat();
         let timeout = Duration::from_millis(u64::try_from(request.timeout).unwrap_or(1));
         let (done, answer) = oneshot::channel();
         let inbox = inbox.as_u128();

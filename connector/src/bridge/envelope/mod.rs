@@ -149,7 +149,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     if let Some(r) = &layout.properties {
         if let Value::List(mut fields) = list_section(msg, r, "properties")? {
             for (name, v) in PROPS.iter().zip(&fields) {
-                if *v != Value::Null {
+                if !matches!(v, Value::Null) {
                     prop(&mut text, name);
                     write_prop(&mut text, name, v);
                 }
@@ -166,7 +166,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             correlation = [5, 0]
                 .into_iter()
                 .filter_map(&mut field)
-                .find(|v| *v != Value::Null);
+                .find(|v| !matches!(v, Value::Null));
         }
     }
     if let Some(r) = &layout.header {
@@ -293,7 +293,17 @@ pub fn stamped_egress(
             }
         }
     }
-    shape_of(env, tags).assemble(body, info)
+    // Written straight into the delivered message: this Metadata is read for one delivery only.
+    let mut out = Vec::with_capacity(64 + metadata.len() + body.len());
+    push_header(
+        &mut out,
+        env.props.ttl,
+        env.props.priority,
+        info.first_acquirer(),
+        info.delivery_count(),
+    );
+    write_sections(&mut out, env, tags).finish(&mut out, body);
+    out
 }
 
 /// What `metadata` records: its envelope's sections, or for Metadata that is not an envelope (a
@@ -363,6 +373,18 @@ pub struct DeliveryInfo {
     pub receive_count: i32,
 }
 
+impl DeliveryInfo {
+    /// The header's first-acquirer: no earlier delivery.
+    fn first_acquirer(self) -> bool {
+        self.receive_count <= 1
+    }
+
+    /// The header's delivery-count: the earlier deliveries.
+    fn delivery_count(self) -> u32 {
+        u32::try_from(self.receive_count.saturating_sub(1).max(0)).unwrap_or(0)
+    }
+}
+
 /// Egress (ENV-12 … ENV-14): stored Metadata and body → an encoded AMQP message. Metadata that is
 /// not an `amqp10` envelope (a plain gRPC producer, OP-ENV-6) is delivered as the
 /// `x-opt-kubemq-metadata` message annotation, with a Data body.
@@ -417,6 +439,13 @@ struct Shape {
     priority: Option<u8>,
     /// The encoded sections between the header and the body.
     before_body: Vec<u8>,
+    /// What follows them.
+    tail: Tail,
+}
+
+/// What follows a message's sections before the body: how the body is sent, and the footer.
+#[derive(Debug)]
+struct Tail {
     /// Whether the body was an AmqpValue.
     value_body: bool,
     /// The encoded footer, if any.
@@ -424,42 +453,48 @@ struct Shape {
 }
 
 fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Shape {
-    shape_of(sections(metadata), tags)
+    let env = sections(metadata);
+    let (ttl, priority) = (env.props.ttl, env.props.priority);
+    let mut before_body = Vec::with_capacity(128);
+    let tail = write_sections(&mut before_body, env, tags);
+    Shape {
+        ttl,
+        priority,
+        before_body,
+        tail,
+    }
 }
 
-/// The shape of a message whose Metadata records `env`.
-fn shape_of(env: read::Sections, tags: &std::collections::HashMap<String, String>) -> Shape {
-    let mut out = Vec::with_capacity(128);
+/// Writes the sections between the header and the body that `env` records (tags as
+/// application-properties when it has none); returns what follows them.
+fn write_sections(
+    out: &mut Vec<u8>,
+    env: read::Sections,
+    tags: &std::collections::HashMap<String, String>,
+) -> Tail {
     for (section, code) in [(env.delivery_annotations, 0x71), (env.annotations, 0x72)] {
         if let Some(m) = section {
             // Through a map: `$u64:7` and `$u64:07` name the same key.
-            encode::section(&mut out, code, &Value::Map(m.into_iter().collect()));
+            encode::section(out, code, &Value::Map(m.into_iter().collect()));
         }
     }
-    let read::Props {
-        mut fields,
-        ttl,
-        priority,
-    } = env.props;
-    while fields.last() == Some(&Value::Null) {
+    let mut fields = env.props.fields;
+    while matches!(fields.last(), Some(Value::Null)) {
         fields.pop();
     }
     if !fields.is_empty() {
-        encode::section(&mut out, 0x73, &Value::List(fields));
+        encode::section(out, 0x73, &Value::List(fields));
     }
     if let Some(app) = env.app {
-        encode::map_section(&mut out, 0x74, &app);
+        encode::map_section(out, 0x74, &app);
     } else if !tags.is_empty() {
-        encode::section(&mut out, 0x74, &tags_map(tags));
+        encode::section(out, 0x74, &tags_map(tags));
     }
     let mut footer = Vec::new();
     if let Some(m) = env.footer {
         encode::section(&mut footer, 0x78, &Value::Map(m.into_iter().collect()));
     }
-    Shape {
-        ttl,
-        priority,
-        before_body: out,
+    Tail {
         value_body: env.value_body,
         footer,
     }
@@ -470,23 +505,30 @@ impl Shape {
     /// and the footer.
     fn assemble(&self, body: &[u8], info: DeliveryInfo) -> Vec<u8> {
         let mut out =
-            Vec::with_capacity(32 + self.before_body.len() + body.len() + self.footer.len());
+            Vec::with_capacity(32 + self.before_body.len() + body.len() + self.tail.footer.len());
         push_header(
             &mut out,
             self.ttl,
             self.priority,
-            info.receive_count <= 1,
-            u32::try_from(info.receive_count.saturating_sub(1).max(0)).unwrap_or(0),
+            info.first_acquirer(),
+            info.delivery_count(),
         );
         out.extend_from_slice(&self.before_body);
+        self.tail.finish(&mut out, body);
+        out
+    }
+}
+
+impl Tail {
+    /// The body, then the footer.
+    fn finish(&self, out: &mut Vec<u8>, body: &[u8]) {
         if self.value_body && value_len(body).map(|n| n == body.len()).unwrap_or(false) {
             out.extend_from_slice(&[0x00, 0x53, 0x77]);
             out.extend_from_slice(body);
         } else {
-            push_data(&mut out, body);
+            push_data(out, body);
         }
         out.extend_from_slice(&self.footer);
-        out
     }
 }
 
@@ -638,7 +680,7 @@ pub fn value_from_json(j: &Json) -> Value {
                 .next()
                 .map(|(k, v)| (k.as_str(), v))
                 .unwrap_or(("", &Json::Null));
-            from_marker(k, v).unwrap_or_else(|| {
+            from_marker(k, Arg::of(v)).unwrap_or_else(|| {
                 Value::Map(
                     m.iter()
                         .map(|(k, v)| (Value::String(k.clone()), value_from_json(v)))
@@ -654,11 +696,51 @@ pub fn value_from_json(j: &Json) -> Value {
     }
 }
 
-fn num<T: TryFrom<i64>>(v: &Json) -> Option<T> {
+fn num<T: TryFrom<i64>>(v: Arg<'_>) -> Option<T> {
     v.as_i64().and_then(|n| T::try_from(n).ok())
 }
 
-fn from_marker(k: &str, v: &Json) -> Option<Value> {
+/// A marker's argument: JSON, or the string most markers hold, read without building JSON first.
+#[derive(Clone, Copy)]
+enum Arg<'a> {
+    Str(&'a str),
+    Json(&'a Json),
+}
+
+impl<'a> Arg<'a> {
+    fn of(j: &'a Json) -> Self {
+        match j {
+            Json::String(s) => Arg::Str(s),
+            j => Arg::Json(j),
+        }
+    }
+    fn as_str(self) -> Option<&'a str> {
+        match self {
+            Arg::Str(s) => Some(s),
+            Arg::Json(_) => None,
+        }
+    }
+    fn as_f64(self) -> Option<f64> {
+        match self {
+            Arg::Str(_) => None,
+            Arg::Json(j) => j.as_f64(),
+        }
+    }
+    fn as_i64(self) -> Option<i64> {
+        match self {
+            Arg::Str(_) => None,
+            Arg::Json(j) => j.as_i64(),
+        }
+    }
+    fn as_array(self) -> Option<&'a Vec<Json>> {
+        match self {
+            Arg::Str(_) => None,
+            Arg::Json(j) => j.as_array(),
+        }
+    }
+}
+
+fn from_marker(k: &str, v: Arg<'_>) -> Option<Value> {
     let f = || {
         v.as_f64()
             .or_else(|| v.as_str().and_then(|s| s.parse().ok()))

@@ -14,7 +14,7 @@ use serde_amqp::Value;
 use serde_json::Value as Json;
 
 use super::entries::Entries;
-use super::{from_marker, prop_from_json, value_from_json, PROPS};
+use super::{from_marker, prop_from_json, value_from_json, Arg, PROPS};
 
 /// The sections an envelope records, as AMQP values.
 #[derive(Debug, Default)]
@@ -66,7 +66,7 @@ impl Props {
             // Room for every field at the first: an envelope sets several, in any order.
             self.fields
                 .reserve(PROPS.len().max(i + 1) - self.fields.len());
-            self.fields.resize(i + 1, Value::Null);
+            self.fields.resize_with(i + 1, || Value::Null);
         }
         if let Some(slot) = self.fields.get_mut(i) {
             *slot = v;
@@ -162,7 +162,7 @@ impl<'de> serde::Deserialize<'de> for Amqp10 {
                             s.footer = map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
                         }
                         Key::BodySection => {
-                            s.value_body = map.next_value::<Json>()?.as_str() == Some("value")
+                            s.value_body = map.next_value::<MarkerValue<'de>>()?.0.is_text("value")
                         }
                         Key::Amqp10 | Key::Other => {
                             map.next_value::<IgnoredAny>()?;
@@ -345,18 +345,86 @@ impl<'de> serde::Deserialize<'de> for FromJson {
 struct FromJsonVisitor;
 
 /// An entry of an object being read: a key that may be a marker keeps its JSON until the object
-/// is known to hold nothing else.
-enum Pending {
+/// is known to hold nothing else (a string, what most markers hold, without building JSON).
+enum Pending<'de> {
+    Text(Cow<'de, str>),
     Json(Json),
     Value(Value),
 }
 
-impl Pending {
+impl Pending<'_> {
     fn value(self) -> Value {
         match self {
+            Pending::Text(s) => Value::String(s.into_owned()),
             Pending::Json(j) => value_from_json(&j),
             Pending::Value(v) => v,
         }
+    }
+
+    /// Whether this is the string `s`.
+    fn is_text(&self, s: &str) -> bool {
+        matches!(self, Pending::Text(t) if t == s)
+    }
+
+    /// The marker `key` with this value, if it is one.
+    fn marker(&self, key: &str) -> Option<Value> {
+        match self {
+            Pending::Text(s) => from_marker(key, Arg::Str(s)),
+            Pending::Json(j) => from_marker(key, Arg::of(j)),
+            Pending::Value(_) => None,
+        }
+    }
+}
+
+/// The value of a key that may be a marker.
+struct MarkerValue<'de>(Pending<'de>);
+
+impl<'de> serde::Deserialize<'de> for MarkerValue<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MarkerValue<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON")
+            }
+            fn visit_borrowed_str<E>(self, s: &'de str) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Text(Cow::Borrowed(s))))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Text(Cow::Owned(s.to_string()))))
+            }
+            fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Text(Cow::Owned(s))))
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Json(Json::Null)))
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Json(Json::Bool(b))))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Json(n.into())))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<Self::Value, E> {
+                Ok(MarkerValue(Pending::Json(n.into())))
+            }
+            fn visit_f64<E>(self, f: f64) -> Result<Self::Value, E> {
+                // What serde_json makes of a number that is not finite (never parsed from text).
+                Ok(MarkerValue(Pending::Json(
+                    serde_json::Number::from_f64(f).map_or(Json::Null, Json::Number),
+                )))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+                let d = serde::de::value::SeqAccessDeserializer::new(seq);
+                <Json as serde::Deserialize>::deserialize(d).map(|j| MarkerValue(Pending::Json(j)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                let d = serde::de::value::MapAccessDeserializer::new(map);
+                <Json as serde::Deserialize>::deserialize(d).map(|j| MarkerValue(Pending::Json(j)))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
@@ -395,9 +463,9 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
         Ok(Value::List(items))
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let pending = |key: &str, map: &mut A| -> Result<Pending, A::Error> {
+        let pending = |key: &str, map: &mut A| -> Result<Pending<'de>, A::Error> {
             Ok(if key.starts_with('$') {
-                Pending::Json(map.next_value()?)
+                map.next_value::<MarkerValue<'de>>()?.0
             } else {
                 Pending::Value(map.next_value::<FromJson>()?.0)
             })
@@ -408,10 +476,8 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
         };
         let first_value = pending(&first, &mut map)?;
         let Some(second) = map.next_key::<Text<'de>>()?.map(|t| t.0) else {
-            if let Pending::Json(j) = &first_value {
-                if let Some(v) = from_marker(&first, j) {
-                    return Ok(v);
-                }
+            if let Some(v) = first_value.marker(&first) {
+                return Ok(v);
             }
             return Ok(Value::Map(
                 [(Value::String(first.into_owned()), first_value.value())]
@@ -419,7 +485,7 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
                     .collect(),
             ));
         };
-        let mut e: Entries<Cow<'de, str>, Pending> = Entries::with_capacity(2);
+        let mut e: Entries<Cow<'de, str>, Pending<'de>> = Entries::with_capacity(2);
         e.insert(first, first_value);
         let second_value = pending(&second, &mut map)?;
         e.insert(second, second_value);
@@ -430,8 +496,8 @@ impl<'de> Visitor<'de> for FromJsonVisitor {
         let mut entries = e.into_iter();
         let first = entries.next();
         // A key given twice may have left one entry: then it is read as a marker too.
-        if let (Some((k, Pending::Json(j))), 0) = (&first, entries.len()) {
-            if let Some(v) = from_marker(k, j) {
+        if let (Some((k, v)), 0) = (&first, entries.len()) {
+            if let Some(v) = v.marker(k) {
                 return Ok(v);
             }
         }

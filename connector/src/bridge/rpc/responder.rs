@@ -147,7 +147,7 @@ impl Tokens {
 /// The message a responder receives for a request (RPC-12): its body and metadata, with
 /// `reply-to` the request's token and `correlation-id` its RequestID.
 pub fn delivered(request: &Request) -> Vec<u8> {
-    let token = format!("/responses/{}", request.request_id);
+    let token = ["/responses/", request.request_id.as_str()].concat();
     let mut props = [
         ("reply_to", Value::String(token)),
         ("correlation_id", Value::String(request.request_id.clone())),
