@@ -279,7 +279,12 @@ pub fn stamped_egress(
     tags: &std::collections::HashMap<String, String>,
     info: DeliveryInfo,
 ) -> Vec<u8> {
-    let mut env = sections(metadata);
+    let mut stamped = [""; PROPS.len()];
+    for (slot, (name, _)) in stamped.iter_mut().zip(stamps.props.iter()) {
+        *slot = name;
+    }
+    let stamped = stamped.get(..stamps.props.len()).unwrap_or(&stamped);
+    let mut env = sections(metadata, stamped);
     for (name, v) in stamps.props.iter_mut() {
         env.props.set_value(name, std::mem::take(v));
     }
@@ -308,8 +313,8 @@ pub fn stamped_egress(
 
 /// What `metadata` records: its envelope's sections, or for Metadata that is not an envelope (a
 /// native KubeMQ client's, OP-ENV-6) the `x-opt-kubemq-metadata` annotation holding it.
-fn sections(metadata: &str) -> read::Sections {
-    read::envelope(metadata).unwrap_or_else(|| read::Sections {
+fn sections(metadata: &str, stamped: &[&str]) -> read::Sections {
+    read::envelope(metadata, stamped).unwrap_or_else(|| read::Sections {
         annotations: (!metadata.is_empty()).then(|| {
             vec![(
                 Value::Symbol(Symbol::from("x-opt-kubemq-metadata")),
@@ -347,7 +352,7 @@ pub fn application_properties<const N: usize>(
     if !keys.iter().any(|k| metadata.contains(k)) {
         return [const { None }; N];
     }
-    let app = read::envelope(metadata)
+    let app = read::envelope(metadata, &[])
         .and_then(|e| e.app)
         .unwrap_or_default();
     keys.map(|k| {
@@ -453,7 +458,7 @@ struct Tail {
 }
 
 fn shape(metadata: &str, tags: &std::collections::HashMap<String, String>) -> Shape {
-    let env = sections(metadata);
+    let env = sections(metadata, &[]);
     let (ttl, priority) = (env.props.ttl, env.props.priority);
     let mut before_body = Vec::with_capacity(128);
     let tail = write_sections(&mut before_body, env, tags);

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_amqp::primitives::{Symbol, Ulong};
 use serde_amqp::Value;
 use serde_json::Value as Json;
@@ -75,11 +75,14 @@ impl Props {
 }
 
 /// The whole Metadata: `{"amqp10": {...}}`; an error when it is not an envelope (OP-ENV-6).
-pub(super) fn envelope(metadata: &str) -> Option<Sections> {
-    serde_json::from_str::<Envelope>(metadata).ok().map(|e| e.0)
+/// The properties fields named in `stamped` are skipped unread: the caller sets them over
+/// whatever the envelope holds.
+pub(super) fn envelope(metadata: &str, stamped: &[&str]) -> Option<Sections> {
+    let mut de = serde_json::Deserializer::from_str(metadata);
+    let sections = Outer { stamped }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(sections)
 }
-
-struct Envelope(Sections);
 
 /// The keys of both objects; anything else is skipped.
 #[derive(serde::Deserialize)]
@@ -96,204 +99,254 @@ enum Key {
     Other,
 }
 
-impl<'de> serde::Deserialize<'de> for Envelope {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Outer;
-        impl<'de> Visitor<'de> for Outer {
-            type Value = Envelope;
+/// The outer object, which must hold an `amqp10` object.
+struct Outer<'s> {
+    stamped: &'s [&'s str],
+}
 
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object with an amqp10 object")
-            }
+impl<'de> DeserializeSeed<'de> for Outer<'_> {
+    type Value = Sections;
 
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Envelope, A::Error> {
-                let mut amqp10 = None;
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        // A non-object here fails the whole read: then it is not an envelope.
-                        Key::Amqp10 => amqp10 = Some(map.next_value::<Amqp10>()?.0),
-                        _ => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
-                }
-                amqp10
-                    .map(Envelope)
-                    .ok_or_else(|| serde::de::Error::missing_field("amqp10"))
-            }
-        }
-        d.deserialize_map(Outer)
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Sections, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-struct Amqp10(Sections);
+impl<'de> Visitor<'de> for Outer<'_> {
+    type Value = Sections;
 
-impl<'de> serde::Deserialize<'de> for Amqp10 {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Object;
-        impl<'de> Visitor<'de> for Object {
-            type Value = Amqp10;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object with an amqp10 object")
+    }
 
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Amqp10, A::Error> {
-                let mut s = Sections::default();
-                // A key given twice: the last one counts, whole.
-                while let Some(key) = map.next_key::<Key>()? {
-                    match key {
-                        Key::Props => {
-                            s.props = map
-                                .next_value::<Lenient<PropsObject>>()?
-                                .0
-                                .map(|p| p.0)
-                                .unwrap_or_default()
-                        }
-                        Key::App => s.app = map.next_value::<Lenient<AppObject>>()?.0.map(|a| a.0),
-                        Key::Annotations => {
-                            s.annotations = map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
-                        }
-                        Key::DeliveryAnnotations => {
-                            s.delivery_annotations =
-                                map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
-                        }
-                        Key::Footer => {
-                            s.footer = map.next_value::<Lenient<Annotations>>()?.0.map(|a| a.0)
-                        }
-                        Key::BodySection => {
-                            s.value_body = map.next_value::<MarkerValue<'de>>()?.0.is_text("value")
-                        }
-                        Key::Amqp10 | Key::Other => {
-                            map.next_value::<IgnoredAny>()?;
-                        }
-                    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sections, A::Error> {
+        let mut amqp10 = None;
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                // A non-object here fails the whole read: then it is not an envelope.
+                Key::Amqp10 => {
+                    amqp10 = Some(map.next_value_seed(Amqp10 {
+                        stamped: self.stamped,
+                    })?)
                 }
-                Ok(Amqp10(s))
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        d.deserialize_map(Object)
+        amqp10.ok_or_else(|| serde::de::Error::missing_field("amqp10"))
     }
 }
 
-/// An object read by `T`'s map visitor; any other JSON (skipped whole) is `None`.
-struct Lenient<T>(Option<T>);
-
-/// What an object section makes, from its entries.
-trait FromObject: Sized {
-    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
+/// The `amqp10` object.
+struct Amqp10<'s> {
+    stamped: &'s [&'s str],
 }
 
-impl<'de, T: FromObject> serde::Deserialize<'de> for Lenient<T> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V<T>(std::marker::PhantomData<T>);
-        impl<'de, T: FromObject> Visitor<'de> for V<T> {
-            type Value = Lenient<T>;
+impl<'de> DeserializeSeed<'de> for Amqp10<'_> {
+    type Value = Sections;
 
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("any JSON")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Lenient<T>, A::Error> {
-                T::read(map).map(|t| Lenient(Some(t)))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Lenient<T>, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Lenient(None))
-            }
-            fn visit_unit<E>(self) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_bool<E>(self, _: bool) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_i64<E>(self, _: i64) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_u64<E>(self, _: u64) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_f64<E>(self, _: f64) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-            fn visit_str<E>(self, _: &str) -> Result<Lenient<T>, E> {
-                Ok(Lenient(None))
-            }
-        }
-        d.deserialize_any(V(std::marker::PhantomData))
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Sections, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-/// The properties object; absent fields are null.
-struct PropsObject(Props);
+impl<'de> Visitor<'de> for Amqp10<'_> {
+    type Value = Sections;
 
-impl FromObject for PropsObject {
-    fn read<'de, A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        let mut p = Props::default();
-        while let Some(Text(key)) = map.next_key()? {
-            match &*key {
-                "ttl" => {
-                    p.ttl = map
-                        .next_value::<Json>()?
-                        .as_u64()
-                        .and_then(|t| u32::try_from(t).ok())
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sections, A::Error> {
+        let mut s = Sections::default();
+        let lenient = |object| Lenient {
+            object,
+            stamped: self.stamped,
+        };
+        // A key given twice: the last one counts, whole.
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::Props => {
+                    s.props = map
+                        .next_value_seed(lenient(Object::Props))?
+                        .map(Read::props)
+                        .unwrap_or_default()
                 }
-                "priority" => {
-                    p.priority = map
-                        .next_value::<Json>()?
-                        .as_u64()
-                        .and_then(|t| u8::try_from(t).ok())
+                Key::App => {
+                    s.app = map
+                        .next_value_seed(lenient(Object::App))?
+                        .map(Read::entries)
                 }
-                // Typed by its name: read as JSON first.
-                "content_type" | "content_encoding" | "group_sequence" => {
-                    p.set(&key, &map.next_value::<Json>()?)
+                Key::Annotations => {
+                    s.annotations = map
+                        .next_value_seed(lenient(Object::Annotations))?
+                        .map(Read::entries)
                 }
-                name => match PROPS.iter().position(|n| *n == name) {
-                    Some(i) => p.set_field(i, map.next_value::<FromJson>()?.0),
-                    None => {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                },
+                Key::DeliveryAnnotations => {
+                    s.delivery_annotations = map
+                        .next_value_seed(lenient(Object::Annotations))?
+                        .map(Read::entries)
+                }
+                Key::Footer => {
+                    s.footer = map
+                        .next_value_seed(lenient(Object::Annotations))?
+                        .map(Read::entries)
+                }
+                Key::BodySection => {
+                    s.value_body = map.next_value::<MarkerValue<'de>>()?.0.is_text("value")
+                }
+                Key::Amqp10 | Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
-        Ok(PropsObject(p))
+        Ok(s)
     }
+}
+
+/// Which section object is read.
+#[derive(Clone, Copy)]
+enum Object {
+    /// The properties, and the header fields kept with them.
+    Props,
+    /// Application-properties: string keys.
+    App,
+    /// An annotation map: symbol keys, or ulong keys written `$u64:N`.
+    Annotations,
+}
+
+/// A section object as read.
+enum Read {
+    Props(Props),
+    Entries(Vec<(Value, Value)>),
+}
+
+impl Read {
+    fn props(self) -> Props {
+        match self {
+            Read::Props(p) => p,
+            Read::Entries(_) => Props::default(),
+        }
+    }
+
+    fn entries(self) -> Vec<(Value, Value)> {
+        match self {
+            Read::Entries(e) => e,
+            Read::Props(_) => Vec::new(),
+        }
+    }
+}
+
+/// A section object; any other JSON (skipped whole) is `None`.
+struct Lenient<'s> {
+    object: Object,
+    stamped: &'s [&'s str],
+}
+
+impl<'de> DeserializeSeed<'de> for Lenient<'_> {
+    type Value = Option<Read>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<Read>, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Lenient<'_> {
+    type Value = Option<Read>;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Read>, A::Error> {
+        Ok(Some(match self.object {
+            Object::Props => Read::Props(props(map, self.stamped)?),
+            Object::App => Read::Entries(app(map)?),
+            Object::Annotations => Read::Entries(annotations(map)?),
+        }))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Read>, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+    fn visit_unit<E>(self) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Option<Read>, E> {
+        Ok(None)
+    }
+}
+
+/// The properties object; absent fields are null, and the `stamped` ones are left unread.
+fn props<'de, A: MapAccess<'de>>(mut map: A, stamped: &[&str]) -> Result<Props, A::Error> {
+    let mut p = Props::default();
+    while let Some(Text(key)) = map.next_key()? {
+        match &*key {
+            "ttl" => {
+                p.ttl = map
+                    .next_value::<Json>()?
+                    .as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+            }
+            "priority" => {
+                p.priority = map
+                    .next_value::<Json>()?
+                    .as_u64()
+                    .and_then(|t| u8::try_from(t).ok())
+            }
+            name if stamped.contains(&name) => {
+                map.next_value::<IgnoredAny>()?;
+            }
+            // Typed by its name: read as JSON first.
+            "content_type" | "content_encoding" | "group_sequence" => {
+                p.set(&key, &map.next_value::<Json>()?)
+            }
+            name => match PROPS.iter().position(|n| *n == name) {
+                Some(i) => p.set_field(i, map.next_value::<FromJson>()?.0),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            },
+        }
+    }
+    Ok(p)
 }
 
 /// Application-properties: string keys.
-struct AppObject(Vec<(Value, Value)>);
-
-impl FromObject for AppObject {
-    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
-        Ok(AppObject(
-            entries(map)?
-                .into_iter()
-                .map(|(k, v)| (Value::String(k), v))
-                .collect(),
-        ))
-    }
+fn app<'de, A: MapAccess<'de>>(map: A) -> Result<Vec<(Value, Value)>, A::Error> {
+    Ok(entries(map)?
+        .into_iter()
+        .map(|(k, v)| (Value::String(k), v))
+        .collect())
 }
 
-/// Annotation maps: symbol keys, or ulong keys written `$u64:N`.
-struct Annotations(Vec<(Value, Value)>);
-
-impl FromObject for Annotations {
-    fn read<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
-        Ok(Annotations(
-            entries(map)?
-                .into_iter()
-                .map(|(k, v)| {
-                    let key = match k
-                        .strip_prefix("$u64:")
-                        .and_then(|n| n.parse::<Ulong>().ok())
-                    {
-                        Some(n) => Value::Ulong(n),
-                        None => Value::Symbol(Symbol::from(k)),
-                    };
-                    (key, v)
-                })
-                .collect(),
-        ))
-    }
+/// An annotation map: symbol keys, or ulong keys written `$u64:N`.
+fn annotations<'de, A: MapAccess<'de>>(map: A) -> Result<Vec<(Value, Value)>, A::Error> {
+    Ok(entries(map)?
+        .into_iter()
+        .map(|(k, v)| {
+            let key = match k
+                .strip_prefix("$u64:")
+                .and_then(|n| n.parse::<Ulong>().ok())
+            {
+                Some(n) => Value::Ulong(n),
+                None => Value::Symbol(Symbol::from(k)),
+            };
+            (key, v)
+        })
+        .collect())
 }
 
 /// An object's entries as AMQP values, a repeated key in its first place with its last value.

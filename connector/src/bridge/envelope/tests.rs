@@ -640,8 +640,6 @@ mod generated {
         })
     }
 
-    /// Whether serde_amqp, the reference encoder, gets `v` wrong: it mistypes (or panics on)
-    /// what follows a timestamp inside a map key.
     /// JSON of any shape, with keys that are markers, almost markers and plain names.
     fn json() -> impl Strategy<Value = Json> {
         let key = prop_oneof![
@@ -694,6 +692,8 @@ mod generated {
         })
     }
 
+    /// Whether serde_amqp, the reference encoder, gets `v` wrong: it mistypes (or panics on)
+    /// what follows a timestamp inside a map key.
     fn upsets_serde_amqp(v: &Value) -> bool {
         format!("{v:?}").contains("Timestamp")
     }
@@ -721,6 +721,47 @@ mod generated {
             let text = j.to_string();
             let read: read::FromJson = serde_json::from_str(&text).unwrap();
             prop_assert_eq!(read.0, value_from_json(&j), "{}", text);
+        }
+
+        /// RPC-6, RPC-12: a stamped delivery is the envelope read whole with the stamps set over
+        /// it, although the stamped fields are skipped unread (any value, given once or twice).
+        #[test]
+        fn stamped_fields_are_skipped_unread(
+            fields in proptest::collection::vec(
+                (prop::sample::select(&PROPS[..]), prop_oneof![value(), json().prop_map(|j| value_from_json(&j))]),
+                0..8,
+            ),
+            stamps in proptest::collection::vec((prop::sample::select(&PROPS[..]), value()), 0..3),
+        ) {
+            let mut text = String::from(r#"{"amqp10":{"props":{"#);
+            for (i, (name, v)) in fields.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                text.push_str(&format!("{}:{}", Json::from(*name), value_to_json(v.clone())));
+            }
+            text.push_str(r#"},"body_section":"data"}}"#);
+            let mut given = stamps.clone();
+            let fast = stamped_egress(
+                &text,
+                Stamps { props: &mut given, app: &mut [] },
+                b"body",
+                &HashMap::new(),
+                first_delivery(),
+            );
+            // The reference: the parsed JSON converted whole, then the stamps set over it.
+            let parsed: Json = serde_json::from_str(&text).unwrap();
+            let mut env = read::Sections::default();
+            for (name, j) in parsed["amqp10"]["props"].as_object().unwrap() {
+                env.props.set(name, j);
+            }
+            for (name, v) in stamps {
+                env.props.set_value(name, v);
+            }
+            let mut whole = Vec::new();
+            push_header(&mut whole, env.props.ttl, env.props.priority, true, 0);
+            write_sections(&mut whole, env, &HashMap::new()).finish(&mut whole, b"body");
+            prop_assert_eq!(fast, whole, "{}", text);
         }
 
         /// Header and properties fields read by hand are what serde_amqp reads (and lists the hand
