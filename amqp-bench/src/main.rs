@@ -473,9 +473,14 @@ async fn main() {
     }
     // A replay is timed from the consumers' start: the sends before it are not part of it.
     let elapsed = replay_started.unwrap_or(started).elapsed().as_secs_f64();
+    // A producer still waiting (a request whose reply never comes, a send never settled) is
+    // given up with the rest: the run ended at the loop above.
     for p in producers {
-        if let Ok(Err(e)) = p.await {
-            eprintln!("producer failed: {e}");
+        match tokio::time::timeout(Duration::from_secs(5), p).await {
+            Ok(Ok(Err(e))) => eprintln!("producer failed: {e}"),
+            Ok(Err(e)) => eprintln!("producer task failed: {e}"),
+            Err(_) => eprintln!("a producer did not finish within 5 s"),
+            Ok(Ok(Ok(()))) => {}
         }
     }
     // A watch, not a Notify: a consumer busy settling when this is sent still sees it.
