@@ -125,17 +125,17 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
     let mut text = Vec::with_capacity(256);
     text.extend_from_slice(br#"{"amqp10":{"#);
     let mut sections = 0;
-    let mut next_section = |text: &mut Vec<u8>, name: &str| {
+    let mut next_section = |text: &mut Vec<u8>, name: &'static str| {
         if sections > 0 {
             text.push(b',');
         }
         sections += 1;
-        write::string(text, name);
+        write::name(text, name);
         text.push(b':');
     };
     let (mut to, mut reply_to, mut ttl, mut correlation) = (None, None, None, None);
     let mut props_open = false;
-    let mut prop = |text: &mut Vec<u8>, name: &str| {
+    let mut prop = |text: &mut Vec<u8>, name: &'static str| {
         if props_open {
             text.push(b',');
         } else {
@@ -143,7 +143,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             text.push(b'{');
             props_open = true;
         }
-        write::string(text, name);
+        write::name(text, name);
         text.push(b':');
     };
     if let Some(r) = &layout.properties {
@@ -239,7 +239,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         (kind, _) => {
             if let Some(kind) = kind {
                 text.extend_from_slice(br#","body_section":"#);
-                write::string(&mut text, kind);
+                write::name(&mut text, kind);
             }
             text.extend_from_slice(b"}}");
             // Only JSON text was written: strings through serde_json, the rest ASCII.

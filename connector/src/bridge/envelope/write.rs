@@ -20,14 +20,25 @@ pub(super) fn string(out: &mut Vec<u8>, s: &str) {
         esc | (b < 0x20) | (b == b'"') | (b == b'\\')
     });
     if plain {
-        out.reserve(s.len() + 2);
-        out.push(b'"');
-        out.extend_from_slice(s.as_bytes());
-        out.push(b'"');
+        quoted(out, s);
     } else {
         // Writing into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, s);
     }
+}
+
+/// One of the envelope's own names (a key, a marker, a body kind) as a JSON string: they hold
+/// nothing JSON escapes, so they are not checked for it.
+pub(super) fn name(out: &mut Vec<u8>, name: &'static str) {
+    debug_assert!(!name.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\'));
+    quoted(out, name);
+}
+
+fn quoted(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    out.extend_from_slice(s.as_bytes());
+    out.push(b'"');
 }
 
 /// An integer as a JSON number.
@@ -45,21 +56,21 @@ fn float(out: &mut Vec<u8>, f: f64) {
 }
 
 /// `{"<marker>":` — the caller writes the value and the closing brace.
-fn open_marker(out: &mut Vec<u8>, marker: &str) {
+fn open_marker(out: &mut Vec<u8>, marker: &'static str) {
     out.push(b'{');
-    string(out, marker);
+    name(out, marker);
     out.push(b':');
 }
 
 /// A marker holding an integer: `{"$u8":7}`.
-fn marked_number(out: &mut Vec<u8>, marker: &str, n: impl itoa::Integer) {
+fn marked_number(out: &mut Vec<u8>, marker: &'static str, n: impl itoa::Integer) {
     open_marker(out, marker);
     number(out, n);
     out.push(b'}');
 }
 
 /// A marker holding text: `{"$u64":"7"}`.
-fn marked_text(out: &mut Vec<u8>, marker: &str, text: &str) {
+fn marked_text(out: &mut Vec<u8>, marker: &'static str, text: &str) {
     open_marker(out, marker);
     string(out, text);
     out.push(b'}');
