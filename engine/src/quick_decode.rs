@@ -116,54 +116,42 @@ impl<'a> Fields<'a> {
         self.take(1)?.first().copied()
     }
 
-    /// The next field as [`Fields::scalar`] reads it, kept when `pick` takes its value; null or
-    /// absent is `Some(None)`.
-    fn typed<T>(&mut self, pick: impl FnOnce(Value) -> Option<T>) -> Field<T> {
-        let Some(code) = self.next()? else {
-            return Some(None);
-        };
-        match self.scalar(code)? {
-            Value::Null => Some(None),
-            v => pick(v).map(Some),
-        }
-    }
-
-    /// The next field as [`Fields::fixed`] reads it, kept when `pick` takes its value; null or
-    /// absent is `Some(None)`. No `Value` is made: these fields are on every TRANSFER and
-    /// DISPOSITION.
-    fn typed_fixed<T>(&mut self, pick: impl FnOnce(Fixed) -> Option<T>) -> Field<T> {
-        let Some(code) = self.next()? else {
-            return Some(None);
-        };
-        match self.fixed(code)? {
-            Fixed::Null => Some(None),
-            v => pick(v).map(Some),
+    /// The next field as `read` reads it after its constructor, kept when `pick` takes its
+    /// value; null or absent is `Some(None)`.
+    fn field<V, T>(
+        &mut self,
+        read: impl FnOnce(&mut Self, u8) -> Option<V>,
+        pick: impl FnOnce(V) -> Option<T>,
+    ) -> Field<T> {
+        match self.next()? {
+            None | Some(0x40) => Some(None),
+            Some(code) => pick(read(self, code)?).map(Some),
         }
     }
 
     fn uint(&mut self) -> Field<u32> {
-        self.typed_fixed(|v| match v {
+        self.field(Self::fixed, |v| match v {
             Fixed::Uint(n) => Some(n),
             _ => None,
         })
     }
 
     fn boolean(&mut self) -> Field<bool> {
-        self.typed_fixed(|v| match v {
+        self.field(Self::fixed, |v| match v {
             Fixed::Bool(b) => Some(b),
             _ => None,
         })
     }
 
     fn binary(&mut self) -> Field<ByteBuf> {
-        self.typed(|v| match v {
+        self.field(Self::scalar, |v| match v {
             Value::Binary(b) => Some(b),
             _ => None,
         })
     }
 
     fn settle_mode(&mut self) -> Field<ReceiverSettleMode> {
-        self.typed_fixed(|v| match v {
+        self.field(Self::fixed, |v| match v {
             Fixed::Ubyte(0) => Some(ReceiverSettleMode::First),
             Fixed::Ubyte(1) => Some(ReceiverSettleMode::Second),
             _ => None,

@@ -16,21 +16,37 @@ use serde_json::Value as Json;
 use super::entries::Entries;
 use super::{from_marker, prop_from_json, value_from_json, Arg, PROPS};
 
+/// A map section's entries in their order.
+pub(super) type MapSection = Vec<(Value, Value)>;
+
 /// The sections an envelope records, as AMQP values.
 #[derive(Debug, Default)]
 pub(super) struct Sections {
     /// The properties fields, by position (null when absent).
     pub props: Props,
     /// Application-properties, string keys.
-    pub app: Option<Vec<(Value, Value)>>,
+    pub app: Option<MapSection>,
     /// Message annotations, symbol (or ulong) keys.
-    pub annotations: Option<Vec<(Value, Value)>>,
+    pub annotations: Option<MapSection>,
     /// Delivery annotations.
-    pub delivery_annotations: Option<Vec<(Value, Value)>>,
+    pub delivery_annotations: Option<MapSection>,
     /// The footer.
-    pub footer: Option<Vec<(Value, Value)>>,
+    pub footer: Option<MapSection>,
     /// Whether the body was an AmqpValue.
     pub value_body: bool,
+}
+
+impl Sections {
+    /// Where the map section `key` names is kept, and how it is read; `None` for other keys.
+    fn map_section(&mut self, key: Key) -> Option<(&mut Option<MapSection>, Object)> {
+        Some(match key {
+            Key::App => (&mut self.app, Object::App),
+            Key::Annotations => (&mut self.annotations, Object::Annotations),
+            Key::DeliveryAnnotations => (&mut self.delivery_annotations, Object::Annotations),
+            Key::Footer => (&mut self.footer, Object::Annotations),
+            Key::Amqp10 | Key::Props | Key::BodySection | Key::Other => return None,
+        })
+    }
 }
 
 /// The properties section's fields and the header fields kept beside them (ENV-3).
@@ -79,7 +95,7 @@ impl Props {
 /// whatever the envelope holds.
 pub(super) fn envelope(metadata: &str, stamped: &[&str]) -> Option<Sections> {
     let mut de = serde_json::Deserializer::from_str(metadata);
-    let sections = Outer { stamped }.deserialize(&mut de).ok()?;
+    let sections = (&mut de).deserialize_map(Outer { stamped }).ok()?;
     de.end().ok()?;
     Some(sections)
 }
@@ -102,14 +118,6 @@ enum Key {
 /// The outer object, which must hold an `amqp10` object.
 struct Outer<'s> {
     stamped: &'s [&'s str],
-}
-
-impl<'de> DeserializeSeed<'de> for Outer<'_> {
-    type Value = Sections;
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Sections, D::Error> {
-        d.deserialize_map(self)
-    }
 }
 
 impl<'de> Visitor<'de> for Outer<'_> {
@@ -173,32 +181,17 @@ impl<'de> Visitor<'de> for Amqp10<'_> {
                         .map(Read::props)
                         .unwrap_or_default()
                 }
-                Key::App => {
-                    s.app = map
-                        .next_value_seed(lenient(Object::App))?
-                        .map(Read::entries)
-                }
-                Key::Annotations => {
-                    s.annotations = map
-                        .next_value_seed(lenient(Object::Annotations))?
-                        .map(Read::entries)
-                }
-                Key::DeliveryAnnotations => {
-                    s.delivery_annotations = map
-                        .next_value_seed(lenient(Object::Annotations))?
-                        .map(Read::entries)
-                }
-                Key::Footer => {
-                    s.footer = map
-                        .next_value_seed(lenient(Object::Annotations))?
-                        .map(Read::entries)
-                }
                 Key::BodySection => {
                     s.value_body = map.next_value::<MarkerValue<'de>>()?.0.is_text("value")
                 }
-                Key::Amqp10 | Key::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                key => match s.map_section(key) {
+                    Some((slot, object)) => {
+                        *slot = map.next_value_seed(lenient(object))?.map(Read::entries)
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                },
             }
         }
         Ok(s)
