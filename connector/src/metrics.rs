@@ -8,6 +8,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use crate::bridge::address::Pattern;
+
 /// A link's role from the server's point of view (MET-3).
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
 #[allow(non_camel_case_types)]
@@ -25,16 +27,47 @@ pub struct RoleLabel {
     pub role: Role,
 }
 
-/// Everything a transfer is counted under (MET-4): the patterns, and responses to requests.
-/// Their counters are kept at hand, so that counting a message looks up no labels.
-const COUNTED_PATTERNS: [&str; 6] = [
-    "queues",
-    "events",
-    "events-store",
-    "commands",
-    "queries",
-    "responses",
-];
+/// What a transfer is counted under (MET-4): a pattern, or a response to a request. Every one
+/// has its counters kept at hand, so that counting a message looks up no labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Messages of a pattern.
+    Pattern(Pattern),
+    /// Responses to requests (`responses/...`).
+    Responses,
+}
+
+impl Counted {
+    /// Every one, in the order of [`Counted::index`].
+    const ALL: [Counted; 6] = [
+        Counted::Pattern(Pattern::Queues),
+        Counted::Pattern(Pattern::Events),
+        Counted::Pattern(Pattern::EventsStore),
+        Counted::Pattern(Pattern::Commands),
+        Counted::Pattern(Pattern::Queries),
+        Counted::Responses,
+    ];
+
+    /// The `pattern` label's value.
+    fn name(self) -> &'static str {
+        match self {
+            Counted::Pattern(p) => p.name(),
+            Counted::Responses => "responses",
+        }
+    }
+
+    /// Where its counters are in [`Counted::ALL`].
+    fn index(self) -> usize {
+        match self {
+            Counted::Pattern(Pattern::Queues) => 0,
+            Counted::Pattern(Pattern::Events) => 1,
+            Counted::Pattern(Pattern::EventsStore) => 2,
+            Counted::Pattern(Pattern::Commands) => 3,
+            Counted::Pattern(Pattern::Queries) => 4,
+            Counted::Responses => 5,
+        }
+    }
+}
 /// The patterns of MET-6.
 const RPC_PATTERNS: [&str; 2] = ["commands", "queries"];
 
@@ -146,9 +179,9 @@ pub struct Metrics {
     pub rpc_held: std::sync::atomic::AtomicI64,
     /// The members of `rpc_requests`, by [`RPC_PATTERNS`]: counted without a label set per request.
     rpc_counters: [Counter; 2],
-    /// The members of `transfers` by [`COUNTED_PATTERNS`] then direction, held so that counting
-    /// a message does not build and hash a label set: this is on every message's path.
-    pattern_transfers: [[Counter; 2]; COUNTED_PATTERNS.len()],
+    /// The members of `transfers` by [`Counted::index`] then direction, held so that counting a
+    /// message does not build and hash a label set: this is on every message's path.
+    pattern_transfers: [[Counter; 2]; Counted::ALL.len()],
     /// The dispositions family's counters, by `Outcome` (counted on every settled delivery).
     outcome_counters: [Counter; 4],
 }
@@ -204,10 +237,10 @@ impl Metrics {
                 })
                 .clone()
         });
-        m.pattern_transfers = COUNTED_PATTERNS.map(|pattern| {
+        m.pattern_transfers = Counted::ALL.map(|counted| {
             [Direction::In, Direction::Out].map(|direction| {
                 m.transfers
-                    .get_or_create(&TransferLabels::new(direction, pattern))
+                    .get_or_create(&TransferLabels::new(direction, counted.name()))
                     .clone()
             })
         });
@@ -280,19 +313,13 @@ impl Metrics {
     }
 
     /// Counts one message transfer.
-    pub fn transfer(&self, direction: Direction, pattern: &str) {
-        if let Some(i) = COUNTED_PATTERNS.iter().position(|p| *p == pattern) {
-            if let Some(c) = self
-                .pattern_transfers
-                .get(i)
-                .and_then(|d| d.get(direction as usize))
-            {
-                c.inc();
-            }
-        } else {
-            self.transfers
-                .get_or_create(&TransferLabels::new(direction, pattern))
-                .inc();
+    pub fn transfer(&self, direction: Direction, counted: Counted) {
+        if let Some(c) = self
+            .pattern_transfers
+            .get(counted.index())
+            .and_then(|d| d.get(direction as usize))
+        {
+            c.inc();
         }
     }
 
@@ -350,13 +377,34 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// MET-4: every pattern and responses are counted under their own label, each at the place
+    /// its index names.
+    #[test]
+    fn met_4_each_counted_has_its_counters() {
+        let m = Metrics::new();
+        for (i, counted) in Counted::ALL.into_iter().enumerate() {
+            assert_eq!(counted.index(), i, "{counted:?}");
+            for _ in 0..=i {
+                m.transfer(Direction::In, counted);
+            }
+        }
+        for (i, counted) in Counted::ALL.into_iter().enumerate() {
+            assert_eq!(
+                m.transfers_counted("in", counted.name()),
+                i as u64 + 1,
+                "{counted:?}"
+            );
+        }
+    }
+
     /// MET-0: exactly 11 families, with their names and types.
     #[test]
     fn met_0_eleven_families() {
         let m = Metrics::new();
-        m.transfer(Direction::In, "queues");
-        m.transfer(Direction::Out, "queues");
-        m.transfer(Direction::Out, "queues");
+        let queues = Counted::Pattern(Pattern::Queues);
+        m.transfer(Direction::In, queues);
+        m.transfer(Direction::Out, queues);
+        m.transfer(Direction::Out, queues);
         m.disposition(Outcome::accepted);
         m.link(Role::receiver).inc();
         let text = m.encode();

@@ -35,7 +35,7 @@ use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
-use crate::metrics::{self, Direction, Metrics};
+use crate::metrics::{self, Counted, Direction, Metrics};
 
 /// First and last pause before a durable subscription asks again for a ClientID its previous
 /// link still held (about 1.3 s in all).
@@ -276,7 +276,7 @@ impl EventLinks {
             return false;
         };
         let (pattern, channel) = (p.pattern, p.channel.clone());
-        metrics.transfer(Direction::In, pattern.name());
+        metrics.transfer(Direction::In, Counted::Pattern(pattern));
         let Some(stored) = ingress_or_refuse(conn, metrics, d) else {
             return true;
         };
@@ -588,7 +588,7 @@ impl EventLinks {
         );
         let tag = event.sequence.to_be_bytes();
         if conn.send(link, &tag, &payload, true, 0).is_ok() {
-            metrics.transfer(Direction::Out, pattern.name());
+            metrics.transfer(Direction::Out, Counted::Pattern(pattern));
             true
         } else {
             false

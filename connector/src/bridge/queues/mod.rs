@@ -45,7 +45,7 @@ use crate::engine::{
     LinkId,
 };
 use crate::kubemq::QueueMessage;
-use crate::metrics::{self, Direction, Metrics};
+use crate::metrics::{self, Counted, Direction, Metrics};
 
 /// A channel's Get loop ends after this long without consumers (and closes its session).
 const FETCH_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -301,13 +301,13 @@ impl<B: Backend> Drop for QueuesHandler<B> {
     }
 }
 
-/// The pattern a message's `to` names, for counting it (MET-4): `responses` for a reply token,
+/// What a message is counted under by the `to` it names (MET-4): responses for a reply token,
 /// `queues` when it names none.
-fn pattern_of(to: Option<&str>) -> &'static str {
+fn pattern_of(to: Option<&str>) -> Counted {
     match to.map(|t| resolve(t, None, Pattern::Queues)) {
-        Some(Ok(Resolved::Node { pattern, .. })) => pattern.name(),
-        Some(Ok(Resolved::Response { .. })) => "responses",
-        _ => Pattern::Queues.name(),
+        Some(Ok(Resolved::Node { pattern, .. })) => Counted::Pattern(pattern),
+        Some(Ok(Resolved::Response { .. })) => Counted::Responses,
+        _ => Counted::Pattern(Pattern::Queues),
     }
 }
 
@@ -720,7 +720,7 @@ impl<B: Backend> QueuesHandler<B> {
         // link's under the pattern its `to` names; queues when it names none).
         let pattern = match (channel, &stored) {
             (None, Some(s)) => pattern_of(s.to.as_deref()),
-            _ => Pattern::Queues.name(),
+            _ => Counted::Pattern(Pattern::Queues),
         };
         self.bridge.metrics.transfer(Direction::In, pattern);
         let Some(stored) = stored else {
@@ -833,7 +833,9 @@ impl<B: Backend> QueuesHandler<B> {
         let sent = conn.send(link, &token.to_be_bytes(), &payload, presettled, token);
         if sent.is_ok() {
             // MET-4.
-            self.bridge.metrics.transfer(Direction::Out, "queues");
+            self.bridge
+                .metrics
+                .transfer(Direction::Out, Counted::Pattern(Pattern::Queues));
         }
         match sent {
             Ok(_) if presettled => {

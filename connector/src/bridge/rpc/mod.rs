@@ -39,7 +39,7 @@ use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Request, Response, Subscribe};
-use crate::metrics::{self, Direction, Metrics};
+use crate::metrics::{self, Counted, Direction, Metrics};
 
 /// Delivery tokens of delivered requests: a range of their own, apart from other links'.
 const FIRST_TOKEN: u64 = 1 << 61;
@@ -315,8 +315,8 @@ impl RpcLinks {
         };
         // MET-4 (an anonymous link's messages are counted where they are routed).
         let counted = match &target {
-            Routed::Request { pattern, .. } => pattern.name(),
-            Routed::Response(_) => "responses",
+            Routed::Request { pattern, .. } => Counted::Pattern(*pattern),
+            Routed::Response(_) => Counted::Responses,
         };
         self.metrics.transfer(Direction::In, counted);
         let Some(stored) = ingress_or_refuse(conn, &self.metrics, d) else {
@@ -519,7 +519,8 @@ impl RpcLinks {
             .send(link, &token.to_be_bytes(), &message, presettled, token)
             .is_ok()
         {
-            self.metrics.transfer(Direction::Out, pattern.name());
+            self.metrics
+                .transfer(Direction::Out, Counted::Pattern(pattern));
             let expires = Instant::now() + answerable;
             if let Some(request) = held.pop_front() {
                 self.tokens.insert(request, pattern, expires);
@@ -677,7 +678,7 @@ impl RpcLinks {
                 Some(reply) => {
                     if dynamic.put_reply(&a.asked.reply_to, reply.into()) {
                         self.metrics
-                            .transfer(Direction::Out, a.asked.pattern.name());
+                            .transfer(Direction::Out, Counted::Pattern(a.asked.pattern));
                         dynamic.pump(conn, &a.asked.reply_to);
                     } else {
                         // The requester's node is gone (RPC-14).
