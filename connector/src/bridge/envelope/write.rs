@@ -14,26 +14,31 @@ use super::{B64, JSON_SAFE};
 
 /// `s` as a JSON string.
 pub(super) fn string(out: &mut Vec<u8>, s: &str) {
-    // JSON escapes only quotes, backslashes and control characters, which addresses and ids
-    // never hold: such a string is copied whole, checked without a branch per byte.
-    let plain = !s.bytes().fold(false, |esc, b| {
-        esc | (b < 0x20) | (b == b'"') | (b == b'\\')
-    });
-    if plain {
-        quoted(out, s);
-    } else {
+    if needs_escape(s) {
         // Writing into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, s);
+    } else {
+        // Addresses and ids hold nothing JSON escapes: such a string is copied whole.
+        quoted(out, s);
     }
 }
 
 /// One of the envelope's own names (a key, a marker, a body kind) as a JSON string: they hold
-/// nothing JSON escapes, so they are not checked for it.
+/// nothing JSON escapes, so only debug builds check them for it.
 pub(super) fn name(out: &mut Vec<u8>, name: &'static str) {
-    debug_assert!(!name.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\'));
+    debug_assert!(!needs_escape(name));
     quoted(out, name);
 }
 
+/// Whether JSON escapes anything in `s`: quotes, backslashes and control characters. Checked
+/// without a branch per byte.
+fn needs_escape(s: &str) -> bool {
+    s.bytes().fold(false, |esc, b| {
+        esc | (b < 0x20) | (b == b'"') | (b == b'\\')
+    })
+}
+
+/// `s` between quotes, as it is.
 fn quoted(out: &mut Vec<u8>, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
