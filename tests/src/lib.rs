@@ -110,9 +110,24 @@ impl TestFacade {
         f
     }
 
+    /// Serves `store`, already open behind a connector on the embedded store, as KubeMQ's gRPC
+    /// API as well (what `--serve-kubemq-grpc` does): the store then has subscribers of both
+    /// kinds. Stopping the façade closes the store.
+    pub fn serve_store(store: Arc<connector::store::Store>) -> TestFacade {
+        Self::serve(store, None, false)
+    }
+
     fn serve_at(dir: &std::path::Path, addr: Option<SocketAddr>, capture: bool) -> TestFacade {
-        use connector::kubemq::server::{serve_facade, Facade};
         let (store, _) = connector::store::Store::open(dir).expect("store opens");
+        Self::serve(store, addr, capture)
+    }
+
+    fn serve(
+        store: Arc<connector::store::Store>,
+        addr: Option<SocketAddr>,
+        capture: bool,
+    ) -> TestFacade {
+        use connector::kubemq::server::{serve_facade, Facade};
         let served = store.clone();
         let server = ServerThread::spawn(
             addr.unwrap_or(testkit::ANY_LOOPBACK_PORT),
@@ -232,9 +247,24 @@ impl TestConnector {
         Self::over_grpc(settings, TestFacade::start())
     }
 
+    /// Starts one over gRPC to `facade`, which it shares with whatever else uses it (another
+    /// connector: two replicas of the connector in front of one broker).
+    pub fn start_over_facade(settings: Settings, facade: &TestFacade) -> TestConnector {
+        Self::grpc_client(settings, facade.store.clone(), facade.addr)
+    }
+
     fn over_grpc(settings: Settings, facade: TestFacade) -> TestConnector {
-        let store = facade.store.clone();
-        let addr = facade.addr.to_string();
+        let mut c = Self::grpc_client(settings, facade.store.clone(), facade.addr);
+        c._facade = Some(facade);
+        c
+    }
+
+    fn grpc_client(
+        settings: Settings,
+        store: Arc<connector::store::Store>,
+        facade: SocketAddr,
+    ) -> TestConnector {
+        let addr = facade.to_string();
         let dir = tempfile::tempdir().expect("temp dir");
         let metrics = Arc::new(connector::metrics::Metrics::new());
         let m = metrics.clone();
@@ -253,7 +283,7 @@ impl TestConnector {
             metrics,
             server,
             _dir: dir,
-            _facade: Some(facade),
+            _facade: None,
             kind: Backend::Grpc,
         }
     }

@@ -364,3 +364,98 @@ fn rpc_qpid_jms_requester_go_amqp_responder() {
         wait_ok(responder);
     });
 }
+
+/// RPC-15, ADDR-12: replies travel through the broker's reply path, so a requester and a
+/// responder on different connectors in front of one broker reach each other — two connectors
+/// over gRPC to one store's façade (replicas in front of one KubeMQ), and a connector on the
+/// embedded store serving its façade with a second connector over gRPC to it — each way round;
+/// only a message sent straight to a dynamic node minted on the other connector is refused.
+#[test]
+fn rpc_15_requester_and_responder_on_different_connectors() {
+    let broker = interop_tests::TestFacade::start();
+    let a = TestConnector::start_over_facade(Settings::default(), &broker);
+    let b = TestConnector::start_over_facade(Settings::default(), &broker);
+    across(&a, &b);
+    across(&b, &a);
+    interop_tests::runtime().block_on(foreign_dynamic_node(&a.url(), &b.url()));
+
+    let home = TestConnector::start(Settings::default());
+    let served = interop_tests::TestFacade::serve_store(home.store.clone());
+    let remote = TestConnector::start_over_facade(Settings::default(), &served);
+    across(&home, &remote);
+    across(&remote, &home);
+    interop_tests::runtime().block_on(foreign_dynamic_node(&home.url(), &remote.url()));
+}
+
+/// The fe2o3 requester on `asks` against the fe2o3 responder on `answers`; afterwards neither
+/// connector holds a request and the broker has none waiting.
+fn across(asks: &TestConnector, answers: &TestConnector) {
+    let channel = format!("rpc.nodes.{}", connector::kubemq::new_id());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let url = answers.url();
+    let ch = channel.clone();
+    let answered = std::thread::spawn(move || {
+        interop_tests::runtime().block_on(fe2o3_respond(&url, &ch, ready_tx))
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the fe2o3 responder is subscribed");
+    interop_tests::runtime().block_on(fe2o3_request(&asks.url(), &channel));
+    answered.join().expect("the fe2o3 responder");
+    for c in [asks, answers] {
+        testkit::eventually(
+            "no request held by either connector",
+            Duration::from_secs(20),
+            || {
+                c.metrics
+                    .rpc_held
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 0
+                    && c.store.requests().waiting() == 0
+            },
+        );
+    }
+}
+
+/// A sender on `other` addressing a dynamic node minted on `home` by `to` is rejected with
+/// `amqp:precondition-failed` (ADDR-12), and the link stays usable (ADDR-18).
+async fn foreign_dynamic_node(home: &str, other: &str) {
+    use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
+    let mut owner = Connection::open("owner", home).await.unwrap();
+    let mut owner_session = Session::begin(&mut owner).await.unwrap();
+    let node = Receiver::builder()
+        .name("node")
+        .source(Source::builder().dynamic(true).build())
+        .attach(&mut owner_session)
+        .await
+        .unwrap();
+    let address = node
+        .source()
+        .as_ref()
+        .and_then(|s| s.address.clone())
+        .expect("ADDR-11: the minted address");
+    let mut stranger = Connection::open("stranger", other).await.unwrap();
+    let mut session = Session::begin(&mut stranger).await.unwrap();
+    let mut relay = Sender::builder()
+        .name("relay")
+        .target(Target::builder().build())
+        .attach(&mut session)
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        let message = Message::builder()
+            .properties(Properties::builder().to(address.clone()).build())
+            .value("straight to another connector's node")
+            .build();
+        match relay.send(message).await.unwrap() {
+            Outcome::Rejected(r) => assert_eq!(
+                r.error.map(|e| e.condition),
+                Some(ErrorCondition::AmqpError(AmqpError::PreconditionFailed)),
+                "ADDR-12"
+            ),
+            other => panic!("ADDR-12: rejected, got {other:?}"),
+        }
+    }
+    stranger.close().await.unwrap();
+    owner.close().await.unwrap();
+}
