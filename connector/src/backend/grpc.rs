@@ -107,6 +107,15 @@ fn refused(s: &Status) -> BackendError {
     }
 }
 
+/// A call's failure: the server or the connection to it gone, or a refusal (see [`refused`]).
+fn failure(s: &Status) -> BackendError {
+    if retryable(s) {
+        unavailable(s)
+    } else {
+        refused(s)
+    }
+}
+
 fn retryable(s: &Status) -> bool {
     matches!(s.code(), Code::Unavailable | Code::Unknown) && !s.message().starts_with("Error ")
 }
@@ -823,7 +832,7 @@ where
                 r.into_inner()
             }
             Err(s) => {
-                let e = refused(&s);
+                let e = failure(&s);
                 // Told to the subscriber as the answer, or in the stream if it came late.
                 if let Err(Err(e)) = answered.send(Err(e)) {
                     let _ = tx.send(Err(e)).await;
@@ -838,7 +847,7 @@ where
             };
             let item = match item {
                 Some(Ok(e)) => Ok(e),
-                Some(Err(s)) => Err(refused(&s)),
+                Some(Err(s)) => Err(failure(&s)),
                 None => Err(BackendError::Unavailable(
                     "subscription ended by KubeMQ".into(),
                 )),
@@ -872,5 +881,30 @@ mod tests {
                 .collect();
             assert_eq!(streams.len(), UPSTREAM_STREAMS, "from lane {first}");
         }
+    }
+
+    /// A subscription lost with its connection (tonic reports the cut stream as Unknown or
+    /// Unavailable) is the broker being unavailable; KubeMQ's own refusals ("Error …") and a
+    /// refused credential stay refusals.
+    #[test]
+    fn a_lost_subscription_is_unavailable_a_refusal_is_not() {
+        let lost = [
+            Status::unknown("h2 protocol error: error reading a body from connection"),
+            Status::unavailable("connection reset"),
+        ];
+        for s in lost {
+            assert!(matches!(failure(&s), BackendError::Unavailable(_)), "{s:?}");
+        }
+        let refusal = Status::unknown("Error 207: wrong subscribe type");
+        assert!(
+            matches!(failure(&refusal), BackendError::Rejected(t) if t.starts_with("Error 207"))
+        );
+        let internal = Status::internal("Error 301: timeout for request message");
+        assert!(matches!(failure(&internal), BackendError::Rejected(_)));
+        let credential = Status::unauthenticated("invalid token");
+        assert!(matches!(
+            failure(&credential),
+            BackendError::Unauthorized(_)
+        ));
     }
 }
