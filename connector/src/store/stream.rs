@@ -103,12 +103,13 @@ impl ChannelLog {
 
     /// The sequence a new subscription starts at.
     fn start(&self, at: StartAt, now: i64) -> u64 {
+        // Sequences past `visible` may still be being written: the first of them counts as
+        // stored already, or a subscription starting now would miss it.
         let first = self
             .events
             .keys()
             .next()
-            .copied()
-            .unwrap_or(self.last_sequence + 1);
+            .map_or(self.visible + 1, |k| (*k).min(self.visible + 1));
         let new_only = self.last_sequence + 1;
         let at_time = |t: i64| {
             self.events
@@ -291,7 +292,7 @@ impl Streams {
 
     /// Stores an event (`Store = true`): validated as KubeMQ does, given the channel's next
     /// sequence, and on disk when this returns.
-    pub async fn append(&self, event: Event) -> Result<EventReceive, String> {
+    pub async fn append(self: &Arc<Self>, event: Event) -> Result<EventReceive, String> {
         super::errors::event_validation(&event)?;
         if !super::errors::valid_queue_name(&event.channel) {
             return Err(errors::STREAM_CHANNEL_INVALID.into());
@@ -328,7 +329,26 @@ impl Streams {
             ((self.log.append_in_order(b), len), stored)
         };
         let (written, len) = written;
-        let result = written.await;
+        // Indexed by a task of its own: a caller that goes away while the event is written (a
+        // gRPC client hanging up) must not leave its sequence unresolved, which would hold back
+        // every later event of the channel.
+        let streams = self.clone();
+        tokio::spawn(async move {
+            let result = written.await;
+            streams.written(stored, ts, len, result)
+        })
+        .await
+        .map_err(|_| "events-store write abandoned".to_string())?
+    }
+
+    /// Records how the write of `stored` ended: indexed and visible in order, or skipped.
+    fn written(
+        &self,
+        stored: EventReceive,
+        ts: i64,
+        len: u32,
+        result: io::Result<(Location, log::SegmentPin)>,
+    ) -> Result<EventReceive, String> {
         let mut st = self.lock();
         let c = st.channel(&stored.channel);
         match result {
@@ -800,10 +820,62 @@ mod tests {
         assert!(got.is_err(), "no further event: {got:?}");
     }
 
-    async fn six(s: &Streams, ch: &str) {
+    async fn six(s: &Arc<Streams>, ch: &str) {
         for i in 0..6 {
             s.append(event(ch, &format!("es-{i:03}"))).await.unwrap();
         }
+    }
+
+    /// Polls `append` once: the event has its sequence and is on its way to the log. `false`
+    /// when it was already stored (the writer was quicker than the poll).
+    async fn in_flight<F: std::future::Future>(append: std::pin::Pin<&mut F>) -> bool {
+        let mut append = append;
+        std::future::poll_fn(|cx| std::task::Poll::Ready(append.as_mut().poll(cx).is_pending()))
+            .await
+    }
+
+    /// A subscription from the first event that starts while a channel's first event is still
+    /// being written gets that event.
+    #[tokio::test]
+    async fn from_first_includes_an_event_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let mut raced = false;
+        for i in 0..20 {
+            let ch = format!("race-{i}");
+            let append = s.append(event(&ch, "first"));
+            tokio::pin!(append);
+            raced |= in_flight(append.as_mut()).await;
+            let mut rx = s
+                .subscribe(&format!("c{i}"), &ch, "", StartAt::First)
+                .unwrap();
+            append.await.unwrap();
+            assert_eq!(take(&mut rx, 1).await, ["first"], "{ch}");
+        }
+        assert!(raced, "no append was caught in flight");
+    }
+
+    /// An append whose caller goes away while it is written (a gRPC client that hangs up) is
+    /// still indexed: the event is in the log, and the events after it reach subscribers.
+    #[tokio::test]
+    async fn an_abandoned_append_does_not_stall_its_channel() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let mut raced = false;
+        for i in 0..20 {
+            let ch = format!("gone-{i}");
+            {
+                let append = s.append(event(&ch, "abandoned"));
+                tokio::pin!(append);
+                raced |= in_flight(append.as_mut()).await;
+            }
+            s.append(event(&ch, "next")).await.unwrap();
+            let mut rx = s
+                .subscribe(&format!("c{i}"), &ch, "", StartAt::First)
+                .unwrap();
+            assert_eq!(take(&mut rx, 2).await, ["abandoned", "next"], "{ch}");
+        }
+        assert!(raced, "no append was caught in flight");
     }
 
     /// KubeMQ 4.6: sequences start at 1 and each start position begins where its table says.
