@@ -159,7 +159,7 @@ async fn headers_with_first<T: Send + 'static>(
 
 /// Stores `messages`; then, with `capture`, open transactions take what they have room for.
 async fn store_and_capture(
-    store: &Store,
+    store: &Arc<Store>,
     capture: Option<&Capture>,
     messages: Vec<QueueMessage>,
 ) -> Vec<SendQueueMessageResult> {

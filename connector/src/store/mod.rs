@@ -329,14 +329,43 @@ impl Store {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Runs `op` on the store to its end in a task of its own, whether or not its caller keeps
+    /// waiting: a write to the log must be followed by the bookkeeping that counts it, or memory
+    /// falls behind the log (a gRPC client that hangs up drops its call mid-write). `None` when
+    /// the task could not finish (the runtime is shutting down).
+    async fn to_the_end<T, Fut>(self: &Arc<Self>, op: impl FnOnce(Arc<Store>) -> Fut) -> Option<T>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = T> + Send + 'static,
+    {
+        tokio::spawn(op(self.clone())).await.ok()
+    }
+
     /// Sends messages as SendQueueMessage / a batch / an upstream request would: each gets its own
-    /// result, in order; valid messages are durable when this returns.
-    pub async fn send(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
+    /// result, in order; valid messages are durable when this returns, and counted in the queues
+    /// even if the caller stops waiting.
+    pub async fn send(
+        self: &Arc<Self>,
+        messages: Vec<QueueMessage>,
+    ) -> Vec<SendQueueMessageResult> {
+        let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
+        match self
+            .to_the_end(|s| async move { s.send_now(messages).await })
+            .await
+        {
+            Some(results) => results,
+            None => ids
+                .into_iter()
+                .map(|id| error_result(id, "Error 500: storage failure: store stopped"))
+                .collect(),
+        }
+    }
+
+    async fn send_now(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
         let now = now_ns();
         let mut results = Vec::with_capacity(messages.len());
         let mut buf = BytesMut::new();
-        // (result index, queue or None for delayed, sequence or delay id, due, offset in buf, len)
-        let mut placed: Vec<(usize, Option<String>, u64, i64, usize, u32)> = Vec::new();
+        let mut placed: Vec<Placed> = Vec::new();
         {
             let mut st = self.lock();
             for msg in messages {
@@ -365,7 +394,14 @@ impl Store {
                                     message: Some(msg),
                                 }),
                             );
-                            placed.push((i, None, id, due, off, len as u32));
+                            placed.push(Placed {
+                                result: i,
+                                queue: None,
+                                number: id,
+                                due,
+                                offset: off,
+                                len: len as u32,
+                            });
                         } else {
                             let q = st.queue(&msg.channel);
                             q.last_sequence += 1;
@@ -378,7 +414,14 @@ impl Store {
                                 &mut buf,
                                 Kind::Enqueue(Enqueue { message: Some(msg) }),
                             );
-                            placed.push((i, Some(name), seq, 0, off, len as u32));
+                            placed.push(Placed {
+                                result: i,
+                                queue: Some(name),
+                                number: seq,
+                                due: 0,
+                                offset: off,
+                                len: len as u32,
+                            });
                         }
                     }
                 }
@@ -391,24 +434,24 @@ impl Store {
             // The pin holds the segment until these records are counted live below.
             Ok((base, _pin)) => {
                 let mut st = self.lock();
-                for (_, queue, n, due, off, len) in placed {
+                for p in placed {
                     let e = Entry {
                         loc: Location {
                             segment: base.segment,
-                            offset: base.offset + off as u64,
+                            offset: base.offset + p.offset as u64,
                         },
-                        len,
+                        len: p.len,
                     };
                     st.add_live(e.loc.segment);
-                    match queue {
+                    match p.queue {
                         Some(q) => {
                             let qs = st.queue(&q);
-                            qs.ready.insert(n, e);
+                            qs.ready.insert(p.number, e);
                             qs.notify.notify_waiters();
                         }
                         None => {
-                            st.delayed.insert((due, n), e);
-                            st.delay_keys.insert(n, due);
+                            st.delayed.insert((p.due, p.number), e);
+                            st.delay_keys.insert(p.number, p.due);
                         }
                     }
                 }
@@ -416,8 +459,8 @@ impl Store {
                     .fetch_add(results.len() as u64, Ordering::Relaxed);
             }
             Err(e) => {
-                for (i, ..) in placed {
-                    if let Some(r) = results.get_mut(i) {
+                for p in placed {
+                    if let Some(r) = results.get_mut(p.result) {
                         r.is_error = true;
                         r.error = format!("Error 500: storage failure: {e}");
                         r.sent_at = 0;
@@ -433,10 +476,15 @@ impl Store {
     /// and over-count messages dead-lettered or dropped (step 4); they count toward `max_items`.
     /// What is returned is locked until settled or returned. Cancel-safe: if the future is
     /// dropped, whatever it had collected is returned to the queue.
-    pub async fn get(&self, queue: &str, max_items: usize, wait: Duration) -> Vec<Delivered> {
+    pub async fn get(
+        self: &Arc<Self>,
+        queue: &str,
+        max_items: usize,
+        wait: Duration,
+    ) -> Vec<Delivered> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut guard = Collected {
-            store: self,
+            store: self.as_ref(),
             queue: queue.to_string(),
             seqs: Vec::new(),
         };
@@ -470,29 +518,36 @@ impl Store {
                 break;
             }
         }
-        let seqs = std::mem::take(&mut guard.seqs);
-        self.deliver(queue, seqs).await
+        self.deliver(&mut guard).await
     }
 
-    /// Reads the collected copies and applies the delivery-time policy.
-    async fn deliver(&self, queue: &str, seqs: Vec<u64>) -> Vec<Delivered> {
+    /// Reads the collected copies and applies the delivery-time policy. What it delivers stays
+    /// in `collected` until it returns, so a caller that stops waiting meanwhile returns it to
+    /// the queue; a dead-letter move, once begun, runs to its end.
+    async fn deliver(self: &Arc<Self>, collected: &mut Collected<'_>) -> Vec<Delivered> {
         let now = now_ns();
-        let mut out = Vec::with_capacity(seqs.len());
-        for (seq, msg) in self.read_locked_many(queue, seqs) {
+        let queue = collected.queue.clone();
+        let mut out = Vec::with_capacity(collected.seqs.len());
+        for (seq, msg) in self.read_locked_many(&queue, collected.seqs.clone()) {
             let Some(mut msg) = msg else {
+                collected.forget(seq);
                 continue;
             };
             let attrs = msg.attributes.get_or_insert_with(Default::default);
             if attrs.expiration_at > 0 && attrs.expiration_at < now {
                 // 4.3.9: expired messages are dropped silently, never dead-lettered.
-                self.ack(queue, &[seq]);
+                collected.forget(seq);
+                self.ack(&queue, &[seq]);
                 continue;
             }
             attrs.receive_count += 1;
             let shown = attrs.receive_count;
             let max = msg.policy.as_ref().map_or(0, |p| p.max_receive_count);
             if max > 0 && shown > max {
-                self.dead_letter_or_drop(queue, seq, msg).await;
+                collected.forget(seq);
+                let q = queue.clone();
+                self.to_the_end(move |s| async move { s.dead_letter_or_drop(&q, seq, msg).await })
+                    .await;
                 continue;
             }
             out.push(Delivered {
@@ -500,6 +555,7 @@ impl Store {
                 message: msg,
             });
         }
+        collected.seqs.clear();
         out
     }
 
@@ -609,7 +665,14 @@ impl Store {
     /// NAck of a locked copy shown with receive count `shown`: a copy at the tail with a new
     /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
     /// the original is acked (4.3.6). Durable when this returns.
-    pub async fn nack(&self, queue: &str, seq: u64) -> Result<(), String> {
+    pub async fn nack(self: &Arc<Self>, queue: &str, seq: u64) -> Result<(), String> {
+        let q = queue.to_string();
+        self.to_the_end(move |s| async move { s.nack_now(&q, seq).await })
+            .await
+            .unwrap_or_else(|| Err(format!("nack message with seq {seq} failed, store stopped")))
+    }
+
+    async fn nack_now(&self, queue: &str, seq: u64) -> Result<(), String> {
         let Some(mut msg) = self.read_locked(queue, seq) else {
             return Err(format!(
                 "nack message with seq {seq} failed, message not found"
@@ -698,7 +761,23 @@ impl Store {
 
     /// ReQueue of a locked copy: a fresh send of it to `channel` (policy re-applied, count 0),
     /// then the original is acked (4.3.4).
-    pub async fn requeue(&self, queue: &str, seq: u64, channel: &str) -> Result<(), String> {
+    pub async fn requeue(
+        self: &Arc<Self>,
+        queue: &str,
+        seq: u64,
+        channel: &str,
+    ) -> Result<(), String> {
+        let (q, to) = (queue.to_string(), channel.to_string());
+        self.to_the_end(move |s| async move { s.requeue_now(&q, seq, &to).await })
+            .await
+            .unwrap_or_else(|| {
+                Err(format!(
+                    "re-queue message with seq {seq} failed, store stopped"
+                ))
+            })
+    }
+
+    async fn requeue_now(&self, queue: &str, seq: u64, channel: &str) -> Result<(), String> {
         let Some(mut msg) = self.read_locked(queue, seq) else {
             return Err(format!(
                 "re-queue message with seq {seq} failed, message not found"
@@ -706,7 +785,7 @@ impl Store {
         };
         msg.channel = channel.to_string();
         msg.attributes = None;
-        let r = self.send(vec![msg]).await;
+        let r = self.send_now(vec![msg]).await;
         match r.first() {
             Some(res) if !res.is_error => {
                 self.ack(queue, &[seq]);
@@ -887,10 +966,33 @@ impl Drop for Store {
 
 /// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
 /// cancelled.
+/// Where one message of a send goes once its write is done.
+struct Placed {
+    /// Its place among the send's results.
+    result: usize,
+    /// Its queue, or `None` for a delayed message.
+    queue: Option<String>,
+    /// Its sequence in the queue, or its delay id.
+    number: u64,
+    /// When a delayed message is due (Unix ns); 0 otherwise.
+    due: i64,
+    /// Where its record starts in the written bytes.
+    offset: usize,
+    /// Its record's length.
+    len: u32,
+}
+
 struct Collected<'a> {
     store: &'a Store,
     queue: String,
     seqs: Vec<u64>,
+}
+
+impl Collected<'_> {
+    /// Stops answering for `seq`: it was settled, or is being moved, meanwhile.
+    fn forget(&mut self, seq: u64) {
+        self.seqs.retain(|s| *s != seq);
+    }
 }
 
 impl Drop for Collected<'_> {

@@ -601,6 +601,43 @@ fn delay_and_expiration() {
     });
 }
 
+/// Polls `op` once; `true` when it is still under way (its write on its way to the log).
+async fn in_flight<F: std::future::Future>(op: std::pin::Pin<&mut F>) -> bool {
+    let mut op = op;
+    std::future::poll_fn(|cx| std::task::Poll::Ready(op.as_mut().poll(cx).is_pending())).await
+}
+
+/// A send or a NAck whose caller goes away while it is written (a gRPC client that hangs up)
+/// still takes effect in the queues, not only in the log: the sent message is delivered now,
+/// and the NAcked one comes back as its new copy with the original no longer locked.
+#[test]
+fn abandoned_writes_still_take_effect() {
+    Fixture::new().run(|_, store| async move {
+        let mut raced = 0;
+        for i in 0..20 {
+            let q = format!("gone-{i}");
+            {
+                let send = store.send(vec![msg(&q, "abandoned")]);
+                tokio::pin!(send);
+                raced += usize::from(in_flight(send.as_mut()).await);
+            }
+            let got = store.get(&q, 1, WAIT).await;
+            assert_eq!(bodies(&got), ["abandoned"], "{q}");
+            {
+                let nack = store.nack(&q, got[0].sequence);
+                tokio::pin!(nack);
+                raced += usize::from(in_flight(nack.as_mut()).await);
+            }
+            let again = store.get(&q, 1, WAIT).await;
+            assert_eq!(bodies(&again), ["abandoned"], "{q}");
+            assert!(again[0].sequence > got[0].sequence, "the NAck's copy");
+            store.ack(&q, &[again[0].sequence]);
+            assert_eq!(store.ready_count(&q) + store.locked_count(&q), 0, "{q}");
+        }
+        assert!(raced > 0, "no write was caught in flight");
+    });
+}
+
 /// Checklist "MUST keep ready, in-flight and delayed messages across a restart"; in-flight
 /// messages come back with the same sequence and no ReceiveCount change; sequences continue.
 #[test]
