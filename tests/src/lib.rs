@@ -1,6 +1,7 @@
 //! What the interop tests share: the real connector (driver, queues bridge, embedded store) on a
 //! loopback port, on each backend ([`TestConnector`]); the store's gRPC façade ([`TestFacade`]);
-//! and running a client program's scenario against it ([`run_client_script`]).
+//! running a client program's scenario against it ([`run_client_script`]); and a fe2o3-amqp
+//! requester's reply node ([`reply_node`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -351,6 +352,28 @@ impl TestConnector {
 }
 
 impl TestConnector {
+    /// Waits until this connector holds no RPC entry (requests waiting for their response,
+    /// delivered requests waiting for an answer) and `broker` has no request waiting: what
+    /// remains once requesters and responders are done.
+    pub fn no_rpc_left_with(&self, broker: &connector::store::Store) {
+        testkit::eventually(
+            &format!("no RPC entry left ({})", self.backend()),
+            Duration::from_secs(20),
+            || {
+                self.metrics
+                    .rpc_held
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                    == 0
+                    && broker.requests().waiting() == 0
+            },
+        );
+    }
+
+    /// [`TestConnector::no_rpc_left_with`] the store it was started with.
+    pub fn no_rpc_left(&self) {
+        self.no_rpc_left_with(&self.store);
+    }
+
     /// Links counted by the links gauge, both roles.
     pub fn links_counted(&self) -> i64 {
         use connector::metrics::Role;
@@ -416,4 +439,28 @@ pub fn run_client_script_on_both_backends(program: &str, dir: &str, args: &[&str
     TestConnector::each_backend(Settings::default(), |c| {
         run_client_script(program, dir, args, scenario, c.addr);
     });
+}
+
+/// A requester's reply node (RPC-1): a receiver with a dynamic source on `session`, granting
+/// `credit` at a time, and the address the connector minted for it.
+pub async fn reply_node(
+    session: &mut fe2o3_amqp::session::SessionHandle<()>,
+    credit: u32,
+) -> (fe2o3_amqp::Receiver, String) {
+    use fe2o3_amqp::link::receiver::CreditMode;
+    use fe2o3_amqp::types::messaging::Source;
+    let node = fe2o3_amqp::Receiver::builder()
+        .name("replies")
+        .source(Source::builder().dynamic(true).build())
+        .credit_mode(CreditMode::Auto(credit))
+        .attach(session)
+        .await
+        .expect("the reply node attaches");
+    let address = node
+        .source()
+        .as_ref()
+        .and_then(|s| s.address.clone())
+        .expect("RPC-1: the minted address");
+    assert!(address.starts_with("_amqp10.tmp."), "ADDR-11: {address}");
+    (node, address)
 }

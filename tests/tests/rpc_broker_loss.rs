@@ -14,7 +14,7 @@ use fe2o3_amqp::link::{LinkStateError, RecvError};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
 use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties, Source, Target,
+    ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties, Target,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -40,18 +40,7 @@ impl Requester {
     async fn open(url: &str, channel: &str) -> Requester {
         let mut conn = Connection::open("loss-requester", url).await.unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
-        let replies = Receiver::builder()
-            .name("replies")
-            .source(Source::builder().dynamic(true).build())
-            .credit_mode(CreditMode::Auto(10))
-            .attach(&mut session)
-            .await
-            .unwrap();
-        let reply_to = replies
-            .source()
-            .as_ref()
-            .and_then(|s| s.address.clone())
-            .expect("RPC-1: the minted address");
+        let (replies, reply_to) = interop_tests::reply_node(&mut session, 10).await;
         let commands = Sender::attach(&mut session, "commands", format!("commands/{channel}"))
             .await
             .unwrap();
@@ -296,15 +285,5 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
         requester.conn.close().await.unwrap();
         responder.conn.close().await.unwrap();
     });
-    testkit::eventually(
-        "nothing held once the clients are gone",
-        Duration::from_secs(20),
-        || {
-            c.metrics
-                .rpc_held
-                .load(std::sync::atomic::Ordering::Relaxed)
-                == 0
-                && broker.store.requests().waiting() == 0
-        },
-    );
+    c.no_rpc_left_with(&broker.store);
 }

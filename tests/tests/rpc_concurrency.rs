@@ -4,13 +4,12 @@
 //! the connector or the store holds an entry.
 
 use std::collections::HashSet;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::{
-    AmqpValue, Body, Message, MessageId, Outcome, Properties, Source, Target,
+    AmqpValue, Body, Message, MessageId, Outcome, Properties, Target,
 };
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -94,18 +93,7 @@ async fn responder(
 async fn requester(url: String, channel: String, me: usize) {
     let mut conn = connect(&format!("load-requester-{me}"), &url).await;
     let mut session = Session::begin(&mut conn).await.unwrap();
-    let mut replies = Receiver::builder()
-        .name("replies")
-        .source(Source::builder().dynamic(true).build())
-        .credit_mode(CreditMode::Auto(200))
-        .attach(&mut session)
-        .await
-        .unwrap();
-    let reply_to = replies
-        .source()
-        .as_ref()
-        .and_then(|s| s.address.clone())
-        .expect("RPC-1");
+    let (mut replies, reply_to) = interop_tests::reply_node(&mut session, 200).await;
     let mut sender = Sender::attach(&mut session, "requests", format!("queries/{channel}"))
         .await
         .unwrap();
@@ -188,10 +176,6 @@ fn rpc_thousand_concurrent_requests_from_ten_connections() {
             })
             .get();
         assert_eq!(counted, (REQUESTERS * EACH) as u64, "MET-6");
-        testkit::eventually(
-            &format!("no RPC entry left ({})", c.backend()),
-            Duration::from_secs(10),
-            || c.metrics.rpc_held.load(Ordering::Relaxed) == 0 && c.store.requests().waiting() == 0,
-        );
+        c.no_rpc_left();
     });
 }

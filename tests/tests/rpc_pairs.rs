@@ -11,7 +11,7 @@ use std::time::Duration;
 use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Message, MessageId, Outcome, Properties, Source, Target,
+    ApplicationProperties, Body, Message, MessageId, Outcome, Properties, Target,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -108,15 +108,7 @@ fn pair(requester: Client, responder: Client) {
         let channel = format!("rpc.pair.{}", connector::kubemq::new_id());
         let rt = interop_tests::runtime();
         if responder == Client::Fe2o3 {
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            let url = c.url();
-            let ch = channel.clone();
-            let answered = std::thread::spawn(move || {
-                interop_tests::runtime().block_on(fe2o3_respond(&url, &ch, ready_tx))
-            });
-            ready_rx
-                .recv_timeout(Duration::from_secs(20))
-                .expect("the fe2o3 responder is subscribed");
+            let answered = spawn_fe2o3_responder(c, &channel);
             run_script(requester, c, &channel);
             answered.join().expect("the fe2o3 responder");
         } else {
@@ -129,6 +121,19 @@ fn pair(requester: Client, responder: Client) {
             wait_ok(child);
         }
     });
+}
+
+/// Starts the fe2o3 responder on `c` in a thread of its own and returns once it is subscribed.
+fn spawn_fe2o3_responder(c: &TestConnector, channel: &str) -> std::thread::JoinHandle<()> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (url, ch) = (c.url(), channel.to_string());
+    let answered = std::thread::spawn(move || {
+        interop_tests::runtime().block_on(fe2o3_respond(&url, &ch, ready_tx))
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("the fe2o3 responder is subscribed");
+    answered
 }
 
 /// The responder side in fe2o3-amqp: a receiver per pattern, replies through a sender with a
@@ -205,19 +210,7 @@ async fn fe2o3_respond(url: &str, channel: &str, ready: std::sync::mpsc::Sender<
 async fn fe2o3_request(url: &str, channel: &str) {
     let mut conn = Connection::open("fe2o3-requester", url).await.unwrap();
     let mut session = Session::begin(&mut conn).await.unwrap();
-    let mut replies = Receiver::builder()
-        .name("replies")
-        .source(Source::builder().dynamic(true).build())
-        .credit_mode(CreditMode::Auto(10))
-        .attach(&mut session)
-        .await
-        .unwrap();
-    let reply_to = replies
-        .source()
-        .as_ref()
-        .and_then(|s| s.address.clone())
-        .expect("RPC-1: the minted address");
-    assert!(reply_to.starts_with("_amqp10.tmp."), "{reply_to}");
+    let (mut replies, reply_to) = interop_tests::reply_node(&mut session, 10).await;
     let ask = |body: &str, corr: &str| {
         Message::builder()
             .properties(
@@ -391,30 +384,11 @@ fn rpc_15_requester_and_responder_on_different_connectors() {
 /// connector holds a request and the broker has none waiting.
 fn across(asks: &TestConnector, answers: &TestConnector) {
     let channel = format!("rpc.nodes.{}", connector::kubemq::new_id());
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-    let url = answers.url();
-    let ch = channel.clone();
-    let answered = std::thread::spawn(move || {
-        interop_tests::runtime().block_on(fe2o3_respond(&url, &ch, ready_tx))
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("the fe2o3 responder is subscribed");
+    let answered = spawn_fe2o3_responder(answers, &channel);
     interop_tests::runtime().block_on(fe2o3_request(&asks.url(), &channel));
     answered.join().expect("the fe2o3 responder");
-    for c in [asks, answers] {
-        testkit::eventually(
-            "no request held by either connector",
-            Duration::from_secs(20),
-            || {
-                c.metrics
-                    .rpc_held
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == 0
-                    && c.store.requests().waiting() == 0
-            },
-        );
-    }
+    asks.no_rpc_left();
+    answers.no_rpc_left();
 }
 
 /// A sender on `other` addressing a dynamic node minted on `home` by `to` is rejected with
@@ -423,17 +397,7 @@ async fn foreign_dynamic_node(home: &str, other: &str) {
     use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
     let mut owner = Connection::open("owner", home).await.unwrap();
     let mut owner_session = Session::begin(&mut owner).await.unwrap();
-    let node = Receiver::builder()
-        .name("node")
-        .source(Source::builder().dynamic(true).build())
-        .attach(&mut owner_session)
-        .await
-        .unwrap();
-    let address = node
-        .source()
-        .as_ref()
-        .and_then(|s| s.address.clone())
-        .expect("ADDR-11: the minted address");
+    let (_node, address) = interop_tests::reply_node(&mut owner_session, 10).await;
     let mut stranger = Connection::open("stranger", other).await.unwrap();
     let mut session = Session::begin(&mut stranger).await.unwrap();
     let mut relay = Sender::builder()

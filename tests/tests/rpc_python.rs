@@ -4,7 +4,6 @@
 //! response, delivered requests waiting for an answer) nor the store (requests waiting) holds
 //! anything.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use connector::config::Settings;
@@ -23,18 +22,8 @@ fn each(settings: Settings, scenario: &str, check: impl Fn(&TestConnector)) {
             c.addr,
         );
         check(c);
-        nothing_left(c);
+        c.no_rpc_left();
     });
-}
-
-/// No RPC entry is left in the connector or the store once the clients are gone (their
-/// requests ended, answered or timed out).
-fn nothing_left(c: &TestConnector) {
-    testkit::eventually(
-        &format!("no RPC entry left ({})", c.backend()),
-        Duration::from_secs(20),
-        || c.metrics.rpc_held.load(Ordering::Relaxed) == 0 && c.store.requests().waiting() == 0,
-    );
 }
 
 fn run(scenario: &str) {

@@ -785,6 +785,7 @@ fn replay(st: &mut State, rec: record::Record, loc: Location, len: u32) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::in_flight;
     use super::*;
 
     fn event(channel: &str, label: &str) -> Event {
@@ -824,14 +825,6 @@ mod tests {
         for i in 0..6 {
             s.append(event(ch, &format!("es-{i:03}"))).await.unwrap();
         }
-    }
-
-    /// Polls `append` once: the event has its sequence and is on its way to the log. `false`
-    /// when it was already stored (the writer was quicker than the poll).
-    async fn in_flight<F: std::future::Future>(append: std::pin::Pin<&mut F>) -> bool {
-        let mut append = append;
-        std::future::poll_fn(|cx| std::task::Poll::Ready(append.as_mut().poll(cx).is_pending()))
-            .await
     }
 
     /// A subscription from the first event that starts while a channel's first event is still

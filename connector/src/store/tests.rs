@@ -601,8 +601,9 @@ fn delay_and_expiration() {
     });
 }
 
-/// Polls `op` once; `true` when it is still under way (its write on its way to the log).
-async fn in_flight<F: std::future::Future>(op: std::pin::Pin<&mut F>) -> bool {
+/// Polls `op` once; `true` when it is still under way (its write on its way to the log),
+/// `false` when the writer was quicker than the poll.
+pub(super) async fn in_flight<F: std::future::Future>(op: std::pin::Pin<&mut F>) -> bool {
     let mut op = op;
     std::future::poll_fn(|cx| std::task::Poll::Ready(op.as_mut().poll(cx).is_pending())).await
 }
