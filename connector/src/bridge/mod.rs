@@ -51,6 +51,15 @@ pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
     }
 }
 
+/// The detach of a consume link whose backend subscription ended under it (the broker lost, or
+/// the stream ended by KubeMQ).
+pub(crate) fn subscription_ended(e: &BackendError) -> AmqpError {
+    match e {
+        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
+        e => AmqpError::new(Condition::InternalError, format!("subscription ended: {e}")),
+    }
+}
+
 /// A backend call made for one inbound delivery (an event send, a response), with what settling
 /// the delivery takes once the call is over.
 pub(crate) struct Settling {

@@ -28,8 +28,8 @@ use super::address::Pattern;
 use super::envelope::{DeliveryInfo, Egress, Stored};
 use super::selector::{EnvelopeOperands, Selector};
 use super::{
-    ingress_or_refuse, label, run_out, settling, subscribe_refusal, Pending, Serves, Settling,
-    Target,
+    ingress_or_refuse, label, run_out, settling, subscribe_refusal, subscription_ended, Pending,
+    Serves, Settling, Target,
 };
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
@@ -484,14 +484,7 @@ impl EventLinks {
                 Ok(event) => self.arrive(conn, link, event, shared, metrics),
                 Err(e) => {
                     self.end(link);
-                    let error = match e {
-                        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-                        e => AmqpError::new(
-                            Condition::InternalError,
-                            format!("subscription ended: {e}"),
-                        ),
-                    };
-                    let _ = conn.detach(link, Some(error));
+                    let _ = conn.detach(link, Some(subscription_ended(&e)));
                 }
             }
         }

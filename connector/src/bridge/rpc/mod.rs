@@ -33,7 +33,7 @@ use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
 use super::{
     ingress_or_refuse, label, rejected, run_out, settle_inbound, settling, subscribe_refusal,
-    Pending, Serves, Settling, Target,
+    subscription_ended, Pending, Serves, Settling, Target,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
@@ -698,7 +698,7 @@ impl RpcLinks {
         self.fed = fed;
         for (link, e) in std::mem::take(&mut self.failed) {
             tracing::debug!(link, error = %e, "request subscription ended");
-            let _ = conn.detach(link, Some(subscribe_refusal(&e)));
+            let _ = conn.detach(link, Some(subscription_ended(&e)));
         }
         if std::mem::take(&mut self.expiry_due) {
             // Expired tokens make room: responders paused at the bound may go on.

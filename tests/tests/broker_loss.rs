@@ -1,7 +1,7 @@
-//! Request/reply while the broker goes away and comes back: the connector over gRPC to a store's
-//! façade, which is stopped as a dying server stops (every connection cut at once) with a
-//! command and a query waiting at a silent responder, then started again on the same port with
-//! the same data. fe2o3-amqp on both sides. The test connector runs without the readiness watch
+//! Request/reply and events while the broker goes away and comes back: the connector over gRPC
+//! to a store's façade, which is stopped as a dying server stops (every connection cut at once)
+//! with a command and a query waiting at a silent responder, then started again on the same port
+//! with the same data. fe2o3-amqp on both sides. The test connector runs without the readiness watch
 //! that closes every connection after 3 s without the broker (CONN-16): this pins what the links
 //! see in those seconds, and a connector whose broker comes back sooner.
 
@@ -92,12 +92,14 @@ impl Requester {
     }
 }
 
-/// A responder's connection with a receiver on each pattern of `channel`, and a relay sender.
+/// A responder's connection with a receiver on each pattern of `channel` and a relay sender,
+/// and an events receiver on the same channel beside them.
 struct Responder {
     conn: ConnectionHandle<()>,
     session: SessionHandle<()>,
     commands: Receiver,
     queries: Receiver,
+    events: Receiver,
     relay: Sender,
 }
 
@@ -113,11 +115,13 @@ impl Responder {
             .unwrap();
         let commands = receiver(&mut session, "commands-1", &format!("commands/{channel}")).await;
         let queries = receiver(&mut session, "queries-1", &format!("queries/{channel}")).await;
+        let events = receiver(&mut session, "events-1", &format!("events/{channel}")).await;
         Responder {
             conn,
             session,
             commands,
             queries,
+            events,
             relay,
         }
     }
@@ -147,8 +151,8 @@ async fn take_request(r: &mut Receiver) -> String {
         .expect("RPC-12: reply-to")
 }
 
-/// The receiver is detached by the connector with `amqp:internal-error`, saying the broker is
-/// not ready (its request subscription ended with the broker).
+/// The receiver is detached by the connector with `amqp:internal-error`, saying its broker
+/// subscription ended because the broker became unavailable.
 async fn detached_by_loss(r: &mut Receiver) {
     let got = tokio::time::timeout(Duration::from_secs(20), r.recv::<Body<Value>>())
         .await
@@ -162,7 +166,10 @@ async fn detached_by_loss(r: &mut Receiver) {
                 ErrorCondition::AmqpError(AmqpError::InternalError)
             );
             let text = e.description.unwrap_or_default();
-            assert!(text.starts_with("broker not ready"), "{text}");
+            assert!(
+                text.starts_with("subscription ended: backend unavailable"),
+                "{text}"
+            );
         }
         other => panic!("a detach with an error, got {other:?}"),
     }
@@ -174,13 +181,14 @@ fn flag(m: &Message<Body<Value>>, key: &str) -> Option<SimpleValue> {
         .and_then(|a: &ApplicationProperties| a.get(key).cloned())
 }
 
-/// RPC-7, RPC-8, RPC-11, RPC-14: the broker dies with a command and a query waiting at a responder. The
-/// command's requester gets its reply at once — executed false, with the broker's error — not
-/// after the request's two-minute timeout; the query's gets nothing (RPC-8); the responder's
-/// receivers are detached with `amqp:internal-error` ("broker not ready"), and its two tokens
-/// stay answerable (RPC-14). Once the broker is back on the same port the same connections
-/// carry request and reply again (the gRPC client reconnects by itself; the responder attaches
-/// anew), the answers to the lost requests are accepted, and nothing is held afterwards.
+/// RPC-7, RPC-8, RPC-11, RPC-14: the broker dies with a command and a query waiting at a
+/// responder. The command's requester gets its reply at once — executed false, with the
+/// broker's error — not after the request's two-minute timeout; the query's gets nothing
+/// (RPC-8); the responder's receivers, and an events receiver beside them, are detached with
+/// `amqp:internal-error` ("subscription ended: backend unavailable: …"), and its two tokens stay
+/// answerable (RPC-14). Once the broker is back on the same port the same connections carry
+/// request and reply again (the gRPC client reconnects by itself; the responder attaches anew),
+/// the answers to the lost requests are accepted, and nothing is held afterwards.
 #[test]
 fn rpc_broker_loss_ends_pending_requests_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
@@ -231,6 +239,7 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
         }
         detached_by_loss(&mut responder.commands).await;
         detached_by_loss(&mut responder.queries).await;
+        detached_by_loss(&mut responder.events).await;
         assert!(
             requester.reply(Duration::from_secs(2)).await.is_none(),
             "RPC-8: a failed query delivers nothing"
