@@ -86,6 +86,9 @@ struct ChannelLog {
     visible: u64,
     /// Sequences whose write failed: skipped when `visible` moves.
     failed: HashSet<u64>,
+    /// Sequences being written, with their timestamps: a subscription starting now counts them
+    /// as stored, or it would miss them.
+    writing: BTreeMap<u64, i64>,
     notify: Arc<Notify>,
 }
 
@@ -103,19 +106,23 @@ impl ChannelLog {
 
     /// The sequence a new subscription starts at.
     fn start(&self, at: StartAt, now: i64) -> u64 {
-        // Sequences past `visible` may still be being written: the first of them counts as
-        // stored already, or a subscription starting now would miss it.
-        let first = self
-            .events
-            .keys()
-            .next()
-            .map_or(self.visible + 1, |k| (*k).min(self.visible + 1));
         let new_only = self.last_sequence + 1;
+        let first_of = |stored: Option<u64>, writing: Option<u64>| match (stored, writing) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => a.or(b).unwrap_or(new_only),
+        };
+        let first = first_of(
+            self.events.keys().next().copied(),
+            self.writing.keys().next().copied(),
+        );
         let at_time = |t: i64| {
-            self.events
-                .iter()
-                .find(|(_, e)| e.ts >= t)
-                .map_or(new_only, |(s, _)| *s)
+            first_of(
+                self.events.iter().find(|(_, e)| e.ts >= t).map(|(s, _)| *s),
+                self.writing
+                    .iter()
+                    .find(|(_, ts)| **ts >= t)
+                    .map(|(s, _)| *s),
+            )
         };
         match at {
             StartAt::NewOnly => new_only,
@@ -307,6 +314,7 @@ impl Streams {
             let mut st = self.lock();
             let c = st.channel(&event.channel);
             c.last_sequence += 1;
+            c.writing.insert(c.last_sequence, ts);
             let stored = EventReceive {
                 event_id,
                 channel: event.channel,
@@ -351,6 +359,7 @@ impl Streams {
     ) -> Result<EventReceive, String> {
         let mut st = self.lock();
         let c = st.channel(&stored.channel);
+        c.writing.remove(&stored.sequence);
         match result {
             Ok((loc, pin)) => {
                 c.events.insert(stored.sequence, Indexed { ts, loc, len });
@@ -844,6 +853,30 @@ mod tests {
                 .unwrap();
             append.await.unwrap();
             assert_eq!(take(&mut rx, 1).await, ["first"], "{ch}");
+        }
+        assert!(raced, "no append was caught in flight");
+    }
+
+    /// A subscription from a point in time that starts while an event of that time is still
+    /// being written gets it.
+    #[tokio::test]
+    async fn from_a_time_includes_an_event_being_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = open(dir.path());
+        let mut raced = false;
+        for i in 0..20 {
+            let ch = format!("when-{i}");
+            s.append(event(&ch, "before")).await.unwrap();
+            let since = now_ns();
+            let append = s.append(event(&ch, "during"));
+            tokio::pin!(append);
+            raced |= in_flight(append.as_mut()).await;
+            let mut rx = s
+                .subscribe(&format!("c{i}"), &ch, "", StartAt::Time(since))
+                .unwrap();
+            append.await.unwrap();
+            assert_eq!(take(&mut rx, 1).await, ["during"], "{ch}");
+            nothing_more(&mut rx).await;
         }
         assert!(raced, "no append was caught in flight");
     }
