@@ -329,18 +329,6 @@ impl Store {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Runs `op` on the store to its end in a task of its own, whether or not its caller keeps
-    /// waiting: a write to the log must be followed by the bookkeeping that counts it, or memory
-    /// falls behind the log (a gRPC client that hangs up drops its call mid-write). `None` when
-    /// the task could not finish (the runtime is shutting down).
-    async fn to_the_end<T, Fut>(self: &Arc<Self>, op: impl FnOnce(Arc<Store>) -> Fut) -> Option<T>
-    where
-        T: Send + 'static,
-        Fut: std::future::Future<Output = T> + Send + 'static,
-    {
-        tokio::spawn(op(self.clone())).await.ok()
-    }
-
     /// Sends messages as SendQueueMessage / a batch / an upstream request would: each gets its own
     /// result, in order; valid messages are durable when this returns, and counted in the queues
     /// even if the caller stops waiting.
@@ -348,127 +336,138 @@ impl Store {
         self: &Arc<Self>,
         messages: Vec<QueueMessage>,
     ) -> Vec<SendQueueMessageResult> {
-        let ids: Vec<String> = messages.iter().map(|m| m.message_id.clone()).collect();
-        match self
-            .to_the_end(|s| async move { s.send_now(messages).await })
-            .await
-        {
-            Some(results) => results,
-            None => ids
-                .into_iter()
-                .map(|id| error_result(id, "Error 500: storage failure: store stopped"))
-                .collect(),
-        }
-    }
-
-    async fn send_now(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
-        let now = now_ns();
-        let mut results = Vec::with_capacity(messages.len());
-        let mut buf = BytesMut::new();
-        let mut placed: Vec<Placed> = Vec::new();
-        {
-            let mut st = self.lock();
-            for msg in messages {
-                match stamp(msg, now) {
-                    Err((id, text)) => results.push(error_result(id, text)),
-                    Ok(mut msg) => {
-                        let attrs = msg.attributes.clone().unwrap_or_default();
-                        let i = results.len();
-                        results.push(SendQueueMessageResult {
-                            message_id: msg.message_id.clone(),
-                            sent_at: now,
-                            expiration_at: attrs.expiration_at,
-                            delayed_to: attrs.delayed_to,
-                            ..Default::default()
-                        });
-                        let off = buf.len();
-                        if attrs.delayed_to > 0 {
-                            let id = st.next_delay_id;
-                            st.next_delay_id += 1;
-                            let due = attrs.delayed_to;
-                            let len = record::frame(
-                                &mut buf,
-                                Kind::Delay(Delay {
-                                    id,
-                                    due_ns: due,
-                                    message: Some(msg),
-                                }),
-                            );
-                            placed.push(Placed {
-                                result: i,
-                                queue: None,
-                                number: id,
-                                due,
-                                offset: off,
-                                len: len as u32,
-                            });
-                        } else {
-                            let q = st.queue(&msg.channel);
-                            q.last_sequence += 1;
-                            let seq = q.last_sequence;
-                            if let Some(a) = msg.attributes.as_mut() {
-                                a.sequence = seq;
-                            }
-                            let name = msg.channel.clone();
-                            let len = record::frame(
-                                &mut buf,
-                                Kind::Enqueue(Enqueue { message: Some(msg) }),
-                            );
-                            placed.push(Placed {
-                                result: i,
-                                queue: Some(name),
-                                number: seq,
-                                due: 0,
-                                offset: off,
-                                len: len as u32,
-                            });
-                        }
-                    }
-                }
-            }
-        }
+        let Placement {
+            mut results,
+            records,
+            placed,
+        } = self.place(messages);
         if placed.is_empty() {
             return results;
         }
-        match self.log.append(buf).await {
-            // The pin holds the segment until these records are counted live below.
-            Ok((base, _pin)) => {
-                let mut st = self.lock();
-                for p in placed {
-                    let e = Entry {
-                        loc: Location {
-                            segment: base.segment,
-                            offset: base.offset + p.offset as u64,
-                        },
-                        len: p.len,
-                    };
-                    st.add_live(e.loc.segment);
-                    match p.queue {
-                        Some(q) => {
-                            let qs = st.queue(&q);
-                            qs.ready.insert(p.number, e);
-                            qs.notify.notify_waiters();
+        let sent = results.len() as u64;
+        let store = self.clone();
+        let failure = match to_the_end(
+            async move { store.count_placed(records, placed, sent).await },
+        )
+        .await
+        {
+            Some(Ok(())) => return results,
+            Some(Err(e)) => e.to_string(),
+            None => "store stopped".to_string(),
+        };
+        // Every message not refused up front was in the write that failed.
+        for r in results.iter_mut().filter(|r| !r.is_error) {
+            r.is_error = true;
+            r.error = format!("Error 500: storage failure: {failure}");
+            r.sent_at = 0;
+        }
+        results
+    }
+
+    /// Stamps `messages`, gives the valid ones their sequences (or delay ids) and frames their
+    /// records; the refused ones get their error result here.
+    fn place(&self, messages: Vec<QueueMessage>) -> Placement {
+        let now = now_ns();
+        let mut results = Vec::with_capacity(messages.len());
+        let mut records = BytesMut::new();
+        let mut placed: Vec<Placed> = Vec::new();
+        let mut st = self.lock();
+        for msg in messages {
+            match stamp(msg, now) {
+                Err((id, text)) => results.push(error_result(id, text)),
+                Ok(mut msg) => {
+                    let attrs = msg.attributes.clone().unwrap_or_default();
+                    results.push(SendQueueMessageResult {
+                        message_id: msg.message_id.clone(),
+                        sent_at: now,
+                        expiration_at: attrs.expiration_at,
+                        delayed_to: attrs.delayed_to,
+                        ..Default::default()
+                    });
+                    let off = records.len();
+                    if attrs.delayed_to > 0 {
+                        let id = st.next_delay_id;
+                        st.next_delay_id += 1;
+                        let due = attrs.delayed_to;
+                        let len = record::frame(
+                            &mut records,
+                            Kind::Delay(Delay {
+                                id,
+                                due_ns: due,
+                                message: Some(msg),
+                            }),
+                        );
+                        placed.push(Placed {
+                            queue: None,
+                            number: id,
+                            due,
+                            offset: off,
+                            len: len as u32,
+                        });
+                    } else {
+                        let q = st.queue(&msg.channel);
+                        q.last_sequence += 1;
+                        let seq = q.last_sequence;
+                        if let Some(a) = msg.attributes.as_mut() {
+                            a.sequence = seq;
                         }
-                        None => {
-                            st.delayed.insert((p.due, p.number), e);
-                            st.delay_keys.insert(p.number, p.due);
-                        }
-                    }
-                }
-                self.sends
-                    .fetch_add(results.len() as u64, Ordering::Relaxed);
-            }
-            Err(e) => {
-                for p in placed {
-                    if let Some(r) = results.get_mut(p.result) {
-                        r.is_error = true;
-                        r.error = format!("Error 500: storage failure: {e}");
-                        r.sent_at = 0;
+                        let name = msg.channel.clone();
+                        let len = record::frame(
+                            &mut records,
+                            Kind::Enqueue(Enqueue { message: Some(msg) }),
+                        );
+                        placed.push(Placed {
+                            queue: Some(name),
+                            number: seq,
+                            due: 0,
+                            offset: off,
+                            len: len as u32,
+                        });
                     }
                 }
             }
         }
-        results
+        Placement {
+            results,
+            records,
+            placed,
+        }
+    }
+
+    /// Writes the placed messages' `records` durably, then counts them in their queues (or among
+    /// the delayed ones) and `sent` among the sends.
+    async fn count_placed(
+        &self,
+        records: BytesMut,
+        placed: Vec<Placed>,
+        sent: u64,
+    ) -> io::Result<()> {
+        // The pin holds the segment until these records are counted live below.
+        let (base, _pin) = self.log.append(records).await?;
+        let mut st = self.lock();
+        for p in placed {
+            let e = Entry {
+                loc: Location {
+                    segment: base.segment,
+                    offset: base.offset + p.offset as u64,
+                },
+                len: p.len,
+            };
+            st.add_live(e.loc.segment);
+            match p.queue {
+                Some(q) => {
+                    let qs = st.queue(&q);
+                    qs.ready.insert(p.number, e);
+                    qs.notify.notify_waiters();
+                }
+                None => {
+                    st.delayed.insert((p.due, p.number), e);
+                    st.delay_keys.insert(p.number, p.due);
+                }
+            }
+        }
+        self.sends.fetch_add(sent, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Takes up to `max_items` messages of `queue`, waiting until that many arrived or `wait`
@@ -545,9 +544,8 @@ impl Store {
             let max = msg.policy.as_ref().map_or(0, |p| p.max_receive_count);
             if max > 0 && shown > max {
                 collected.forget(seq);
-                let q = queue.clone();
-                self.to_the_end(move |s| async move { s.dead_letter_or_drop(&q, seq, msg).await })
-                    .await;
+                let (store, q) = (self.clone(), queue.clone());
+                to_the_end(async move { store.dead_letter_or_drop(&q, seq, msg).await }).await;
                 continue;
             }
             out.push(Delivered {
@@ -666,8 +664,8 @@ impl Store {
     /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
     /// the original is acked (4.3.6). Durable when this returns.
     pub async fn nack(self: &Arc<Self>, queue: &str, seq: u64) -> Result<(), String> {
-        let q = queue.to_string();
-        self.to_the_end(move |s| async move { s.nack_now(&q, seq).await })
+        let (store, q) = (self.clone(), queue.to_string());
+        to_the_end(async move { store.nack_now(&q, seq).await })
             .await
             .unwrap_or_else(|| Err(format!("nack message with seq {seq} failed, store stopped")))
     }
@@ -767,8 +765,8 @@ impl Store {
         seq: u64,
         channel: &str,
     ) -> Result<(), String> {
-        let (q, to) = (queue.to_string(), channel.to_string());
-        self.to_the_end(move |s| async move { s.requeue_now(&q, seq, &to).await })
+        let (store, q, to) = (self.clone(), queue.to_string(), channel.to_string());
+        to_the_end(async move { store.requeue_now(&q, seq, &to).await })
             .await
             .unwrap_or_else(|| {
                 Err(format!(
@@ -777,7 +775,12 @@ impl Store {
             })
     }
 
-    async fn requeue_now(&self, queue: &str, seq: u64, channel: &str) -> Result<(), String> {
+    async fn requeue_now(
+        self: &Arc<Self>,
+        queue: &str,
+        seq: u64,
+        channel: &str,
+    ) -> Result<(), String> {
         let Some(mut msg) = self.read_locked(queue, seq) else {
             return Err(format!(
                 "re-queue message with seq {seq} failed, message not found"
@@ -785,7 +788,7 @@ impl Store {
         };
         msg.channel = channel.to_string();
         msg.attributes = None;
-        let r = self.send_now(vec![msg]).await;
+        let r = self.send(vec![msg]).await;
         match r.first() {
             Some(res) if !res.is_error => {
                 self.ack(queue, &[seq]);
@@ -966,10 +969,26 @@ impl Drop for Store {
 
 /// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
 /// cancelled.
+/// Runs `work` — a write to a log and the bookkeeping that counts it — to its end in a task of
+/// its own, whether or not its caller keeps waiting: a record in the log but not counted in
+/// memory would leave memory behind the log (a gRPC client that hangs up drops its call
+/// mid-write). `None` when the task could not finish (the runtime is shutting down).
+async fn to_the_end<T: Send + 'static>(
+    work: impl std::future::Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    tokio::spawn(work).await.ok()
+}
+
+/// A send's messages once placed: every message's result, the valid ones' records to write,
+/// and where each of those goes.
+struct Placement {
+    results: Vec<SendQueueMessageResult>,
+    records: BytesMut,
+    placed: Vec<Placed>,
+}
+
 /// Where one message of a send goes once its write is done.
 struct Placed {
-    /// Its place among the send's results.
-    result: usize,
     /// Its queue, or `None` for a delayed message.
     queue: Option<String>,
     /// Its sequence in the queue, or its delay id.

@@ -341,12 +341,12 @@ impl Streams {
         // gRPC client hanging up) must not leave its sequence unresolved, which would hold back
         // every later event of the channel.
         let streams = self.clone();
-        tokio::spawn(async move {
+        super::to_the_end(async move {
             let result = written.await;
             streams.written(stored, ts, len, result)
         })
         .await
-        .map_err(|_| "events-store write abandoned".to_string())?
+        .ok_or_else(|| "events-store write abandoned".to_string())?
     }
 
     /// Records how the write of `stored` ended: indexed and visible in order, or skipped.

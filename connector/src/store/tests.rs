@@ -608,6 +608,30 @@ pub(super) async fn in_flight<F: std::future::Future>(op: std::pin::Pin<&mut F>)
     std::future::poll_fn(|cx| std::task::Poll::Ready(op.as_mut().poll(cx).is_pending())).await
 }
 
+/// A send whose write fails answers every message it placed with the storage failure, in its
+/// place, and counts none of them; a message refused up front keeps its own error.
+#[test]
+fn a_failed_write_fails_every_placed_message() {
+    Fixture::new().run(|_, store| async move {
+        store.close();
+        let r = store
+            .send(vec![msg("q", "a"), msg("", "no channel"), msg("q", "b")])
+            .await;
+        assert_eq!(r.len(), 3);
+        for i in [0, 2] {
+            assert!(r[i].is_error, "{:?}", r[i]);
+            assert!(
+                r[i].error.starts_with("Error 500: storage failure"),
+                "{}",
+                r[i].error
+            );
+            assert_eq!(r[i].sent_at, 0);
+        }
+        assert_eq!(r[1].error, errors::QUEUE_NAME_INVALID);
+        assert_eq!(store.ready_count("q"), 0);
+    });
+}
+
 /// A send or a NAck whose caller goes away while it is written (a gRPC client that hangs up)
 /// still takes effect in the queues, not only in the log: the sent message is delivered now,
 /// and the NAcked one comes back as its new copy with the original no longer locked.
