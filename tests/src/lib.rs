@@ -1,7 +1,8 @@
 //! What the interop tests share: the real connector (driver, queues bridge, embedded store) on a
 //! loopback port, on each backend ([`TestConnector`]); the store's gRPC façade ([`TestFacade`]);
-//! running a client program's scenario against it ([`run_client_script`]); and a fe2o3-amqp
-//! requester's reply node ([`reply_node`]).
+//! running a client program's scenario against it ([`run_client_script`]); and the fe2o3-amqp
+//! links request/reply uses: a requester's reply node ([`reply_node`]) and a sender on the
+//! anonymous relay ([`relay_sender`]).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -463,4 +464,18 @@ pub async fn reply_node(
         .expect("RPC-1: the minted address");
     assert!(address.starts_with("_amqp10.tmp."), "ADDR-11: {address}");
     (node, address)
+}
+
+/// A sender named `name` with a target that has no address (the anonymous relay, ADDR-13): each
+/// message goes where its `to` says.
+pub async fn relay_sender(
+    session: &mut fe2o3_amqp::session::SessionHandle<()>,
+    name: &str,
+) -> fe2o3_amqp::Sender {
+    fe2o3_amqp::Sender::builder()
+        .name(name)
+        .target(fe2o3_amqp::types::messaging::Target::builder().build())
+        .attach(session)
+        .await
+        .expect("the relay sender attaches")
 }

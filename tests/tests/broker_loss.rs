@@ -14,7 +14,7 @@ use fe2o3_amqp::link::{LinkStateError, RecvError};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
 use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties, Target,
+    ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -107,12 +107,7 @@ impl Responder {
     async fn open(url: &str, channel: &str) -> Responder {
         let mut conn = Connection::open("loss-responder", url).await.unwrap();
         let mut session = Session::begin(&mut conn).await.unwrap();
-        let relay = Sender::builder()
-            .name("relay")
-            .target(Target::builder().build())
-            .attach(&mut session)
-            .await
-            .unwrap();
+        let relay = interop_tests::relay_sender(&mut session, "relay").await;
         let commands = receiver(&mut session, "commands-1", &format!("commands/{channel}")).await;
         let queries = receiver(&mut session, "queries-1", &format!("queries/{channel}")).await;
         let events = receiver(&mut session, "events-1", &format!("events/{channel}")).await;

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::messaging::{
-    AmqpValue, Body, Message, MessageId, Outcome, Properties, Target,
-};
+use fe2o3_amqp::types::messaging::{AmqpValue, Body, Message, MessageId, Outcome, Properties};
 use fe2o3_amqp::types::primitives::Value;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use interop_tests::TestConnector;
@@ -42,12 +40,7 @@ async fn responder(
         .await
         .unwrap();
     let mut session = Session::begin(&mut conn).await.unwrap();
-    let mut replies = Sender::builder()
-        .name("replies")
-        .target(Target::builder().build())
-        .attach(&mut session)
-        .await
-        .unwrap();
+    let mut replies = interop_tests::relay_sender(&mut session, "replies").await;
     let mut requests = Receiver::builder()
         .name("requests")
         .source(format!("queries/{channel}"))

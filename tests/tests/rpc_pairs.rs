@@ -11,7 +11,7 @@ use std::time::Duration;
 use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::{
-    ApplicationProperties, Body, Message, MessageId, Outcome, Properties, Target,
+    ApplicationProperties, Body, Message, MessageId, Outcome, Properties,
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -141,12 +141,7 @@ fn spawn_fe2o3_responder(c: &TestConnector, channel: &str) -> std::thread::JoinH
 async fn fe2o3_respond(url: &str, channel: &str, ready: std::sync::mpsc::Sender<()>) {
     let mut conn = Connection::open("fe2o3-responder", url).await.unwrap();
     let mut session = Session::begin(&mut conn).await.unwrap();
-    let mut replies = Sender::builder()
-        .name("replies")
-        .target(Target::builder().build())
-        .attach(&mut session)
-        .await
-        .unwrap();
+    let mut replies = interop_tests::relay_sender(&mut session, "replies").await;
     let mut commands = Receiver::builder()
         .name("commands")
         .source(format!("commands/{channel}"))
@@ -400,12 +395,7 @@ async fn foreign_dynamic_node(home: &str, other: &str) {
     let (_node, address) = interop_tests::reply_node(&mut owner_session, 10).await;
     let mut stranger = Connection::open("stranger", other).await.unwrap();
     let mut session = Session::begin(&mut stranger).await.unwrap();
-    let mut relay = Sender::builder()
-        .name("relay")
-        .target(Target::builder().build())
-        .attach(&mut session)
-        .await
-        .unwrap();
+    let mut relay = interop_tests::relay_sender(&mut session, "relay").await;
     for _ in 0..2 {
         let message = Message::builder()
             .properties(Properties::builder().to(address.clone()).build())
