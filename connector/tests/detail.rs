@@ -97,6 +97,10 @@ fn obs_2_3_tls_6_connections_and_links_as_clients_hold_them() {
     let mut reaper = Reaper(vec![connector]);
     wait_listening(port);
     wait_listening(tls_port);
+    // The HTTP listener is bound after the AMQP ones, once the backend answered.
+    testkit::eventually("the connector is ready", Duration::from_secs(20), || {
+        testkit::http_get(http, "/readyz").is_some_and(|r| r.status == 200)
+    });
     // OBS-4: empty, and answered, before any client came.
     let empty = get(http, "/api/amqp10/connections");
     assert_eq!(empty, serde_json::json!({"connections": [], "total": 0}));
