@@ -38,12 +38,12 @@ pub(super) struct Sections {
 
 impl Sections {
     /// Where the map section `key` names is kept, and how it is read; `None` for other keys.
-    fn map_section(&mut self, key: Key) -> Option<(&mut Option<MapSection>, Object)> {
+    fn map_section(&mut self, key: Key) -> Option<(&mut Option<MapSection>, MapObject)> {
         Some(match key {
-            Key::App => (&mut self.app, Object::App),
-            Key::Annotations => (&mut self.annotations, Object::Annotations),
-            Key::DeliveryAnnotations => (&mut self.delivery_annotations, Object::Annotations),
-            Key::Footer => (&mut self.footer, Object::Annotations),
+            Key::App => (&mut self.app, MapObject::App),
+            Key::Annotations => (&mut self.annotations, MapObject::Annotations),
+            Key::DeliveryAnnotations => (&mut self.delivery_annotations, MapObject::Annotations),
+            Key::Footer => (&mut self.footer, MapObject::Annotations),
             Key::Amqp10 | Key::Props | Key::BodySection | Key::Other => return None,
         })
     }
@@ -168,26 +168,21 @@ impl<'de> Visitor<'de> for Amqp10<'_> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Sections, A::Error> {
         let mut s = Sections::default();
-        let lenient = |object| Lenient {
-            object,
-            stamped: self.stamped,
-        };
         // A key given twice: the last one counts, whole.
         while let Some(key) = map.next_key::<Key>()? {
             match key {
                 Key::Props => {
                     s.props = map
-                        .next_value_seed(lenient(Object::Props))?
-                        .map(Read::props)
+                        .next_value_seed(Lenient(PropsObject {
+                            stamped: self.stamped,
+                        }))?
                         .unwrap_or_default()
                 }
                 Key::BodySection => {
                     s.value_body = map.next_value::<MarkerValue<'de>>()?.0.is_text("value")
                 }
                 key => match s.map_section(key) {
-                    Some((slot, object)) => {
-                        *slot = map.next_value_seed(lenient(object))?.map(Read::entries)
-                    }
+                    Some((slot, object)) => *slot = map.next_value_seed(Lenient(object))?,
                     None => {
                         map.next_value::<IgnoredAny>()?;
                     }
@@ -198,86 +193,83 @@ impl<'de> Visitor<'de> for Amqp10<'_> {
     }
 }
 
-/// Which section object is read.
+/// How a section object is read, and what it makes.
+trait SectionObject {
+    type Read;
+    fn read<'de, A: MapAccess<'de>>(self, map: A) -> Result<Self::Read, A::Error>;
+}
+
+/// The properties, and the header fields kept with them; the `stamped` ones are left unread.
+struct PropsObject<'s> {
+    stamped: &'s [&'s str],
+}
+
+impl SectionObject for PropsObject<'_> {
+    type Read = Props;
+    fn read<'de, A: MapAccess<'de>>(self, map: A) -> Result<Props, A::Error> {
+        props(map, self.stamped)
+    }
+}
+
+/// A map section.
 #[derive(Clone, Copy)]
-enum Object {
-    /// The properties, and the header fields kept with them.
-    Props,
+enum MapObject {
     /// Application-properties: string keys.
     App,
     /// An annotation map: symbol keys, or ulong keys written `$u64:N`.
     Annotations,
 }
 
-/// A section object as read.
-enum Read {
-    Props(Props),
-    Entries(Vec<(Value, Value)>),
-}
-
-impl Read {
-    fn props(self) -> Props {
+impl SectionObject for MapObject {
+    type Read = MapSection;
+    fn read<'de, A: MapAccess<'de>>(self, map: A) -> Result<MapSection, A::Error> {
         match self {
-            Read::Props(p) => p,
-            Read::Entries(_) => Props::default(),
-        }
-    }
-
-    fn entries(self) -> Vec<(Value, Value)> {
-        match self {
-            Read::Entries(e) => e,
-            Read::Props(_) => Vec::new(),
+            MapObject::App => app(map),
+            MapObject::Annotations => annotations(map),
         }
     }
 }
 
 /// A section object; any other JSON (skipped whole) is `None`.
-struct Lenient<'s> {
-    object: Object,
-    stamped: &'s [&'s str],
-}
+struct Lenient<O>(O);
 
-impl<'de> DeserializeSeed<'de> for Lenient<'_> {
-    type Value = Option<Read>;
+impl<'de, O: SectionObject> DeserializeSeed<'de> for Lenient<O> {
+    type Value = Option<O::Read>;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<Read>, D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Option<O::Read>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
-impl<'de> Visitor<'de> for Lenient<'_> {
-    type Value = Option<Read>;
+impl<'de, O: SectionObject> Visitor<'de> for Lenient<O> {
+    type Value = Option<O::Read>;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("any JSON")
     }
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<Read>, A::Error> {
-        Ok(Some(match self.object {
-            Object::Props => Read::Props(props(map, self.stamped)?),
-            Object::App => Read::Entries(app(map)?),
-            Object::Annotations => Read::Entries(annotations(map)?),
-        }))
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Option<O::Read>, A::Error> {
+        self.0.read(map).map(Some)
     }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<Read>, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Option<O::Read>, A::Error> {
         while seq.next_element::<IgnoredAny>()?.is_some() {}
         Ok(None)
     }
-    fn visit_unit<E>(self) -> Result<Option<Read>, E> {
+    fn visit_unit<E>(self) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
-    fn visit_bool<E>(self, _: bool) -> Result<Option<Read>, E> {
+    fn visit_bool<E>(self, _: bool) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
-    fn visit_i64<E>(self, _: i64) -> Result<Option<Read>, E> {
+    fn visit_i64<E>(self, _: i64) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
-    fn visit_u64<E>(self, _: u64) -> Result<Option<Read>, E> {
+    fn visit_u64<E>(self, _: u64) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
-    fn visit_f64<E>(self, _: f64) -> Result<Option<Read>, E> {
+    fn visit_f64<E>(self, _: f64) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
-    fn visit_str<E>(self, _: &str) -> Result<Option<Read>, E> {
+    fn visit_str<E>(self, _: &str) -> Result<Option<O::Read>, E> {
         Ok(None)
     }
 }
