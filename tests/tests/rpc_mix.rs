@@ -4,7 +4,8 @@
 //! the 5 s the token outlives its timeout) — and each side checks what it got against what the
 //! mix says it must: one reply per command, executed or timed out; one reply per answered query
 //! and none for the others; the first answer accepted, a second refused, a late one taken without
-//! a second reply reaching the requester. Afterwards no table holds an entry.
+//! a second reply reaching the requester. Afterwards no table holds an entry. Beside it, a
+//! responder that leaves holding requests.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -390,6 +391,135 @@ fn rpc_every_responder_behaviour_at_once() {
                 .get();
             assert_eq!(counted, (REQUESTERS * each / 2) as u64, "MET-6 {pattern}");
         }
+        c.no_rpc_left();
+    });
+}
+
+/// Connector-wide count of requests waiting for a response and of delivered requests waiting
+/// for an answer.
+fn held(c: &TestConnector) -> i64 {
+    c.metrics
+        .rpc_held
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Waits until `held(c)` is `n`, at most `within`.
+async fn held_becomes(c: &TestConnector, n: i64, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while held(c) != n {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: {} held, expected {n}",
+            held(c)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// RPC-7, RPC-8, RPC-11, RPC-14: a responder's connection closes while it holds a command and a
+/// query it never answered. Its reply tokens go with it at once, not when they would have expired
+/// (5 s after the requests' timeout); the requests themselves wait for their timeout — the
+/// command's requester then gets `executed = false`, the query's nothing — and a responder that
+/// attaches afterwards gets the next request and its answer reaches the requester.
+#[test]
+fn rpc_a_responder_that_leaves_holding_requests() {
+    const HELD_TTL: Duration = Duration::from_secs(6);
+    TestConnector::each_backend(Settings::default(), |c| {
+        let channel = format!("rpc.leave.{}", connector::kubemq::new_id());
+        interop_tests::runtime().block_on(async {
+            let url = c.url();
+            let mut leaving = Connection::open("leaving-responder", url.as_str())
+                .await
+                .unwrap();
+            let mut session = Session::begin(&mut leaving).await.unwrap();
+            let mut commands =
+                requests_receiver(&mut session, "commands", format!("commands/{channel}")).await;
+            let mut queries =
+                requests_receiver(&mut session, "queries", format!("queries/{channel}")).await;
+
+            let mut conn = Connection::open("staying-requester", url.as_str())
+                .await
+                .unwrap();
+            let mut asking = Session::begin(&mut conn).await.unwrap();
+            let (mut replies, reply_to) = interop_tests::reply_node(&mut asking, 10).await;
+            let mut relay = interop_tests::relay_sender(&mut asking, "requests").await;
+            let request = |pattern: &str, id: &str, act: Act| {
+                Message::builder()
+                    .header(Header::builder().ttl(HELD_TTL.as_millis() as u32).build())
+                    .properties(
+                        Properties::builder()
+                            .to(format!("{pattern}/{channel}"))
+                            .reply_to(reply_to.clone())
+                            .correlation_id(MessageId::String(id.into()))
+                            .build(),
+                    )
+                    .value(format!("{}:{id}", act.name()))
+                    .build()
+            };
+            for (pattern, id) in [("commands", "held-command"), ("queries", "held-query")] {
+                let outcome = relay.send(request(pattern, id, Act::Silent)).await.unwrap();
+                assert!(
+                    matches!(outcome, Outcome::Accepted(_)),
+                    "RPC-4: {outcome:?}"
+                );
+            }
+            let sent = Instant::now();
+            for r in [&mut commands, &mut queries] {
+                let d = r.recv::<Body<Value>>().await.unwrap();
+                r.accept(&d).await.unwrap();
+            }
+            // Two requests waiting for a response, two tokens at the responder.
+            held_becomes(c, 4, Duration::from_secs(10), "both requests delivered").await;
+            leaving.close().await.unwrap();
+            let gone = "RPC-14: the leaving responder's tokens go with it";
+            held_becomes(c, 2, Duration::from_secs(3), gone).await;
+            // Before the requests' timeout: the two still held are the requester's.
+            assert!(
+                sent.elapsed() < HELD_TTL,
+                "{gone}, before the requests time out"
+            );
+
+            let d = tokio::time::timeout(Duration::from_secs(20), replies.recv::<Body<Value>>())
+                .await
+                .expect("RPC-7: the command's reply after its timeout")
+                .unwrap();
+            replies.accept(&d).await.unwrap();
+            assert!(
+                sent.elapsed() >= HELD_TTL - Duration::from_millis(100),
+                "RPC-3"
+            );
+            let m = d.into_message();
+            assert_eq!(
+                m.properties.as_ref().and_then(|p| p.correlation_id.clone()),
+                Some(MessageId::String("held-command".into())),
+                "RPC-8: the query gets nothing"
+            );
+            assert_eq!(flag(&m, EXECUTED), Some(SimpleValue::Bool(false)), "RPC-7");
+            held_becomes(c, 0, Duration::from_secs(10), "both requests over").await;
+
+            // The channel is served again by whoever attaches next.
+            let (ready_tx, ready) = tokio::sync::oneshot::channel();
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            let next = tokio::spawn(responder(url.clone(), channel.clone(), 9, ready_tx, stop));
+            ready.await.unwrap();
+            let outcome = relay
+                .send(request("queries", "after", Act::Answer))
+                .await
+                .unwrap();
+            assert!(
+                matches!(outcome, Outcome::Accepted(_)),
+                "RPC-4: {outcome:?}"
+            );
+            let d = tokio::time::timeout(Duration::from_secs(20), replies.recv::<Body<Value>>())
+                .await
+                .expect("the new responder's answer")
+                .unwrap();
+            replies.accept(&d).await.unwrap();
+            assert_eq!(text(&d.message().body), "result:answer:after", "RPC-8");
+            stop_tx.send(true).unwrap();
+            assert_eq!(next.await.unwrap(), 1, "RPC-11: the new responder took it");
+            conn.close().await.unwrap();
+        });
         c.no_rpc_left();
     });
 }
