@@ -50,8 +50,9 @@ if [ ! -d tests/js/node_modules/rhea-promise ] || [ ! -d tests/js/node_modules/r
   (cd tests/js && npm ci --no-audit --no-fund --silent)
 fi
 
-# The concept page's Go and Java programs and their scenarios: Azure/go-amqp from the Go module
-# proxy, Qpid JMS from Maven Central. Go's module and build caches and Maven's ~/.m2 make a
+# The concept page's Go and Java programs and their scenarios, and the stand-in for the burn-in
+# harness's RPC workers (tests/go/rpcsoak): Azure/go-amqp from the Go module proxy, Qpid JMS
+# from Maven Central. Go's module and build caches and Maven's ~/.m2 make a
 # repeat build take seconds.
 echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 (cd tests/go && go build -o bin/ ./...)
