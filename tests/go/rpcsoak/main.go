@@ -10,7 +10,9 @@
 // each reply and rebuilds its links after a timeout.
 //
 // The harness itself cannot be fetched on this machine; this program is its stand-in, written
-// from its documented behaviour. Usage: rpcsoak URL SECONDS. After a 3 s warm-up whose counts are
+// from its documented behaviour. Usage: rpcsoak URL SECONDS [fixed|distribution]: bodies of
+// 1,024 bytes (the 1-hour soak's configuration, the default) or of 256 bytes, 4 KiB and 64 KiB
+// in the proportions 80:15:5 (the 168-hour run's). After a 3 s warm-up whose counts are
 // dropped it measures for SECONDS, prints each pattern's counts, and prints "PASS rpc-soak" when
 // every request of the window was answered in time, correlated, executed (commands) and intact
 // (a reply that carries the crc matches its body); it exits 1 otherwise.
@@ -23,6 +25,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"log"
+	mathrand "math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -34,7 +37,6 @@ import (
 
 const (
 	ratePerSecond = 30
-	bodySize      = 1024
 	credit        = 100
 	replyBudget   = 5 * time.Second
 	warmUp        = 3 * time.Second
@@ -65,7 +67,9 @@ func (c *counts) reset() {
 type worker struct {
 	url, channel, address string
 	command               bool
-	counts                counts
+	// size picks each request's body size.
+	size   func() int
+	counts counts
 	// errs keeps the first few failures' texts for the report.
 	errsMu sync.Mutex
 	errs   []string
@@ -236,7 +240,7 @@ func (w *worker) request(producing, live context.Context) {
 
 // roundTrip sends request seq and checks its reply; false when the links are to be rebuilt.
 func (w *worker) roundTrip(ctx context.Context, r *requester, seq uint64) bool {
-	body := make([]byte, bodySize)
+	body := make([]byte, w.size())
 	_, _ = rand.Read(body)
 	crc := fmt.Sprintf("%08x", crc32.ChecksumIEEE(body))
 	corr := w.channel + "-" + strconv.FormatUint(seq, 10)
@@ -301,8 +305,27 @@ func (w *worker) roundTrip(ctx context.Context, r *requester, seq uint64) bool {
 }
 
 func main() {
-	if len(os.Args) != 3 {
-		log.Fatal("usage: rpcsoak URL SECONDS")
+	if len(os.Args) < 3 || len(os.Args) > 4 {
+		log.Fatal("usage: rpcsoak URL SECONDS [fixed|distribution]")
+	}
+	size := func() int { return 1024 }
+	if len(os.Args) == 4 {
+		switch os.Args[3] {
+		case "fixed":
+		case "distribution":
+			size = func() int {
+				switch n := mathrand.IntN(100); {
+				case n < 80:
+					return 256
+				case n < 95:
+					return 4096
+				default:
+					return 65536
+				}
+			}
+		default:
+			log.Fatalf("sizes: %q", os.Args[3])
+		}
 	}
 	url := os.Args[1]
 	seconds, err := strconv.Atoi(os.Args[2])
@@ -314,6 +337,7 @@ func main() {
 		channel := "amqp10.burnin." + pattern + ".0001"
 		workers = append(workers, &worker{
 			url: url, channel: channel, address: pattern + "/" + channel, command: pattern == "commands",
+			size: size,
 		})
 	}
 	ctx, stop := context.WithCancel(context.Background())
