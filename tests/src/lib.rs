@@ -370,6 +370,16 @@ impl TestConnector {
         );
     }
 
+    /// The requests counted for `pattern` (`commands` or `queries`, MET-6).
+    pub fn rpc_requests(&self, pattern: &str) -> u64 {
+        self.metrics
+            .rpc_requests
+            .get_or_create(&connector::metrics::PatternLabel {
+                pattern: pattern.into(),
+            })
+            .get()
+    }
+
     /// [`TestConnector::no_rpc_left_with`] the store it was started with.
     pub fn no_rpc_left(&self) {
         self.no_rpc_left_with(&self.store);

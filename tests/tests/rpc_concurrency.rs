@@ -161,14 +161,11 @@ fn rpc_thousand_concurrent_requests_from_ten_connections() {
             }
             answering.await.unwrap();
         });
-        let counted = c
-            .metrics
-            .rpc_requests
-            .get_or_create(&connector::metrics::PatternLabel {
-                pattern: "queries".into(),
-            })
-            .get();
-        assert_eq!(counted, (REQUESTERS * EACH) as u64, "MET-6");
+        assert_eq!(
+            c.rpc_requests("queries"),
+            (REQUESTERS * EACH) as u64,
+            "MET-6"
+        );
         c.no_rpc_left();
     });
 }

@@ -382,13 +382,7 @@ fn rpc_every_responder_behaviour_at_once() {
         assert_eq!(taken.iter().sum::<usize>(), REQUESTERS * each, "{taken:?}");
         assert!(taken.iter().all(|&t| t > 0), "RPC-11: {taken:?}");
         for pattern in ["commands", "queries"] {
-            let counted = c
-                .metrics
-                .rpc_requests
-                .get_or_create(&connector::metrics::PatternLabel {
-                    pattern: pattern.into(),
-                })
-                .get();
+            let counted = c.rpc_requests(pattern);
             assert_eq!(counted, (REQUESTERS * each / 2) as u64, "MET-6 {pattern}");
         }
         c.no_rpc_left();
@@ -414,6 +408,16 @@ async fn held_becomes(c: &TestConnector, n: i64, within: Duration, what: &str) {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// The next message on the reply node, accepted; `what` names it if none comes in 20 s.
+async fn next_reply(replies: &mut Receiver, what: &str) -> Message<Body<Value>> {
+    let d = tokio::time::timeout(Duration::from_secs(20), replies.recv::<Body<Value>>())
+        .await
+        .unwrap_or_else(|_| panic!("no reply in time: {what}"))
+        .unwrap();
+    replies.accept(&d).await.unwrap();
+    d.into_message()
 }
 
 /// RPC-7, RPC-8, RPC-11, RPC-14: a responder's connection closes while it holds a command and a
@@ -479,16 +483,11 @@ fn rpc_a_responder_that_leaves_holding_requests() {
                 "{gone}, before the requests time out"
             );
 
-            let d = tokio::time::timeout(Duration::from_secs(20), replies.recv::<Body<Value>>())
-                .await
-                .expect("RPC-7: the command's reply after its timeout")
-                .unwrap();
-            replies.accept(&d).await.unwrap();
+            let m = next_reply(&mut replies, "RPC-7: the command's reply after its timeout").await;
             assert!(
                 sent.elapsed() >= HELD_TTL - Duration::from_millis(100),
                 "RPC-3"
             );
-            let m = d.into_message();
             assert_eq!(
                 m.properties.as_ref().and_then(|p| p.correlation_id.clone()),
                 Some(MessageId::String("held-command".into())),
@@ -510,12 +509,8 @@ fn rpc_a_responder_that_leaves_holding_requests() {
                 matches!(outcome, Outcome::Accepted(_)),
                 "RPC-4: {outcome:?}"
             );
-            let d = tokio::time::timeout(Duration::from_secs(20), replies.recv::<Body<Value>>())
-                .await
-                .expect("the new responder's answer")
-                .unwrap();
-            replies.accept(&d).await.unwrap();
-            assert_eq!(text(&d.message().body), "result:answer:after", "RPC-8");
+            let m = next_reply(&mut replies, "the new responder's answer").await;
+            assert_eq!(text(&m.body), "result:answer:after", "RPC-8");
             stop_tx.send(true).unwrap();
             assert_eq!(next.await.unwrap(), 1, "RPC-11: the new responder took it");
             conn.close().await.unwrap();

@@ -30,22 +30,12 @@ fn run(scenario: &str) {
     each(Settings::default(), scenario, |_| {});
 }
 
-/// The requests counted (MET-6) for `pattern`.
-fn requests(c: &TestConnector, pattern: &str) -> u64 {
-    c.metrics
-        .rpc_requests
-        .get_or_create(&connector::metrics::PatternLabel {
-            pattern: pattern.into(),
-        })
-        .get()
-}
-
 /// RPC-1, RPC-4, RPC-6, RPC-7, RPC-9, RPC-10, RPC-12, RPC-13, RPC-S1: a command executed and one
 /// refused by its handler, correlated by correlation-id and by message-id.
 #[test]
 fn rpc_s1_commands_executed_and_refused() {
     each(Settings::default(), "command", |c| {
-        assert_eq!(requests(c, "commands"), 2, "MET-6");
+        assert_eq!(c.rpc_requests("commands"), 2, "MET-6");
     });
 }
 
@@ -54,7 +44,7 @@ fn rpc_s1_commands_executed_and_refused() {
 #[test]
 fn rpc_s2_queries_answered() {
     each(Settings::default(), "query", |c| {
-        assert_eq!(requests(c, "queries"), 3, "MET-6");
+        assert_eq!(c.rpc_requests("queries"), 3, "MET-6");
     });
 }
 
