@@ -3,10 +3,13 @@
 //! group, in turn. Each subscription has a bounded buffer; an item that finds it full is dropped
 //! for that subscriber, so a stalled reader never makes the process grow.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use smallvec::SmallVec;
 use tokio::sync::mpsc;
+
+use crate::engine::FastMap;
 
 /// A channel a subscription listens on: one name, or a NATS-style pattern over `.`-separated
 /// tokens (`*` one token, `>` one or more trailing tokens).
@@ -66,11 +69,17 @@ struct Subscriber<T> {
 /// A group of subscribers: the text of their pattern and the group's name.
 type GroupKey = (String, String);
 
+/// The members of one group that match an item, in their stable order.
+struct Group<'a, T> {
+    key: &'a GroupKey,
+    members: SmallVec<[&'a Subscriber<T>; 4]>,
+}
+
 struct Subscribers<T> {
     /// By id, so that a group's members are in a stable order for their turns.
     by_id: BTreeMap<u64, Subscriber<T>>,
     /// Round-robin position per (pattern text, group).
-    turns: HashMap<GroupKey, usize>,
+    turns: FastMap<GroupKey, usize>,
     next_id: u64,
 }
 
@@ -78,7 +87,7 @@ impl<T> Default for Subscribers<T> {
     fn default() -> Self {
         Subscribers {
             by_id: BTreeMap::new(),
-            turns: HashMap::new(),
+            turns: FastMap::default(),
             next_id: 0,
         }
     }
@@ -121,25 +130,29 @@ impl<T: Clone + Channeled> Fanout<T> {
         let mut subs = self.subs.lock().unwrap_or_else(|e| e.into_inner());
         subs.by_id.retain(|_, s| !s.tx.is_closed());
         let Subscribers { by_id, turns, .. } = &mut *subs;
-        let mut targets: Vec<&Subscriber<T>> = Vec::new();
-        // Few groups listen on one channel: a list beats a map here.
-        let mut groups: Vec<(&GroupKey, Vec<&Subscriber<T>>)> = Vec::new();
+        // Few subscribers and fewer groups listen on one channel: lists kept inline, so that
+        // routing one item allocates nothing.
+        let mut targets: SmallVec<[&Subscriber<T>; 4]> = SmallVec::new();
+        let mut groups: SmallVec<[Group<'_, T>; 2]> = SmallVec::new();
         for s in by_id.values().filter(|s| s.pattern.matches(item.channel())) {
             match &s.group {
                 None => targets.push(s),
-                Some(key) => match groups.iter_mut().find(|(k, _)| *k == key) {
-                    Some((_, members)) => members.push(s),
-                    None => groups.push((key, vec![s])),
+                Some(key) => match groups.iter_mut().find(|g| g.key == key) {
+                    Some(g) => g.members.push(s),
+                    None => groups.push(Group {
+                        key,
+                        members: smallvec::smallvec![s],
+                    }),
                 },
             }
         }
-        for (key, members) in groups {
-            let turn = match turns.get_mut(key) {
+        for g in groups {
+            let turn = match turns.get_mut(g.key) {
                 Some(turn) => turn,
-                None => turns.entry(key.clone()).or_default(),
+                None => turns.entry(g.key.clone()).or_default(),
             };
             *turn = turn.wrapping_add(1);
-            if let Some(&s) = members.get(*turn % members.len()) {
+            if let Some(&s) = g.members.get(*turn % g.members.len()) {
                 targets.push(s);
             }
         }
