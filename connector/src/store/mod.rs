@@ -967,8 +967,6 @@ impl Drop for Store {
     }
 }
 
-/// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
-/// cancelled.
 /// Runs `work` — a write to a log and the bookkeeping that counts it — to its end in a task of
 /// its own, whether or not its caller keeps waiting: a record in the log but not counted in
 /// memory would leave memory behind the log (a gRPC client that hangs up drops its call
@@ -1001,6 +999,8 @@ struct Placed {
     len: u32,
 }
 
+/// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
+/// cancelled.
 struct Collected<'a> {
     store: &'a Store,
     queue: String,
