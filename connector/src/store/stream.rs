@@ -836,6 +836,24 @@ mod tests {
         }
     }
 
+    /// Appends `label` to `ch` and, while it is on its way to the log, subscribes `client` from
+    /// `start`; whether the append was caught in flight, and the subscription once the append is
+    /// done.
+    async fn subscribe_during_append(
+        s: &Arc<Streams>,
+        ch: &str,
+        label: &str,
+        client: &str,
+        start: StartAt,
+    ) -> (bool, mpsc::Receiver<EventReceive>) {
+        let append = s.append(event(ch, label));
+        tokio::pin!(append);
+        let raced = in_flight(append.as_mut()).await;
+        let rx = s.subscribe(client, ch, "", start).unwrap();
+        append.await.unwrap();
+        (raced, rx)
+    }
+
     /// A subscription from the first event that starts while a channel's first event is still
     /// being written gets that event.
     #[tokio::test]
@@ -845,13 +863,9 @@ mod tests {
         let mut raced = false;
         for i in 0..20 {
             let ch = format!("race-{i}");
-            let append = s.append(event(&ch, "first"));
-            tokio::pin!(append);
-            raced |= in_flight(append.as_mut()).await;
-            let mut rx = s
-                .subscribe(&format!("c{i}"), &ch, "", StartAt::First)
-                .unwrap();
-            append.await.unwrap();
+            let (caught, mut rx) =
+                subscribe_during_append(&s, &ch, "first", &format!("c{i}"), StartAt::First).await;
+            raced |= caught;
             assert_eq!(take(&mut rx, 1).await, ["first"], "{ch}");
         }
         assert!(raced, "no append was caught in flight");
@@ -867,14 +881,10 @@ mod tests {
         for i in 0..20 {
             let ch = format!("when-{i}");
             s.append(event(&ch, "before")).await.unwrap();
-            let since = now_ns();
-            let append = s.append(event(&ch, "during"));
-            tokio::pin!(append);
-            raced |= in_flight(append.as_mut()).await;
-            let mut rx = s
-                .subscribe(&format!("c{i}"), &ch, "", StartAt::Time(since))
-                .unwrap();
-            append.await.unwrap();
+            let since = StartAt::Time(now_ns());
+            let (caught, mut rx) =
+                subscribe_during_append(&s, &ch, "during", &format!("c{i}"), since).await;
+            raced |= caught;
             assert_eq!(take(&mut rx, 1).await, ["during"], "{ch}");
             nothing_more(&mut rx).await;
         }
