@@ -360,14 +360,16 @@ impl TestConnector {
         testkit::eventually(
             &format!("no RPC entry left ({})", self.backend()),
             Duration::from_secs(20),
-            || {
-                self.metrics
-                    .rpc_held
-                    .load(std::sync::atomic::Ordering::Relaxed)
-                    == 0
-                    && broker.requests().waiting() == 0
-            },
+            || self.rpc_held() == 0 && broker.requests().waiting() == 0,
         );
+    }
+
+    /// What this connector holds for request/reply now: requests waiting for their response and
+    /// delivered requests waiting for an answer.
+    pub fn rpc_held(&self) -> i64 {
+        self.metrics
+            .rpc_held
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The requests counted for `pattern` (`commands` or `queries`, MET-6).
@@ -474,6 +476,34 @@ pub async fn reply_node(
         .expect("RPC-1: the minted address");
     assert!(address.starts_with("_amqp10.tmp."), "ADDR-11: {address}");
     (node, address)
+}
+
+/// A receiver named `name` on `source`, granting `credit` at a time, with the string-valued
+/// `properties` in its ATTACH (`x-opt-kubemq-group`, `x-opt-kubemq-start`).
+pub async fn receiver(
+    session: &mut fe2o3_amqp::session::SessionHandle<()>,
+    name: &str,
+    source: impl Into<fe2o3_amqp::types::messaging::Source>,
+    credit: u32,
+    properties: &[(&str, &str)],
+) -> fe2o3_amqp::Receiver {
+    use fe2o3_amqp::link::receiver::CreditMode;
+    use fe2o3_amqp::types::primitives::{Symbol, Value};
+    let mut builder = fe2o3_amqp::Receiver::builder()
+        .name(name)
+        .source(source)
+        .credit_mode(CreditMode::Auto(credit));
+    if !properties.is_empty() {
+        let mut fields = fe2o3_amqp::types::definitions::Fields::new();
+        for (k, v) in properties {
+            fields.insert(Symbol::from(*k), Value::String((*v).into()));
+        }
+        builder = builder.properties(fields);
+    }
+    builder
+        .attach(session)
+        .await
+        .expect("the receiver attaches")
 }
 
 /// A sender named `name` with a target that has no address (the anonymous relay, ADDR-13): each

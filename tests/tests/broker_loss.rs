@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use connector::config::Settings;
 use fe2o3_amqp::connection::ConnectionHandle;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::{LinkStateError, RecvError};
 use fe2o3_amqp::session::SessionHandle;
 use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
@@ -122,14 +121,9 @@ impl Responder {
     }
 }
 
+/// A receiver on `source` granting 10 at a time.
 async fn receiver(session: &mut SessionHandle<()>, name: &str, source: &str) -> Receiver {
-    Receiver::builder()
-        .name(name)
-        .source(source)
-        .credit_mode(CreditMode::Auto(10))
-        .attach(session)
-        .await
-        .unwrap()
+    interop_tests::receiver(session, name, source, 10, &[]).await
 }
 
 /// Takes the next request from `r` (settled `accepted`) and returns its `reply-to`.
@@ -245,12 +239,7 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
     testkit::eventually(
         "only the responder's two tokens held",
         Duration::from_secs(20),
-        || {
-            c.metrics
-                .rpc_held
-                .load(std::sync::atomic::Ordering::Relaxed)
-                == 2
-        },
+        || c.rpc_held() == 2,
     );
 
     let broker = TestFacade::start_at(dir.path(), Some(addr));

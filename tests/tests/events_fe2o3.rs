@@ -5,8 +5,7 @@
 use std::time::Duration;
 
 use connector::config::Settings;
-use fe2o3_amqp::link::receiver::CreditMode;
-use fe2o3_amqp::types::definitions::{Fields, SenderSettleMode};
+use fe2o3_amqp::types::definitions::SenderSettleMode;
 use fe2o3_amqp::types::messaging::{ApplicationProperties, Message, Outcome, Source};
 use fe2o3_amqp::types::primitives::{Symbol, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
@@ -18,24 +17,14 @@ fn rt() -> tokio::runtime::Runtime {
     interop_tests::runtime()
 }
 
+/// A receiver on `source` granting 100 at a time, with `props` in its ATTACH.
 async fn receiver(
     session: &mut fe2o3_amqp::session::SessionHandle<()>,
     name: &str,
     source: Source,
     props: &[(&str, &str)],
 ) -> Receiver {
-    let mut fields = Fields::new();
-    for (k, v) in props {
-        fields.insert(Symbol::from(*k), Value::String((*v).into()));
-    }
-    Receiver::builder()
-        .name(name)
-        .source(source)
-        .properties(fields)
-        .credit_mode(CreditMode::Auto(100))
-        .attach(session)
-        .await
-        .unwrap()
+    interop_tests::receiver(session, name, source, 100, props).await
 }
 
 /// Everything that arrives until 500 ms pass without a message.

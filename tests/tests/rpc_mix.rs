@@ -12,14 +12,13 @@ use std::time::Duration;
 
 use connector::config::Settings;
 use fe2o3_amqp::link::delivery::DeliveryFut;
-use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::link::SendError;
 use fe2o3_amqp::session::SessionHandle;
-use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition, Fields};
+use fe2o3_amqp::types::definitions::{AmqpError, ErrorCondition};
 use fe2o3_amqp::types::messaging::{
     AmqpValue, ApplicationProperties, Body, Header, Message, MessageId, Outcome, Properties,
 };
-use fe2o3_amqp::types::primitives::{SimpleValue, Symbol, Value};
+use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 use interop_tests::TestConnector;
 use tokio::time::Instant;
@@ -208,24 +207,13 @@ struct Sent {
     what: String,
 }
 
+/// A receiver on `source` in the group `mix`, granting 50 at a time.
 async fn requests_receiver(
     session: &mut SessionHandle<()>,
     name: &str,
     source: String,
 ) -> Receiver {
-    let mut group = Fields::new();
-    group.insert(
-        Symbol::from("x-opt-kubemq-group"),
-        Value::String("mix".into()),
-    );
-    Receiver::builder()
-        .name(name)
-        .source(source)
-        .properties(group)
-        .credit_mode(CreditMode::Auto(50))
-        .attach(session)
-        .await
-        .unwrap()
+    interop_tests::receiver(session, name, source, 50, &[("x-opt-kubemq-group", "mix")]).await
 }
 
 /// Answers requests on both patterns of `channel` in the group `mix` as their bodies say, until
@@ -389,22 +377,14 @@ fn rpc_every_responder_behaviour_at_once() {
     });
 }
 
-/// Connector-wide count of requests waiting for a response and of delivered requests waiting
-/// for an answer.
-fn held(c: &TestConnector) -> i64 {
-    c.metrics
-        .rpc_held
-        .load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Waits until `held(c)` is `n`, at most `within`.
+/// Waits until `c` holds `n` request/reply entries, at most `within`.
 async fn held_becomes(c: &TestConnector, n: i64, within: Duration, what: &str) {
     let deadline = Instant::now() + within;
-    while held(c) != n {
+    while c.rpc_held() != n {
         assert!(
             Instant::now() < deadline,
             "{what}: {} held, expected {n}",
-            held(c)
+            c.rpc_held()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
