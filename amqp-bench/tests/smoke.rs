@@ -81,7 +81,7 @@ fn lean_client_runs_lose_nothing() {
             "{args:?}: {out}"
         );
     }
-    assert_eq!(c.store.ready_count("lean"), 0, "everything was accepted");
+    assert_eq!(c.store().ready_count("lean"), 0, "everything was accepted");
 }
 
 /// The loss check is real: with no consumer, every message sent counts as lost and the run fails.
@@ -102,7 +102,7 @@ fn missing_messages_fail_the_run() {
     assert!(!ok, "a run with lost messages must fail:\n{out}");
     assert!(out.contains("lost 300"), "{out}");
     assert_eq!(
-        c.store.ready_count("nobody"),
+        c.store().ready_count("nobody"),
         300,
         "the messages are safe in the queue, just not received"
     );

@@ -1,5 +1,6 @@
 //! What the interop tests share: the real connector (driver, queues bridge, embedded store) on a
 //! loopback port, on each backend ([`TestConnector`]); the store's gRPC façade ([`TestFacade`]);
+//! the real KubeMQ server where its binary exists ([`real_kubemq`]);
 //! running a client program's scenario against it ([`run_client_script`]); and the fe2o3-amqp
 //! links request/reply uses: a requester's reply node ([`reply_node`]) and a sender on the
 //! anonymous relay ([`relay_sender`]).
@@ -10,6 +11,8 @@ use std::time::Duration;
 
 use connector::config::Settings;
 use connector::driver::{serve, ServeOptions};
+
+pub mod real_kubemq;
 
 /// A server running on its own runtime thread: the listener is bound before `spawn` returns; a
 /// stop signal ends it, and dropping its runtime cuts every connection.
@@ -176,13 +179,14 @@ impl Drop for TestFacade {
 pub struct TestConnector {
     /// Where clients connect.
     pub addr: SocketAddr,
-    /// The store behind it, to inspect.
-    pub store: Arc<connector::store::Store>,
     /// Its metrics, to inspect.
     pub metrics: Arc<connector::metrics::Metrics>,
+    /// The store behind it (none in front of a real KubeMQ).
+    store: Option<Arc<connector::store::Store>>,
     server: ServerThread,
     _dir: tempfile::TempDir,
     _facade: Option<TestFacade>,
+    kubemq: Option<real_kubemq::RealKubemq>,
     kind: Backend,
 }
 
@@ -192,6 +196,7 @@ enum Backend {
     Embedded,
     Grpc,
     KubemqLike,
+    RealKubemq,
 }
 
 impl TestConnector {
@@ -201,21 +206,138 @@ impl TestConnector {
     }
 
     /// Runs `body` against a connector with `settings` on each backend in turn: the embedded
-    /// store, gRPC to the store's façade, and gRPC to the façade imitating KubeMQ v2.4's capture
-    /// of messages by open transactions; a failure says which backend it was on.
+    /// store, gRPC to the store's façade, gRPC to the façade imitating KubeMQ v2.4's capture of
+    /// messages by open transactions, and gRPC to a real KubeMQ where its binary exists
+    /// ([`real_kubemq::binary`]); a failure says which backend it was on.
     pub fn each_backend(settings: Settings, body: impl Fn(&TestConnector)) {
-        for backend in [Backend::Embedded, Backend::Grpc, Backend::KubemqLike] {
-            let c = match backend {
-                Backend::Embedded => Self::start(settings.clone()),
-                Backend::Grpc => Self::start_over_grpc(settings.clone()),
-                Backend::KubemqLike => Self::start_over_kubemq_like(settings.clone()),
-            };
+        Self::each_of(&Self::backends(true), settings, body);
+    }
+
+    /// [`TestConnector::each_backend`] without the real KubeMQ, for a body that reads the
+    /// broker's own state through [`TestConnector::store`] (ready and locked counts, waiting
+    /// Gets), which KubeMQ does not expose.
+    pub fn each_store_backend(settings: Settings, body: impl Fn(&TestConnector)) {
+        Self::each_of(&Self::backends(false), settings, body);
+    }
+
+    /// One connector with `settings` on each backend of [`TestConnector::each_backend`], all
+    /// running at once (for a body that loads them side by side).
+    pub fn on_every_backend(settings: Settings) -> Vec<TestConnector> {
+        Self::backends(true)
+            .into_iter()
+            .map(|b| Self::start_on(b, settings.clone()))
+            .collect()
+    }
+
+    fn start_on(backend: Backend, settings: Settings) -> TestConnector {
+        match backend {
+            Backend::Embedded => Self::start(settings),
+            Backend::Grpc => Self::start_over_grpc(settings),
+            Backend::KubemqLike => Self::start_over_kubemq_like(settings),
+            Backend::RealKubemq => {
+                Self::start_over_real_kubemq(settings).expect("the binary was found a moment ago")
+            }
+        }
+    }
+
+    fn backends(real: bool) -> Vec<Backend> {
+        let mut all = vec![Backend::Embedded, Backend::Grpc, Backend::KubemqLike];
+        if real && real_kubemq::binary().is_some() {
+            all.push(Backend::RealKubemq);
+        }
+        all
+    }
+
+    fn each_of(backends: &[Backend], settings: Settings, body: impl Fn(&TestConnector)) {
+        for backend in backends {
+            let c = Self::start_on(*backend, settings.clone());
             let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&c)));
             if let Err(panic) = run {
                 eprintln!("failed on the {} backend", c.backend());
+                if let Some(k) = &c.kubemq {
+                    eprintln!("KubeMQ's log:\n{}", k.log());
+                }
                 std::panic::resume_unwind(panic);
             }
         }
+    }
+
+    /// Starts one over gRPC to a real KubeMQ of its own ([`real_kubemq::RealKubemq`]), if the
+    /// binary exists.
+    pub fn start_over_real_kubemq(settings: Settings) -> Option<TestConnector> {
+        let binary = real_kubemq::binary()?;
+        real_kubemq::record_use("real-kubemq");
+        let kubemq = real_kubemq::RealKubemq::start(&binary);
+        let mut c = Self::grpc_client(settings, None, kubemq.grpc);
+        c.kubemq = Some(kubemq);
+        c.kind = Backend::RealKubemq;
+        Some(c)
+    }
+
+    /// Starts one over gRPC to `kubemq`, which it shares with whatever else uses it.
+    pub fn start_over_kubemq(
+        settings: Settings,
+        kubemq: &real_kubemq::RealKubemq,
+    ) -> TestConnector {
+        real_kubemq::record_use("real-kubemq");
+        let mut c = Self::grpc_client(settings, None, kubemq.grpc);
+        c.kind = Backend::RealKubemq;
+        c
+    }
+
+    /// The store behind this connector, to inspect; a connector in front of a real KubeMQ has
+    /// none (run such a body with [`TestConnector::each_store_backend`]).
+    pub fn store(&self) -> &Arc<connector::store::Store> {
+        self.store
+            .as_ref()
+            .expect("a real KubeMQ has no store to inspect: use each_store_backend")
+    }
+
+    /// The store behind this connector where there is one (not in front of a real KubeMQ), for
+    /// a check of the store's own state that KubeMQ does not expose.
+    pub fn store_if_any(&self) -> Option<&Arc<connector::store::Store>> {
+        self.store.as_ref()
+    }
+
+    /// Messages in `channel`'s queue, ready or held by a consumer: on a store, counted; on a
+    /// real KubeMQ, those a peek (`ReceiveQueueMessages` with `IsPeak`) sees within a second,
+    /// which is everything once no consumer holds any.
+    pub fn queue_depth(&self, channel: &str) -> usize {
+        if let Some(store) = &self.store {
+            return store.ready_count(channel) + store.locked_count(channel);
+        }
+        let kubemq = self.kubemq.as_ref().expect("a store or a real KubeMQ");
+        let grpc = format!("http://{}", kubemq.grpc);
+        let request = connector::kubemq::ReceiveQueueMessagesRequest {
+            request_id: "queue-depth".into(),
+            client_id: "interop-tests-peek".into(),
+            channel: channel.into(),
+            max_number_of_messages: 1024,
+            wait_time_seconds: 1,
+            is_peak: true,
+        };
+        runtime().block_on(async move {
+            let mut client = connector::kubemq::kubemq_client::KubemqClient::connect(grpc)
+                .await
+                .expect("KubeMQ answers");
+            let reply = client
+                .receive_queue_messages(request)
+                .await
+                .expect("the peek is answered")
+                .into_inner();
+            // KubeMQ answers a peek of an empty queue with an error saying so.
+            assert!(
+                !reply.is_error || reply.messages.is_empty(),
+                "peek failed: {}",
+                reply.error
+            );
+            reply.messages.len()
+        })
+    }
+
+    /// The real KubeMQ behind this connector, if it is on that backend.
+    pub fn real_kubemq(&self) -> Option<&real_kubemq::RealKubemq> {
+        self.kubemq.as_ref()
     }
 
     /// Which backend this connector uses: `embedded`, `grpc` or `kubemq-like`.
@@ -224,6 +346,7 @@ impl TestConnector {
             Backend::Embedded => "embedded",
             Backend::Grpc => "grpc",
             Backend::KubemqLike => "kubemq-like",
+            Backend::RealKubemq => "real-kubemq",
         }
     }
 
@@ -252,18 +375,18 @@ impl TestConnector {
     /// Starts one over gRPC to `facade`, which it shares with whatever else uses it (another
     /// connector: two replicas of the connector in front of one broker).
     pub fn start_over_facade(settings: Settings, facade: &TestFacade) -> TestConnector {
-        Self::grpc_client(settings, facade.store.clone(), facade.addr)
+        Self::grpc_client(settings, Some(facade.store.clone()), facade.addr)
     }
 
     fn over_grpc(settings: Settings, facade: TestFacade) -> TestConnector {
-        let mut c = Self::grpc_client(settings, facade.store.clone(), facade.addr);
+        let mut c = Self::grpc_client(settings, Some(facade.store.clone()), facade.addr);
         c._facade = Some(facade);
         c
     }
 
     fn grpc_client(
         settings: Settings,
-        store: Arc<connector::store::Store>,
+        store: Option<Arc<connector::store::Store>>,
         facade: SocketAddr,
     ) -> TestConnector {
         let addr = facade.to_string();
@@ -286,6 +409,7 @@ impl TestConnector {
             server,
             _dir: dir,
             _facade: None,
+            kubemq: None,
             kind: Backend::Grpc,
         }
     }
@@ -304,11 +428,12 @@ impl TestConnector {
         });
         TestConnector {
             addr: server.addr,
-            store,
+            store: Some(store),
             metrics,
             server,
             _dir: dir,
             _facade: facade,
+            kubemq: None,
             kind: Backend::Embedded,
         }
     }
@@ -382,9 +507,17 @@ impl TestConnector {
             .get()
     }
 
-    /// [`TestConnector::no_rpc_left_with`] the store it was started with.
+    /// [`TestConnector::no_rpc_left_with`] the store it was started with; in front of a real
+    /// KubeMQ, whose waiting requests cannot be counted, only this connector's entries.
     pub fn no_rpc_left(&self) {
-        self.no_rpc_left_with(&self.store);
+        match &self.store {
+            Some(store) => self.no_rpc_left_with(store),
+            None => testkit::eventually(
+                &format!("no RPC entry left ({})", self.backend()),
+                Duration::from_secs(20),
+                || self.rpc_held() == 0,
+            ),
+        }
     }
 
     /// Links counted by the links gauge, both roles.
@@ -401,8 +534,7 @@ impl Drop for TestConnector {
         let until = std::time::Instant::now() + Duration::from_secs(10);
         while !std::thread::panicking() && self.links_counted() != 0 {
             if std::time::Instant::now() > until {
-                self.server.halt();
-                self.store.close();
+                self.halt();
                 panic!(
                     "{} links still counted on the {} backend after the test's clients left",
                     self.links_counted(),
@@ -411,8 +543,16 @@ impl Drop for TestConnector {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        self.halt();
+    }
+}
+
+impl TestConnector {
+    fn halt(&mut self) {
         self.server.halt();
-        self.store.close();
+        if let Some(store) = &self.store {
+            store.close();
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Request/reply and events while the broker goes away and comes back: the connector over gRPC
-//! to a store's façade, which is stopped as a dying server stops (every connection cut at once)
-//! with a command and a query waiting at a silent responder, then started again on the same port
-//! with the same data. fe2o3-amqp on both sides. The test connector runs without the readiness watch
+//! to a store's façade, and to a real KubeMQ where its binary exists, which is stopped as a dying
+//! server stops (every connection cut at once; KubeMQ killed) with a command and a query waiting
+//! at a silent responder, then started again on the same port with the same data. fe2o3-amqp on both sides. The test connector runs without the readiness watch
 //! that closes every connection after 3 s without the broker (CONN-16): this pins what the links
 //! see in those seconds, and a connector whose broker comes back sooner.
 
@@ -17,6 +17,7 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use interop_tests::real_kubemq::{KilledKubemq, RealKubemq};
 use interop_tests::{TestConnector, TestFacade};
 
 const EXECUTED: &str = "x-opt-kubemq-executed";
@@ -181,9 +182,65 @@ fn flag(m: &Message<Body<Value>>, key: &str) -> Option<SimpleValue> {
 #[test]
 fn rpc_broker_loss_ends_pending_requests_and_recovers() {
     let dir = tempfile::tempdir().unwrap();
-    let broker = TestFacade::start_at(dir.path(), None);
-    let addr = broker.addr;
-    let c = TestConnector::start_over_facade(Settings::default(), &broker);
+    broker_loss(Broker::Facade(TestFacade::start_at(dir.path(), None), dir));
+    if let Some(binary) = interop_tests::real_kubemq::binary() {
+        broker_loss(Broker::Real(RealKubemq::start(&binary)));
+    }
+}
+
+/// The broker the connector loses: the store's façade (with its folder) or a real KubeMQ.
+enum Broker {
+    Facade(TestFacade, tempfile::TempDir),
+    Real(RealKubemq),
+}
+
+/// A broker that was stopped, to start again on the same port and data.
+enum Stopped {
+    Facade(std::net::SocketAddr, tempfile::TempDir),
+    Real(KilledKubemq),
+}
+
+impl Broker {
+    fn connector(&self) -> TestConnector {
+        match self {
+            Broker::Facade(f, _) => TestConnector::start_over_facade(Settings::default(), f),
+            Broker::Real(k) => TestConnector::start_over_kubemq(Settings::default(), k),
+        }
+    }
+
+    /// Requests waiting at the broker for a response, where the broker can say.
+    fn requests_waiting(&self) -> Option<usize> {
+        match self {
+            Broker::Facade(f, _) => Some(f.store.requests().waiting()),
+            Broker::Real(_) => None,
+        }
+    }
+
+    fn stop(self) -> Stopped {
+        match self {
+            Broker::Facade(f, dir) => {
+                let addr = f.addr;
+                f.stop();
+                Stopped::Facade(addr, dir)
+            }
+            Broker::Real(k) => Stopped::Real(k.kill()),
+        }
+    }
+}
+
+impl Stopped {
+    fn start_again(self) -> Broker {
+        match self {
+            Stopped::Facade(addr, dir) => {
+                Broker::Facade(TestFacade::start_at(dir.path(), Some(addr)), dir)
+            }
+            Stopped::Real(k) => Broker::Real(k.start_again()),
+        }
+    }
+}
+
+fn broker_loss(broker: Broker) {
+    let c = broker.connector();
     let channel = format!("rpc.loss.{}", connector::kubemq::new_id());
     let rt = interop_tests::runtime();
     let (mut requester, mut responder, tokens) = rt.block_on(async {
@@ -197,13 +254,15 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
         ];
         (requester, responder, tokens)
     });
+    // Both requests wait at the broker (where it can say so) and the connector holds the
+    // requester's two calls and the responder's two tokens.
     testkit::eventually(
         "both requests wait at the broker",
         Duration::from_secs(10),
-        || c.store.requests().waiting() == 2,
+        || broker.requests_waiting().unwrap_or(2) == 2 && c.rpc_held() == 4,
     );
 
-    broker.stop();
+    let stopped = broker.stop();
     rt.block_on(async {
         let reply = requester
             .reply(Duration::from_secs(20))
@@ -242,7 +301,7 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
         || c.rpc_held() == 2,
     );
 
-    let broker = TestFacade::start_at(dir.path(), Some(addr));
+    let broker = stopped.start_again();
     rt.block_on(async {
         let mut commands = receiver(
             &mut responder.session,
@@ -278,5 +337,8 @@ fn rpc_broker_loss_ends_pending_requests_and_recovers() {
         requester.conn.close().await.unwrap();
         responder.conn.close().await.unwrap();
     });
-    c.no_rpc_left_with(&broker.store);
+    match &broker {
+        Broker::Facade(f, _) => c.no_rpc_left_with(&f.store),
+        Broker::Real(_) => c.no_rpc_left(),
+    }
 }

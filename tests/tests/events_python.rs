@@ -34,11 +34,15 @@ fn ev_9_fan_out_to_three() {
         let out = c.metrics.transfers_counted("out", "events");
         assert_eq!(out, 30, "EV-14: 3 × 10 deliveries counted");
         assert_eq!(c.metrics.transfers_counted("in", "events"), 10);
-        testkit::eventually(
-            "EV-4: every subscription ended with its link",
-            std::time::Duration::from_secs(5),
-            || c.store.events().subscriptions() == 0,
-        );
+        // A real KubeMQ does not count its subscriptions; the links gauge checked when the
+        // connector is dropped covers the connector's side there.
+        if let Some(store) = c.store_if_any() {
+            testkit::eventually(
+                "EV-4: every subscription ended with its link",
+                std::time::Duration::from_secs(5),
+                || store.events().subscriptions() == 0,
+            );
+        }
     });
 }
 

@@ -31,8 +31,7 @@ fn q_s1_the_concept_pages_go_program() {
             stdout.contains("consumed and accepted 10 messages"),
             "{stdout}"
         );
-        assert_eq!(c.store.ready_count("amqp10.examples.basic"), 0);
-        assert_eq!(c.store.locked_count("amqp10.examples.basic"), 0);
+        assert_eq!(c.queue_depth("amqp10.examples.basic"), 0);
     });
 }
 

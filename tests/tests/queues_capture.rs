@@ -73,7 +73,7 @@ async fn send_all(url: &str, queue: &str, bodies: impl IntoIterator<Item = Strin
 /// all 20 at once, not one per second.
 #[test]
 fn teardown_returns_everything_at_once() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let url = c.url();
         rt().block_on(async {
             send_all(&url, "cap-td", (0..20).map(|i| format!("t{i}"))).await;
@@ -89,7 +89,7 @@ fn teardown_returns_everything_at_once() {
             }
             worker.close().await.unwrap();
 
-            let before = c.store.waited_out_gets();
+            let before = c.store().waited_out_gets();
             let mut conn = Connection::open("capture-after", url.as_str())
                 .await
                 .unwrap();
@@ -105,7 +105,7 @@ fn teardown_returns_everything_at_once() {
             }
             assert_eq!(got.len(), 20, "{got:?}");
             assert_eq!(
-                c.store.waited_out_gets() - before,
+                c.store().waited_out_gets() - before,
                 0,
                 "a Get waited for messages that were there ({})",
                 c.backend()
@@ -120,7 +120,7 @@ fn teardown_returns_everything_at_once() {
 /// waiting consumer once the first settles, with at most one Get waited out.
 #[test]
 fn settling_while_another_transaction_is_open() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let url = c.url();
         rt().block_on(async {
             // A burst first, so that KubeMQ's pooled consumer has room for twenty.
@@ -162,7 +162,7 @@ fn settling_while_another_transaction_is_open() {
                 got.insert(d.body().clone());
                 b.accept(&d).await.unwrap();
             }
-            let before = c.store.waited_out_gets();
+            let before = c.store().waited_out_gets();
             a.accept(&held).await.unwrap();
             // Done: with credit left it would take (and hold) another message.
             a.close().await.unwrap();
@@ -174,7 +174,7 @@ fn settling_while_another_transaction_is_open() {
                 assert!(got.insert(d.body().clone()), "{} came twice", d.body());
                 b.accept(&d).await.unwrap();
             }
-            let waited = c.store.waited_out_gets() - before;
+            let waited = c.store().waited_out_gets() - before;
             assert!(
                 waited <= 1,
                 "{waited} Gets waited out after the slow consumer settled ({})",
@@ -191,7 +191,7 @@ fn settling_while_another_transaction_is_open() {
 #[test]
 fn a_filled_queue_drains_without_stalls() {
     const N: usize = 2000;
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let url = c.url();
         let facade = c.facade_addr();
         rt().block_on(async {
@@ -215,7 +215,7 @@ fn a_filled_queue_drains_without_stalls() {
                 }
                 None => send_all(&url, "cap-fill", bodies).await,
             }
-            let before = c.store.waited_out_gets();
+            let before = c.store().waited_out_gets();
             // The store's count when the last message arrived: the consumers' final receives
             // wait on an empty queue, and Gets that wait out then are no stalls.
             let received = Arc::new(AtomicUsize::new(0));
@@ -223,7 +223,8 @@ fn a_filled_queue_drains_without_stalls() {
             let mut consumers = Vec::new();
             for i in 0..2 {
                 let url = url.clone();
-                let (received, at_end, store) = (received.clone(), at_end.clone(), c.store.clone());
+                let (received, at_end, store) =
+                    (received.clone(), at_end.clone(), c.store().clone());
                 consumers.push(tokio::spawn(async move {
                     let mut conn = Connection::open(format!("drain-{i}"), url.as_str())
                         .await

@@ -163,7 +163,7 @@ fn delivery_count(payload: &[u8]) -> u32 {
 /// and an empty body are all accepted.
 #[test]
 fn q_6_q_9_accepted_bodies() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "bodies", SenderSettleMode::Unsettled);
         let two_data = [data(b"ab"), data(b"cd")].concat();
@@ -171,7 +171,7 @@ fn q_6_q_9_accepted_bodies() {
             produce(&mut p, 0, 0, &two_data),
             Some(DeliveryOutcome::Accepted)
         );
-        assert_eq!(c.store.ready_count("bodies"), 1, "stored before accepted");
+        assert_eq!(c.store().ready_count("bodies"), 1, "stored before accepted");
         let value = serde_amqp::to_vec(&AmqpValue("text".to_string())).unwrap();
         assert_eq!(
             produce(&mut p, 0, 1, &value),
@@ -183,7 +183,7 @@ fn q_6_q_9_accepted_bodies() {
             produce(&mut p, 0, 2, &header_only),
             Some(DeliveryOutcome::Accepted)
         );
-        assert_eq!(c.store.ready_count("bodies"), 3);
+        assert_eq!(c.store().ready_count("bodies"), 3);
     });
 }
 
@@ -191,7 +191,7 @@ fn q_6_q_9_accepted_bodies() {
 /// on a queue's link and on a requester's (`commands/`) alike.
 #[test]
 fn q_9_sequence_body_rejected_and_detached() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         for address in ["queues/seq", "commands/seq"] {
             let mut p = session(c);
             p.frame(0, &peer::attach_sender("tx", 0, address), &[]);
@@ -218,7 +218,7 @@ fn q_9_sequence_body_rejected_and_detached() {
                 "{address}"
             );
         }
-        assert_eq!(c.store.ready_count("seq"), 0);
+        assert_eq!(c.store().ready_count("seq"), 0);
     });
 }
 
@@ -226,7 +226,7 @@ fn q_9_sequence_body_rejected_and_detached() {
 /// with decode-error; the link stays.
 #[test]
 fn err_9_undecodable_message_rejected() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "bad", SenderSettleMode::Unsettled);
         let mixed = [data(b"x"), serde_amqp::to_vec(&AmqpValue(1i32)).unwrap()].concat();
@@ -251,7 +251,7 @@ fn err_9_undecodable_message_rejected() {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            c.store.ready_count("bad"),
+            c.store().ready_count("bad"),
             1,
             "only the good message is stored"
         );
@@ -262,7 +262,7 @@ fn err_9_undecodable_message_rejected() {
 /// produce link and each transfer's own flag decides.
 #[test]
 fn q_7_q_10_presettled_and_mixed() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "mixed", 0, "ps", SenderSettleMode::Mixed);
         p.frame(
@@ -279,7 +279,7 @@ fn q_7_q_10_presettled_and_mixed() {
             produce(&mut p, 0, 1, &data(b"unsettled")),
             Some(DeliveryOutcome::Accepted)
         );
-        assert_eq!(c.store.ready_count("ps"), 2);
+        assert_eq!(c.store().ready_count("ps"), 2);
     });
 }
 
@@ -288,7 +288,7 @@ fn q_7_q_10_presettled_and_mixed() {
 /// waiting or in flight when the connection ends are finished without it.
 #[test]
 fn q_7_presettled_messages_outlive_their_connection() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "gone", 0, "outlive", SenderSettleMode::Settled);
         let total = 300u32;
@@ -301,7 +301,7 @@ fn q_7_presettled_messages_outlive_their_connection() {
         }
         drop(p);
         eventually("every received pre-settled message stored", || {
-            c.store.ready_count("outlive") == total as usize
+            c.store().ready_count("outlive") == total as usize
         });
     });
 }
@@ -309,14 +309,17 @@ fn q_7_presettled_messages_outlive_their_connection() {
 /// with credit 0 nothing is fetched or delivered; messages wait in the queue.
 #[test]
 fn q_11_no_credit_no_delivery() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "zero", SenderSettleMode::Unsettled);
         produce(&mut p, 0, 0, &data(b"waiting"));
         let got = consume(&mut p, "rx", 1, "zero", 0, SenderSettleMode::Unsettled, 0);
         assert!(got.is_empty());
         assert_eq!(
-            (c.store.ready_count("zero"), c.store.locked_count("zero")),
+            (
+                c.store().ready_count("zero"),
+                c.store().locked_count("zero")
+            ),
             (1, 0)
         );
     });
@@ -326,13 +329,13 @@ fn q_11_no_credit_no_delivery() {
 /// not delivered without new credit, and is not lost: fresh credit delivers it.
 #[test]
 fn q_16_drain_while_waiting() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "drain", SenderSettleMode::Unsettled);
         p.frame(0, &peer::attach_receiver("rx", 1, "queues/drain"), &[]);
         p.frame(0, &link_flow(1, 0, 5, false), &[]);
         eventually("a Get waits on the empty queue", || {
-            c.store.waiting_gets() > 0
+            c.store().waiting_gets() > 0
         });
         p.frame(0, &link_flow(1, 0, 5, true), &[]);
         let got = p.read_until(
@@ -369,7 +372,7 @@ fn q_16_drain_while_waiting() {
 /// none of the settled DISPOSITIONs with one of its own.
 #[test]
 fn q_20_to_27_outcomes() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "out", SenderSettleMode::Unsettled);
         for i in 0..6u32 {
@@ -433,7 +436,10 @@ fn q_20_to_27_outcomes() {
             vec![1, 1, 1],
             "released, modified and unknown come back once each with delivery-count 1"
         );
-        assert_eq!(c.store.ready_count("out") + c.store.locked_count("out"), 3);
+        assert_eq!(
+            c.store().ready_count("out") + c.store().locked_count("out"),
+            3
+        );
     });
 }
 
@@ -441,7 +447,7 @@ fn q_20_to_27_outcomes() {
 /// the queue at send time.
 #[test]
 fn q_30_presettled_consume() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "atmost", SenderSettleMode::Unsettled);
         produce(&mut p, 0, 0, &data(b"once"));
@@ -449,10 +455,10 @@ fn q_30_presettled_consume() {
         assert_eq!(got.len(), 1);
         assert!(got[0].1, "sent settled");
         eventually("the pre-settled delivery is acked", || {
-            c.store.ready_count("atmost") + c.store.locked_count("atmost") == 0
+            c.store().ready_count("atmost") + c.store().locked_count("atmost") == 0
         });
         assert_eq!(
-            c.store.ready_count("atmost") + c.store.locked_count("atmost"),
+            c.store().ready_count("atmost") + c.store().locked_count("atmost"),
             0
         );
     });
@@ -522,7 +528,7 @@ fn q_8_produce_credit_window() {
         max_unsettled_per_link: 4,
         ..Settings::default()
     };
-    TestConnector::each_backend(settings, |c| {
+    TestConnector::each_store_backend(settings, |c| {
         let mut p = session(c);
         p.frame(0, &peer::attach_sender("tx", 0, "queues/credit"), &[]);
         let credit_of = |got: &[Received]| {
@@ -554,7 +560,7 @@ fn q_8_produce_credit_window() {
             Some((Some(3), Some(4))),
             "credit 1 < half of 4: restored to the full window"
         );
-        eventually("all three stored", || c.store.ready_count("credit") == 3);
+        eventually("all three stored", || c.store().ready_count("credit") == 3);
     });
 }
 
@@ -678,7 +684,7 @@ fn with_to(to: Option<&str>, body: &[u8]) -> Vec<u8> {
 /// pre-settled unroutable message is dropped without a disposition.
 #[test]
 fn addr_13_anonymous_terminus() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         let mut a = peer::attach_sender("anon", 0, "unused");
         a.target = None;
@@ -723,7 +729,10 @@ fn addr_13_anonymous_terminus() {
             "the link stays"
         );
         assert_eq!(
-            (c.store.ready_count("anon-a"), c.store.ready_count("anon-b")),
+            (
+                c.store().ready_count("anon-a"),
+                c.store().ready_count("anon-b")
+            ),
             (2, 1)
         );
     });
@@ -733,7 +742,7 @@ fn addr_13_anonymous_terminus() {
 /// pattern all bind to the same KubeMQ queue `<ch>`.
 #[test]
 fn q_1_address_forms_bind_one_queue() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         for (h, addr) in [(0u32, "queues/same"), (1, "/queues/same"), (2, "same")] {
             let a = peer::attach_sender(&format!("tx{h}"), h, addr);
@@ -745,7 +754,7 @@ fn q_1_address_forms_bind_one_queue() {
                 "{addr}"
             );
         }
-        assert_eq!(c.store.ready_count("same"), 3);
+        assert_eq!(c.store().ready_count("same"), 3);
     });
 }
 
@@ -817,7 +826,7 @@ fn flow_5_drain_gets_ready_messages() {
 /// no consumer ever rejected it.
 #[test]
 fn q_26_release_limit_dead_letters() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let msg = connector::kubemq::QueueMessage {
             client_id: "grpc-producer".into(),
             channel: "poison".into(),
@@ -829,7 +838,7 @@ fn q_26_release_limit_dead_letters() {
             }),
             ..Default::default()
         };
-        let r = interop_tests::runtime().block_on(c.store.send(vec![msg]));
+        let r = interop_tests::runtime().block_on(c.store().send(vec![msg]));
         assert!(!r[0].is_error);
         let mut p = session(c);
         p.frame(0, &peer::attach_receiver("rx", 1, "queues/poison"), &[]);
@@ -852,14 +861,14 @@ fn q_26_release_limit_dead_letters() {
             );
         }
         eventually("the second release dead-letters it", || {
-            c.store.ready_count("poison-dlq") == 1
+            c.store().ready_count("poison-dlq") == 1
         });
         assert_eq!(
-            c.store.ready_count("poison") + c.store.locked_count("poison"),
+            c.store().ready_count("poison") + c.store().locked_count("poison"),
             0
         );
         assert_eq!(
-            c.store.ready_count("poison-dlq"),
+            c.store().ready_count("poison-dlq"),
             1,
             "moved to the dead-letter queue by the broker's policy"
         );
@@ -1184,7 +1193,7 @@ fn q_39_metrics() {
 /// link's delivery-count by one; nothing is fetched for, or sent beyond, the credit granted.
 #[test]
 fn q_14_one_delivery_per_message() {
-    TestConnector::each_backend(Settings::default(), |c| {
+    TestConnector::each_store_backend(Settings::default(), |c| {
         let mut p = session(c);
         producer(&mut p, "tx", 0, "one", SenderSettleMode::Unsettled);
         for i in 0..5u32 {
@@ -1193,11 +1202,11 @@ fn q_14_one_delivery_per_message() {
         let got = consume(&mut p, "rx", 1, "one", 3, SenderSettleMode::Unsettled, 3);
         assert_eq!(got.len(), 3, "credit 3: three deliveries");
         assert_eq!(
-            c.store.locked_count("one"),
+            c.store().locked_count("one"),
             3,
             "nothing fetched beyond credit"
         );
-        assert_eq!(c.store.ready_count("one"), 2);
+        assert_eq!(c.store().ready_count("one"), 2);
         let mut echo = link_flow(1, 0, 3, false);
         echo.echo = true;
         p.frame(0, &echo, &[]);

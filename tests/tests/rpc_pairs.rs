@@ -368,7 +368,7 @@ fn rpc_15_requester_and_responder_on_different_connectors() {
     interop_tests::runtime().block_on(foreign_dynamic_node(&a.url(), &b.url()));
 
     let home = TestConnector::start(Settings::default());
-    let served = interop_tests::TestFacade::serve_store(home.store.clone());
+    let served = interop_tests::TestFacade::serve_store(home.store().clone());
     let remote = TestConnector::start_over_facade(Settings::default(), &served);
     across(&home, &remote);
     across(&remote, &home);

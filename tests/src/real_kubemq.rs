@@ -1,0 +1,205 @@
+//! The real KubeMQ server as a test backend, where its binary exists on this machine.
+//!
+//! The suite never builds KubeMQ (its source is not served by the Go module proxy); it runs the
+//! binary named by `KUBEMQ_BINARY`, else `$HOME/.cache/kubemq-amqp/kubemq-community` when that
+//! file exists, and otherwise the tier is not run. Each server gets its own scratch folder and
+//! loopback ports, and is stopped by process group when the test is done or its process ends.
+//!
+//! KubeMQ binds every interface and reports usage to an outside host. `tests/run.sh` runs the
+//! suite in a network namespace that has nothing but `lo` when it can (as root); wherever the
+//! suite runs, the server's HTTPS proxy is a closed loopback port, so its report cannot leave.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The KubeMQ binary the tier runs, if there is one.
+pub fn binary() -> Option<PathBuf> {
+    named_or_cached("KUBEMQ_BINARY", "kubemq-community")
+}
+
+/// The burn-in harness binary (`BURNIN_BINARY`, else `$HOME/.cache/kubemq-amqp/burnin`), if
+/// there is one.
+pub fn burnin_binary() -> Option<PathBuf> {
+    named_or_cached("BURNIN_BINARY", "burnin")
+}
+
+fn named_or_cached(var: &str, file: &str) -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "{var} names {}, which is not a file",
+            p.display()
+        );
+        return Some(p);
+    }
+    let cached = PathBuf::from(std::env::var_os("HOME")?)
+        .join(".cache/kubemq-amqp")
+        .join(file);
+    cached.is_file().then_some(cached)
+}
+
+/// Whether this process's network namespace has no interface but `lo`.
+pub fn loopback_only() -> bool {
+    std::fs::read_dir("/sys/class/net")
+        .map(|d| d.flatten().all(|e| e.file_name() == "lo"))
+        .unwrap_or(false)
+}
+
+/// Notes that the running test used `what` (a real KubeMQ, the burn-in harness), for the count
+/// `tests/run.sh` prints.
+pub fn record_use(what: &str) {
+    let Some(dir) = std::env::var_os("KUBEMQ_AMQP_TEST_LOGS") else {
+        return;
+    };
+    let _ = std::fs::create_dir_all(&dir);
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed")
+        .to_string();
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
+        .unwrap_or_default();
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(PathBuf::from(dir).join(format!("{what}-tests.txt")))
+    {
+        let _ = writeln!(f, "{bin}::{test}");
+    }
+}
+
+/// A KubeMQ server started for a test, on loopback ports of its own.
+pub struct RealKubemq {
+    /// Its gRPC address (`host:port`).
+    pub grpc: SocketAddr,
+    /// Its REST address.
+    pub rest: SocketAddr,
+    binary: PathBuf,
+    group: Child,
+    dir: tempfile::TempDir,
+}
+
+/// A killed server's folder and gRPC port.
+pub struct KilledKubemq {
+    binary: PathBuf,
+    grpc: SocketAddr,
+    dir: tempfile::TempDir,
+}
+
+impl KilledKubemq {
+    /// Starts the server again on the same folder and gRPC port, as a restarted broker.
+    pub fn start_again(self) -> RealKubemq {
+        RealKubemq::start_in(&self.binary, self.dir, Some(self.grpc))
+    }
+}
+
+impl RealKubemq {
+    /// Starts the server from `binary` and waits until its gRPC port answers.
+    pub fn start(binary: &std::path::Path) -> RealKubemq {
+        let dir = tempfile::tempdir().expect("scratch folder");
+        Self::start_in(binary, dir, None)
+    }
+
+    fn start_in(
+        binary: &std::path::Path,
+        dir: tempfile::TempDir,
+        grpc: Option<SocketAddr>,
+    ) -> RealKubemq {
+        let grpc = grpc.unwrap_or_else(|| loopback(testkit::free_port()));
+        let rest = loopback(testkit::free_port());
+        let api = testkit::free_port();
+        // A port nobody listens on: the usage report's HTTPS proxy, so the report fails at once.
+        let closed = testkit::free_port();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.path().join("kubemq.log"))
+            .expect("log file");
+        // `setsid` makes the shell the leader of a new process group; the shell waits for its
+        // standard input to close (the test dropping it, or the test process ending) and then
+        // kills the whole group, so no server outlives the test binary.
+        let group = Command::new("setsid")
+            .arg("sh")
+            .arg("-c")
+            .arg(r#""$0" server & cat >/dev/null; kill -KILL 0"#)
+            .arg(binary)
+            .current_dir(dir.path())
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env("GRPC_PORT", grpc.port().to_string())
+            .env("REST_PORT", rest.port().to_string())
+            .env("API_PORT", api.to_string())
+            .env("STORE_STORE_PATH", "./store")
+            .env("HTTPS_PROXY", format!("http://127.0.0.1:{closed}"))
+            .env("HTTP_PROXY", format!("http://127.0.0.1:{closed}"))
+            .env_remove("NO_PROXY")
+            .env_remove("no_proxy")
+            .stdin(Stdio::piped())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("setsid and sh start KubeMQ");
+        let server = RealKubemq {
+            grpc,
+            rest,
+            binary: binary.to_path_buf(),
+            group,
+            dir,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect_timeout(&self.grpc, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "KubeMQ did not listen on {} within 30 s:\n{}",
+                self.grpc,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// What the server has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("kubemq.log")).unwrap_or_default()
+    }
+
+    /// Kills the server's process group, as a crash would, and waits for it; what it stored
+    /// stays for [`KilledKubemq::start_again`].
+    pub fn kill(mut self) -> KilledKubemq {
+        self.stop_group();
+        let placeholder = tempfile::tempdir().expect("scratch folder");
+        KilledKubemq {
+            binary: self.binary.clone(),
+            grpc: self.grpc,
+            dir: std::mem::replace(&mut self.dir, placeholder),
+        }
+    }
+
+    fn stop_group(&mut self) {
+        let pid = self.group.id().to_string();
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{pid}")])
+            .status();
+        drop(self.group.stdin.take());
+        let _ = self.group.wait();
+    }
+}
+
+impl Drop for RealKubemq {
+    fn drop(&mut self) {
+        self.stop_group();
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}

@@ -1,0 +1,95 @@
+//! KubeMQ's own burn-in harness for its AMQP 1.0 connector (`kubemq-amqp-1-0`, module
+//! `burnin`), unchanged, against this connector on every backend at once: all six workers
+//! (queues, events, events-store, commands, queries, credit flow) with the configuration
+//! published beside the harness (`burnin-config-run.yaml`), for three minutes, must print
+//! PASSED. The harness is not built by the suite (its module is not served by the Go module
+//! proxy): it runs where `BURNIN_BINARY` or `$HOME/.cache/kubemq-amqp/burnin` exists, with its
+//! configuration file beside it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use connector::config::Settings;
+use interop_tests::real_kubemq;
+use interop_tests::TestConnector;
+
+/// How long each run lasts.
+const DURATION: &str = "3m";
+
+#[test]
+fn the_burn_in_harness_passes_on_every_backend() {
+    let Some(binary) = real_kubemq::burnin_binary() else {
+        eprintln!("burn-in harness: not found, not run");
+        return;
+    };
+    real_kubemq::record_use("burnin");
+    let template = binary.with_file_name("burnin-config-run.yaml");
+    let connectors = TestConnector::on_every_backend(Settings::default());
+    let runs: Vec<_> = connectors
+        .iter()
+        .map(|c| {
+            let dir = tempfile::tempdir().unwrap();
+            let config = config_for(&template, dir.path());
+            let child = Command::new(&binary)
+                .arg("-run")
+                .arg("-config")
+                .arg(&config)
+                .env("KUBEMQ_BROKER_ADDRESS", c.addr.to_string())
+                .stdout(std::fs::File::create(dir.path().join("out.txt")).unwrap())
+                .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
+                .spawn()
+                .expect("the burn-in harness starts");
+            (c, dir, child)
+        })
+        .collect();
+    let mut failed = Vec::new();
+    for (c, dir, mut child) in runs {
+        let status = child.wait().unwrap();
+        let out = std::fs::read_to_string(dir.path().join("out.txt")).unwrap_or_default();
+        let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();
+        let verdict = out
+            .lines()
+            .chain(err.lines())
+            .find(|l| l.contains("PASSED") || l.contains("FAILED"))
+            .unwrap_or("no verdict")
+            .to_string();
+        eprintln!(
+            "burn-in on the {} backend: {verdict} ({status})",
+            c.backend()
+        );
+        if !status.success() || !out.contains("PASSED") {
+            failed.push(format!(
+                "{} backend: {status}\n{out}\n{}",
+                c.backend(),
+                tail(&err, 60)
+            ));
+            if let Some(k) = c.real_kubemq() {
+                failed.push(format!("KubeMQ's log:\n{}", tail(&k.log(), 60)));
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+}
+
+/// The published configuration with this run's duration, a free metrics port and a report
+/// file in `dir`.
+fn config_for(template: &Path, dir: &Path) -> PathBuf {
+    let text = std::fs::read_to_string(template)
+        .unwrap_or_else(|e| panic!("{} must sit beside the harness: {e}", template.display()));
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    config["duration"] = DURATION.into();
+    config["metrics"]["port"] = u64::from(testkit::free_port()).into();
+    config["output"]["report_file"] = dir
+        .join("report.json")
+        .to_string_lossy()
+        .into_owned()
+        .into();
+    let path = dir.join("burnin-config.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    path
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
