@@ -35,6 +35,10 @@ struct Args {
     /// Connector URL.
     #[arg(long, default_value = "amqp://127.0.0.1:5672")]
     url: String,
+    /// Consumers connect here instead (fe2o3 client), in turn when given more than once: several
+    /// connector replicas in front of one broker.
+    #[arg(long = "consumer-url")]
+    consumer_urls: Vec<String>,
     /// Node address.
     #[arg(long, default_value = "queues/amqp-bench")]
     address: String,
@@ -59,6 +63,10 @@ struct Args {
     /// Credit window of each consumer.
     #[arg(long, default_value_t = 100)]
     credit: u32,
+    /// Each consumer settles this many deliveries at a time (fe2o3 client; 0 = half the credit
+    /// window). 1 is what most clients do by default: accept each message as it is processed.
+    #[arg(long, default_value_t = 0)]
+    settle_every: u32,
     /// Messages per second in all (0 = as fast as possible); use it to measure latency.
     #[arg(long, default_value_t = 0)]
     rate: u64,
@@ -312,7 +320,11 @@ async fn consume_amqp(
     seen: Arc<Mutex<Seen>>,
     mut stop: Stop,
 ) -> Result<(), String> {
-    let mut conn = connect(&args.url, format!("amqp-bench-consumer-{who}")).await?;
+    let url = match args.consumer_urls.len() {
+        0 => &args.url,
+        n => &args.consumer_urls[who % n],
+    };
+    let mut conn = connect(url, format!("amqp-bench-consumer-{who}")).await?;
     let mut session = Session::begin(&mut conn).await.map_err(|e| e.to_string())?;
     let mut receiver = Receiver::builder()
         .name(format!("consumer-{who}"))
@@ -322,10 +334,13 @@ async fn consume_amqp(
         .attach(&mut session)
         .await
         .map_err(|e| e.to_string())?;
-    // Settled in batches of half the credit window, with ranged dispositions where the ids are
+    // Settled in batches (half the credit window unless told), with ranged dispositions where the ids are
     // consecutive (the direct gRPC consumer acks a Get's messages with one AckRange: this is the
     // AMQP form of the same load). fe2o3 grants new credit once half the window is settled.
-    let settle_every = (args.credit / 2).max(1) as usize;
+    let settle_every = match args.settle_every {
+        0 => (args.credit / 2).max(1),
+        n => n,
+    } as usize;
     let mut batch = Vec::with_capacity(settle_every);
     loop {
         let d = tokio::select! {

@@ -46,6 +46,11 @@ const MAX_BATCH: usize = 1000;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest retry delay.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// How long a queue send that reached KubeMQ waits for its answer. KubeMQ v2.4 answers every
+/// send once its broker acknowledged the message or gave up after its publish-ack wait (60 s by
+/// default, `Queue.PubAckWaitSeconds`), so its own answer — stored, or refused — comes first;
+/// only a send still unanswered after this is of unknown outcome.
+const SEND_ANSWER_WAIT: Duration = Duration::from_secs(65);
 /// How long a subscription waits for KubeMQ's answer before it is taken as open: KubeMQ
 /// (grpc-go) may send a server stream's headers only with its first event, and a refusal
 /// comes at once.
@@ -285,7 +290,7 @@ impl Batcher {
                     }
                 }
                 Ok(results) => {
-                    let e = BackendError::Unavailable(format!(
+                    let e = BackendError::Unknown(format!(
                         "KubeMQ returned {} results for {total} messages",
                         results.len(),
                     ));
@@ -316,14 +321,15 @@ impl Batcher {
         let request_id = request.request_id.clone();
         loop {
             let Some((tx, _)) = self.stream.as_mut() else {
-                match tokio::time::timeout_at(deadline, self.open(&request)).await {
+                let taken = Arc::new(AtomicBool::new(false));
+                match tokio::time::timeout_at(deadline, self.open(&request, &taken)).await {
                     Ok(Ok(s)) => {
                         self.stream = Some(s);
-                        return self.reply(deadline, &request_id).await;
+                        return self.reply(&request_id).await;
                     }
                     Ok(Err(OpenFailure::LostWithRequest(s))) => {
-                        return Err(BackendError::Unavailable(format!(
-                            "upstream stream lost: {}",
+                        return Err(BackendError::Unknown(format!(
+                            "upstream stream lost after the send left: {}",
                             s.message()
                         )))
                     }
@@ -338,6 +344,12 @@ impl Batcher {
                         return Err(unavailable(&s))
                     }
                     Ok(Err(OpenFailure::NotSent(s))) => return Err(refused(&s)),
+                    // The call may have taken the request before the deadline cut it.
+                    Err(_) if taken.load(Ordering::Acquire) => {
+                        return Err(BackendError::Unknown(
+                            "upstream stream did not open in time after the send left".into(),
+                        ))
+                    }
                     Err(_) => return Err(deadline_exceeded()),
                 }
             };
@@ -347,20 +359,21 @@ impl Batcher {
                 self.stream = None;
                 continue;
             }
-            return self.reply(deadline, &request_id).await;
+            return self.reply(&request_id).await;
         }
     }
 
-    /// The reply to the one request in flight on the open stream.
+    /// The reply to the one request in flight on the open stream: KubeMQ's own answer, which
+    /// comes within its publish-ack wait ([`SEND_ANSWER_WAIT`]); a stream lost meanwhile, or no
+    /// answer by then, leaves the outcome unknown.
     async fn reply(
         &mut self,
-        deadline: tokio::time::Instant,
         request_id: &str,
     ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
         let Some((_, rx)) = self.stream.as_mut() else {
-            return Err(BackendError::Unavailable("upstream stream lost".into()));
+            return Err(BackendError::Unknown("upstream stream lost".into()));
         };
-        let reply = tokio::time::timeout_at(deadline, rx.next()).await;
+        let reply = tokio::time::timeout(SEND_ANSWER_WAIT, rx.next()).await;
         if !matches!(&reply, Ok(Some(Ok(r))) if r.ref_request_id == request_id) {
             self.stream = None;
         }
@@ -375,13 +388,16 @@ impl Batcher {
             Ok(Some(Ok(r))) => {
                 // Only one request is in flight: anything else is a stale reply.
                 tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
-                Err(BackendError::Unavailable(
-                    "upstream reply out of order".into(),
-                ))
+                Err(BackendError::Unknown("upstream reply out of order".into()))
             }
             // The stream broke before replying: the request may or may not be stored.
-            Ok(_) => Err(BackendError::Unavailable("upstream stream lost".into())),
-            Err(_) => Err(deadline_exceeded()),
+            Ok(_) => Err(BackendError::Unknown(
+                "upstream stream lost before KubeMQ answered".into(),
+            )),
+            Err(_) => Err(BackendError::Unknown(format!(
+                "KubeMQ did not answer the send within {} s",
+                SEND_ANSWER_WAIT.as_secs()
+            ))),
         }
     }
 
@@ -391,6 +407,7 @@ impl Batcher {
     async fn open(
         &self,
         first: &QueuesUpstreamRequest,
+        taken: &Arc<AtomicBool>,
     ) -> Result<
         (
             mpsc::Sender<QueuesUpstreamRequest>,
@@ -402,7 +419,7 @@ impl Batcher {
         // A fresh channel has room. The copy (made only when a stream opens) stays with the
         // caller for a retry if the open fails before the request left.
         let _ = tx.try_send(first.clone());
-        let (requests, taken) = tracked(rx);
+        let requests = tracked(rx, taken.clone());
         let mut client = self.shared.client.clone();
         match client.queues_upstream(self.shared.request(requests)).await {
             Ok(resp) => Ok((tx, resp.into_inner())),
@@ -418,20 +435,15 @@ impl Batcher {
 /// before that never reached KubeMQ and can be made again as it is.
 fn tracked<T>(
     rx: mpsc::Receiver<T>,
-) -> (
-    impl tokio_stream::Stream<Item = T> + Send + 'static,
-    Arc<AtomicBool>,
-)
+    taken: Arc<AtomicBool>,
+) -> impl tokio_stream::Stream<Item = T> + Send + 'static
 where
     T: Send + 'static,
 {
-    let taken = Arc::new(AtomicBool::new(false));
-    let flag = taken.clone();
-    let stream = ReceiverStream::new(rx).map(move |r| {
-        flag.store(true, Ordering::Release);
+    ReceiverStream::new(rx).map(move |r| {
+        taken.store(true, Ordering::Release);
         r
-    });
-    (stream, taken)
+    })
 }
 
 fn deadline_exceeded() -> BackendError {
@@ -549,7 +561,8 @@ impl GrpcDownstream {
             let _ = tx.try_send(first.clone());
             let lost = Arc::new(AtomicBool::new(false));
             let (opened_tx, opened) = oneshot::channel();
-            let (requests, taken) = tracked(rx);
+            let taken = Arc::new(AtomicBool::new(false));
+            let requests = tracked(rx, taken.clone());
             let mut client = self.shared.client.clone();
             let request = self.shared.request(requests);
             let reader = tokio::spawn(read_replies(
@@ -711,6 +724,14 @@ impl Backend for KubemqGrpc {
         // A real KubeMQ v2.4 does; the store's façade, also reached this way, has the same
         // settlements either way.
         true
+    }
+
+    fn stored_hint(&self, channel: &str) -> u64 {
+        self.ready.stored(channel)
+    }
+
+    fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        Some(self.ready.changes())
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {

@@ -37,6 +37,10 @@ pub enum BackendError {
     /// KubeMQ could not be reached, the stream was lost, or a deadline passed: transient.
     #[error("backend unavailable: {0}")]
     Unavailable(String),
+    /// The request may have reached KubeMQ and no answer came (the stream was lost after it
+    /// left, or KubeMQ did not answer in time): whether it took effect is not known.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
     /// KubeMQ refused the operation; the text is KubeMQ's (e.g. `Error 120: ...`).
     #[error("{0}")]
     Rejected(String),
@@ -151,6 +155,20 @@ pub trait Backend: Send + Sync + 'static {
     /// Lets a Get ask for what is there instead of waiting for a batch that cannot fill.
     fn ready_hint(&self, _channel: &str) -> ReadyHint {
         ReadyHint::Unknown
+    }
+
+    /// Messages of `channel` known to be stored and not fetched yet (sent through this process
+    /// and confirmed, or given back): a Get for at most that many returns at once. 0 when the
+    /// backend cannot tell.
+    fn stored_hint(&self, _channel: &str) -> u64 {
+        0
+    }
+
+    /// A signal that changes whenever some channel's [`Backend::ready_hint`] or
+    /// [`Backend::stored_hint`] may have risen (a send left or was confirmed, messages were
+    /// given back); `None` for a backend whose hints never rise that way.
+    fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
     }
 }
 

@@ -52,6 +52,7 @@ impl Sending {
                 c.ready += stored as i64;
             });
         }
+        self.estimate.rose.send_replace(());
     }
 }
 
@@ -64,9 +65,21 @@ impl Drop for Sending {
 }
 
 /// Per-channel counts of this process's sends and fetches.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ReadyEstimate {
     channels: Mutex<HashMap<String, Count>>,
+    /// Touched whenever a count may have risen, for Get loops holding a Get back until
+    /// messages are ready.
+    rose: tokio::sync::watch::Sender<()>,
+}
+
+impl Default for ReadyEstimate {
+    fn default() -> Self {
+        ReadyEstimate {
+            channels: Mutex::default(),
+            rose: tokio::sync::watch::Sender::new(()),
+        }
+    }
 }
 
 impl ReadyEstimate {
@@ -108,6 +121,7 @@ impl ReadyEstimate {
         for (channel, n) in &runs {
             self.with(channel, |c| c.unconfirmed += *n as i64);
         }
+        self.rose.send_replace(());
         Sending {
             estimate: self.clone(),
             runs,
@@ -129,6 +143,20 @@ impl ReadyEstimate {
     /// to be captured by its transaction on a real KubeMQ (KMQ-2).
     pub fn returned(&self, channel: &str, count: usize) {
         self.with(channel, |c| c.ready += count as i64);
+        self.rose.send_replace(());
+    }
+
+    /// Messages of `channel` confirmed stored (or given back) and not fetched since: a Get for
+    /// that many finds them all.
+    pub fn stored(&self, channel: &str) -> u64 {
+        let map = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(channel)
+            .map_or(0, |c| u64::try_from(c.ready).unwrap_or(0))
+    }
+
+    /// A signal that changes whenever a count may have risen.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.rose.subscribe()
     }
 
     /// Messages of `channel` probably ready now or within a send's time; `None` when other

@@ -10,7 +10,7 @@ pub mod queues;
 pub mod rpc;
 pub mod selector;
 
-use fe2o3_amqp_types::messaging::{DeliveryState, Rejected};
+use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, Released};
 
 use crate::backend::BackendError;
 use crate::engine::{AmqpError, Condition, Connection, Delivery, LinkId, LinkLabel};
@@ -23,12 +23,14 @@ pub(crate) fn rejected(condition: Condition, text: impl Into<String>) -> Deliver
     })
 }
 
-/// ERR-9 for a message the backend did not take (an event send, a response).
+/// ERR-9 for a message the backend did not take (an event send, a response); a message whose
+/// fate is not known is `released` (ERR-10), never `rejected`.
 pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
     match e {
         BackendError::Unavailable(t) => {
             rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
         }
+        BackendError::Unknown(_) => DeliveryState::Released(Released {}),
         // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
         BackendError::Rejected(t) if t.starts_with("Error 1") => {
             rejected(Condition::InvalidField, t.clone())
@@ -44,7 +46,7 @@ pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
 pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
     match e {
         BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-        BackendError::Unavailable(t) => {
+        BackendError::Unavailable(t) | BackendError::Unknown(t) => {
             AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
         }
         BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
+use super::get_gate::{GetGate, Moment};
 use super::refill_wait::RefillWait;
 use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
 use crate::engine::{Credential, FastMap};
@@ -252,12 +253,13 @@ struct Fetcher<B: Backend> {
     key: LoopKey,
     /// The wait for the consumers' credit after a large Get.
     refill_wait: Option<RefillWait>,
+    /// Holds back a Get that would wait while transactions are open.
+    gate: GetGate,
 }
 
 impl<B: Backend> Fetcher<B> {
     fn new(backend: Arc<B>, key: LoopKey, limits: FetchLimits, registry: Registry) -> Self {
         Fetcher {
-            backend,
             key,
             limits,
             consumers: FastMap::default(),
@@ -271,6 +273,8 @@ impl<B: Backend> Fetcher<B> {
             batch: 1,
             registry,
             refill_wait: None,
+            gate: GetGate::new(backend.ready_changes()),
+            backend,
         }
     }
 
@@ -327,6 +331,25 @@ impl<B: Backend> Fetcher<B> {
                 }
                 self.refill_wait = None;
             }
+            // A Get that would wait is held back while transactions are open (get_gate.rs).
+            let at = Moment {
+                captures: self.backend.captures(),
+                open: !self.txns.is_empty(),
+                draining: self.consumers.values().any(|c| c.draining),
+            };
+            let (backend, channel) = (&self.backend, &self.key.channel);
+            let held = self.gate.hold(at, || backend.stored_hint(channel) > 0);
+            if let Some(until) = held {
+                tokio::select! {
+                    cmd = rx.recv() => match cmd {
+                        Some(cmd) => self.apply(cmd),
+                        None => return,
+                    },
+                    _ = self.gate.ready_rose() => {}
+                    _ = tokio::time::sleep_until(until) => {}
+                }
+                continue;
+            }
             let (sid, mut d) = match self.lend_session() {
                 Some(lent) => lent,
                 None => match self.backend.open_downstream().await {
@@ -349,7 +372,13 @@ impl<B: Backend> Fetcher<B> {
                     }
                 },
             };
-            let want = self.get_size(demand);
+            let mut want = self.get_size(demand);
+            let stored = self.backend.stored_hint(&self.key.channel);
+            if at.captures && at.open && stored > 0 {
+                // Beside open transactions, a Get asks only for what is stored, so that it
+                // cannot wait (get_gate.rs).
+                want = want.min(u32::try_from(stored).unwrap_or(u32::MAX));
+            }
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (KMQ-5).
             let channel = self.key.channel.clone();
@@ -565,6 +594,17 @@ impl<B: Backend> Fetcher<B> {
             }
             None => false,
         };
+        // On KubeMQ a message can join a transaction after its Get was answered (one that
+        // arrives as the Get times out, KMQ-18): the loop never saw it, so settling what it saw
+        // leaves the transaction open, and that message hidden, for as long as the session
+        // lives. Closing the transaction gives such a message back; for one already closed it
+        // does nothing.
+        if done && o != Outcome::Close && self.backend.captures() {
+            if let Err(e) = d.close(t).await {
+                tracing::warn!(transaction = %t, error = %e, "closing a settled transaction failed; KubeMQ returns what it held when the session ends");
+                lost.push(sid);
+            }
+        }
         if done {
             self.txns.remove(t);
             slot.open = slot.open.saturating_sub(1);
@@ -945,12 +985,36 @@ mod tests {
         );
     }
 
-    /// The embedded backend, with the ready hint chosen by the test (if any) and each Get's
-    /// MaxItems recorded.
+    /// The embedded backend, with the ready hint chosen by the test (if any), each Get's
+    /// MaxItems recorded with when it was issued, and every settlement request recorded; as a
+    /// KubeMQ when `kubemq` is set (it captures, and its count of stored messages is the test's).
     struct Watched {
         inner: Embedded,
         hint: Option<ReadyHint>,
         gets: Arc<std::sync::Mutex<Vec<i32>>>,
+        log: Log,
+        kubemq: Option<StoredCount>,
+    }
+
+    /// What a [`Watched`] backend saw, in order.
+    type Log = Arc<std::sync::Mutex<Vec<Seen>>>;
+
+    #[derive(Debug, Clone, PartialEq)]
+    enum Seen {
+        Get {
+            max_items: i32,
+            at: tokio::time::Instant,
+        },
+        Settle {
+            op: i32,
+            transaction: String,
+        },
+    }
+
+    /// The messages a KubeMQ-like [`Watched`] counts as stored, and the signal that it rose.
+    struct StoredCount {
+        n: Arc<std::sync::atomic::AtomicU64>,
+        rose: tokio::sync::watch::Sender<()>,
     }
 
     impl Watched {
@@ -959,11 +1023,27 @@ mod tests {
                 inner: Embedded::new(store),
                 hint,
                 gets: Arc::default(),
+                log: Arc::default(),
+                kubemq: None,
             }
+        }
+
+        fn like_kubemq(store: Arc<Store>) -> Watched {
+            Watched {
+                kubemq: Some(StoredCount {
+                    n: Arc::default(),
+                    rose: tokio::sync::watch::Sender::new(()),
+                }),
+                ..Watched::new(store, None)
+            }
+        }
+
+        fn seen(&self) -> Vec<Seen> {
+            self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
     }
 
-    struct RecordedGets<D>(D, Arc<std::sync::Mutex<Vec<i32>>>);
+    struct RecordedGets<D>(D, Arc<std::sync::Mutex<Vec<i32>>>, Log);
 
     impl<D: Downstream> Downstream for RecordedGets<D> {
         async fn get(
@@ -977,6 +1057,13 @@ mod tests {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(max_items);
+            self.2
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Seen::Get {
+                    max_items,
+                    at: tokio::time::Instant::now(),
+                });
             self.0.get(channel, client_id, max_items, wait_ms).await
         }
 
@@ -984,6 +1071,13 @@ mod tests {
             &mut self,
             request: crate::kubemq::QueuesDownstreamRequest,
         ) -> Result<(), BackendError> {
+            self.2
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Seen::Settle {
+                    op: request.request_type_data,
+                    transaction: request.ref_transaction_id.clone(),
+                });
             self.0.settle(request).await
         }
     }
@@ -1033,7 +1127,7 @@ mod tests {
 
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
-            Ok(RecordedGets(d, self.gets.clone()))
+            Ok(RecordedGets(d, self.gets.clone(), self.log.clone()))
         }
 
         async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
@@ -1045,8 +1139,171 @@ mod tests {
         }
 
         fn ready_hint(&self, channel: &str) -> ReadyHint {
-            self.hint.unwrap_or_else(|| self.inner.ready_hint(channel))
+            match &self.kubemq {
+                Some(_) => ReadyHint::Unknown,
+                None => self.hint.unwrap_or_else(|| self.inner.ready_hint(channel)),
+            }
         }
+
+        fn captures(&self) -> bool {
+            self.kubemq.is_some()
+        }
+
+        fn stored_hint(&self, _channel: &str) -> u64 {
+            self.kubemq
+                .as_ref()
+                .map_or(0, |k| k.n.load(std::sync::atomic::Ordering::SeqCst))
+        }
+
+        fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+            self.kubemq.as_ref().map(|k| k.rose.subscribe())
+        }
+    }
+
+    /// KMQ-17, as the Get gate decides (get_gate.rs): on a backend that captures, with a
+    /// transaction open and nothing known to be stored, the next Get waits until the
+    /// consumer settled or OVERLAP_WAIT passed — never at once, as it did before the gate; once
+    /// messages are known to be stored it goes at once and asks for just those.
+    #[tokio::test]
+    async fn a_get_that_would_wait_is_held_back_while_a_transaction_is_open() {
+        use super::super::get_gate::OVERLAP_WAIT;
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        assert!(!store.send(vec![message("gate")]).await[0].is_error);
+        let backend = Arc::new(Watched::like_kubemq(store.clone()));
+        let registry: Registry = Arc::default();
+        let limits = FetchLimits {
+            max_batch: 10,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_secs(60),
+        };
+        let (to, mut from) = mpsc::unbounded_channel();
+        let tx = join(
+            &registry,
+            &backend,
+            LoopKey::shared("gate"),
+            limits,
+            (1, 1),
+            to,
+        );
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: (1, 1),
+            credit: 10,
+            taken: 0,
+        }));
+        let first = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
+            .await
+            .expect("the first message");
+        let handed_at = tokio::time::Instant::now();
+        assert!(matches!(first, Some(ToConsumer::Messages(hs)) if hs.len() == 1));
+        // The consumer holds its message: the next Get waits for the hold's limit.
+        let gets = || {
+            backend
+                .seen()
+                .into_iter()
+                .filter_map(|s| match s {
+                    Seen::Get { max_items, at } => Some((max_items, at)),
+                    Seen::Settle { .. } => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        tokio::time::sleep(OVERLAP_WAIT * 4).await;
+        let after_hold = gets();
+        assert!(
+            after_hold.len() >= 2,
+            "a Get after the hold: {after_hold:?}"
+        );
+        let (_, second_at) = after_hold[1];
+        assert!(
+            second_at >= handed_at + OVERLAP_WAIT - std::time::Duration::from_millis(1),
+            "the second Get was held back: {:?} after the hand-out",
+            second_at - handed_at
+        );
+        // That Get (for one) is waiting; two messages are sent and counted as stored: they come.
+        let batch = vec![message("gate"), message("gate")];
+        assert!(store.send(batch).await.iter().all(|r| !r.is_error));
+        let stored = backend.kubemq.as_ref().expect("like KubeMQ");
+        stored.n.store(2, std::sync::atomic::Ordering::SeqCst);
+        stored.rose.send_replace(());
+        let mut got = 0;
+        while got < 2 {
+            match tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await {
+                Ok(Some(ToConsumer::Messages(hs))) => got += hs.len(),
+                other => panic!("the stored messages come: {other:?}"),
+            }
+        }
+        assert!(
+            gets().iter().skip(2).all(|(max_items, _)| *max_items <= 2),
+            "Gets beside the open transaction ask for what is stored: {:?}",
+            gets()
+        );
+    }
+
+    /// KMQ-18: on a backend that captures, a transaction whose messages were all settled is
+    /// closed too (CloseByClient after the AckRange), so a message KubeMQ added to it after
+    /// answering the Get is given back instead of staying hidden while the session lives.
+    #[tokio::test]
+    async fn a_settled_transaction_is_closed_on_a_backend_that_captures() {
+        use crate::kubemq::QueuesDownstreamRequestType as Op;
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        assert!(!store.send(vec![message("close")]).await[0].is_error);
+        let backend = Arc::new(Watched::like_kubemq(store.clone()));
+        let registry: Registry = Arc::default();
+        let limits = FetchLimits {
+            max_batch: 10,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_secs(60),
+        };
+        let (to, mut from) = mpsc::unbounded_channel();
+        let tx = join(
+            &registry,
+            &backend,
+            LoopKey::shared("close"),
+            limits,
+            (1, 1),
+            to,
+        );
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: (1, 1),
+            credit: 1,
+            taken: 0,
+        }));
+        let Ok(Some(ToConsumer::Messages(hs))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
+        else {
+            panic!("a message");
+        };
+        let h = hs.into_iter().next().expect("one");
+        let _ = tx.send(Command::Settle(vec![Settlement {
+            transaction: h.transaction.clone(),
+            sequence: h.sequence,
+            outcome: Outcome::Ack,
+        }]));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let settles = || {
+            backend
+                .seen()
+                .into_iter()
+                .filter_map(|s| match s {
+                    Seen::Settle { op, transaction } => Some((op, transaction)),
+                    Seen::Get { .. } => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        while settles().len() < 2 {
+            assert!(tokio::time::Instant::now() < deadline, "{:?}", settles());
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let t = h.transaction.to_string();
+        assert_eq!(
+            settles(),
+            vec![
+                (Op::AckRange as i32, t.clone()),
+                (Op::CloseByClient as i32, t)
+            ]
+        );
+        assert_eq!(store.ready_count("close") + store.locked_count("close"), 0);
     }
 
     /// Two consumers with a window of 100 each that settle and re-grant every 50 (as clients

@@ -7,6 +7,7 @@
 //! NAcks what it still holds, once.
 
 pub mod fetcher;
+mod get_gate;
 mod refill_wait;
 mod sender;
 

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected, Released};
 #[cfg(test)]
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -213,6 +213,21 @@ pub(super) fn spawn_sender<B: Backend>(
 
 /// Each message's outcome (ERR-9's mapping of produce failures).
 fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Results) {
+    // Every send that is not `accepted` is logged with why: once for a call that failed as a
+    // whole, once per message KubeMQ refused.
+    match &results {
+        Err(e @ BackendError::Unknown(_)) => {
+            tracing::warn!(?link, messages = ids.len(), error = %e, "send outcome unknown; answered released")
+        }
+        Err(e) => {
+            tracing::warn!(?link, messages = ids.len(), error = %e, "send failed; answered rejected")
+        }
+        Ok(results) => {
+            for (r, (delivery_id, _)) in results.iter().zip(&ids).filter(|(r, _)| r.is_error) {
+                tracing::warn!(?link, delivery_id, error = %r.error, "KubeMQ refused a message; answered rejected");
+            }
+        }
+    }
     for (i, (delivery_id, presettled)) in ids.into_iter().enumerate() {
         let state = match &results {
             Ok(r) => match r.get(i) {
@@ -226,6 +241,9 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
             Err(BackendError::Unavailable(e)) => {
                 rejected(Condition::NotAllowed, format!("broker not ready: {e}"))
             }
+            // Stored or not, nobody knows: `rejected` would make the client drop or
+            // dead-letter a message the queue may hold (ERR-10).
+            Err(BackendError::Unknown(_)) => DeliveryState::Released(Released {}),
             Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
             Err(BackendError::Unauthorized(_)) => DeliveryState::Rejected(Rejected {
                 error: Some(crate::auth::refused_by_kubemq().to_wire()),
@@ -345,6 +363,48 @@ mod tests {
             presettled: false,
             message: m,
         }
+    }
+
+    /// ERR-9 and ERR-10: a send KubeMQ could not be reached for is `rejected` "broker not
+    /// ready"; one whose fate is unknown (the request left and no answer came) is `released`,
+    /// never `rejected`; a message KubeMQ refused is `rejected` with its text.
+    #[test]
+    fn a_send_of_unknown_outcome_is_released_not_rejected() {
+        let outcome = |results: Results| {
+            let mut done = Vec::new();
+            report(1, &mut done, vec![(7, false)], results);
+            done.pop().expect("an outcome").state
+        };
+        assert!(matches!(
+            outcome(Err(BackendError::Unknown("no answer".into()))),
+            DeliveryState::Released(_)
+        ));
+        let DeliveryState::Rejected(r) = outcome(Err(BackendError::Unavailable("down".into())))
+        else {
+            panic!("rejected")
+        };
+        let e = r.error.expect("an error");
+        assert!(
+            format!("{:?}", e.condition).contains("amqp:not-allowed"),
+            "{:?}",
+            e.condition
+        );
+        assert!(e
+            .description
+            .unwrap_or_default()
+            .starts_with("broker not ready"));
+        let refused = SendQueueMessageResult {
+            is_error: true,
+            error: "Error 120: invalid channel".into(),
+            ..Default::default()
+        };
+        let DeliveryState::Rejected(r) = outcome(Ok(vec![refused])) else {
+            panic!("rejected")
+        };
+        assert_eq!(
+            r.error.and_then(|e| e.description).as_deref(),
+            Some("Error 120: invalid channel")
+        );
     }
 
     /// A client with 100 in flight whose window reached the link split (60, then 40 while the
