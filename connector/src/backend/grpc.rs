@@ -51,6 +51,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// default, `Queue.PubAckWaitSeconds`), so its own answer — stored, or refused — comes first;
 /// only a send still unanswered after this is of unknown outcome.
 const SEND_ANSWER_WAIT: Duration = Duration::from_secs(65);
+/// How long a send's stream waits for its answer before later sends go on another stream.
+const SEND_STALL: Duration = Duration::from_secs(3);
 /// How long a subscription waits for KubeMQ's answer before it is taken as open: KubeMQ
 /// (grpc-go) may send a server stream's headers only with its first event, and a refusal
 /// comes at once.
@@ -281,37 +283,18 @@ impl Batcher {
                     Err(_) => break,
                 }
             }
-            let total = messages.len();
             match self.send(messages).await {
-                Ok(results) if results.len() == total => {
-                    let mut results = results.into_iter();
-                    for (n, done) in counts.into_iter().zip(dones) {
-                        let _ = done.send(Ok(results.by_ref().take(n).collect()));
-                    }
-                }
-                Ok(results) => {
-                    let e = BackendError::Unknown(format!(
-                        "KubeMQ returned {} results for {total} messages",
-                        results.len(),
-                    ));
-                    for done in dones {
-                        let _ = done.send(Err(e.clone()));
-                    }
-                }
-                Err(e) => {
-                    for done in dones {
-                        let _ = done.send(Err(e.clone()));
-                    }
+                Answer::Now(result) => deliver(result, counts, dones),
+                // The stream is left to the request it holds; the next batch opens another.
+                Answer::Later(answer) => {
+                    tokio::spawn(async move { deliver(answer.await, counts, dones) });
                 }
             }
         }
     }
 
     /// One request on the stream, opening it (with backoff) when needed.
-    async fn send(
-        &mut self,
-        messages: Vec<QueueMessage>,
-    ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+    async fn send(&mut self, messages: Vec<QueueMessage>) -> Answer {
         let deadline = tokio::time::Instant::now() + self.shared.deadline;
         let mut backoff = FIRST_BACKOFF;
         let mut request = QueuesUpstreamRequest {
@@ -325,13 +308,13 @@ impl Batcher {
                 match tokio::time::timeout_at(deadline, self.open(&request, &taken)).await {
                     Ok(Ok(s)) => {
                         self.stream = Some(s);
-                        return self.reply(&request_id).await;
+                        return self.reply(request_id).await;
                     }
                     Ok(Err(OpenFailure::LostWithRequest(s))) => {
-                        return Err(BackendError::Unknown(format!(
+                        return Answer::Now(Err(BackendError::Unknown(format!(
                             "upstream stream lost after the send left: {}",
                             s.message()
-                        )))
+                        ))))
                     }
                     Ok(Err(OpenFailure::NotSent(s)))
                         if retryable(&s) && tokio::time::Instant::now() + backoff < deadline =>
@@ -341,16 +324,16 @@ impl Batcher {
                         continue;
                     }
                     Ok(Err(OpenFailure::NotSent(s))) if retryable(&s) => {
-                        return Err(unavailable(&s))
+                        return Answer::Now(Err(unavailable(&s)))
                     }
-                    Ok(Err(OpenFailure::NotSent(s))) => return Err(refused(&s)),
+                    Ok(Err(OpenFailure::NotSent(s))) => return Answer::Now(Err(refused(&s))),
                     // The call may have taken the request before the deadline cut it.
                     Err(_) if taken.load(Ordering::Acquire) => {
-                        return Err(BackendError::Unknown(
+                        return Answer::Now(Err(BackendError::Unknown(
                             "upstream stream did not open in time after the send left".into(),
-                        ))
+                        )))
                     }
-                    Err(_) => return Err(deadline_exceeded()),
+                    Err(_) => return Answer::Now(Err(deadline_exceeded())),
                 }
             };
             // A stream that is gone hands the request back for the retry on a new one.
@@ -359,45 +342,46 @@ impl Batcher {
                 self.stream = None;
                 continue;
             }
-            return self.reply(&request_id).await;
+            return self.reply(request_id).await;
         }
     }
 
-    /// The reply to the one request in flight on the open stream: KubeMQ's own answer, which
-    /// comes within its publish-ack wait ([`SEND_ANSWER_WAIT`]); a stream lost meanwhile, or no
-    /// answer by then, leaves the outcome unknown.
-    async fn reply(
-        &mut self,
-        request_id: &str,
-    ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+    /// The reply to the one request in flight on the open stream. KubeMQ answers within
+    /// milliseconds, or after up to its publish-ack wait when its broker is slow, or never: its
+    /// batch dispatcher can miss the acknowledgements of messages it did store (KMQ-19). A
+    /// request still unanswered after [`SEND_STALL`] keeps its stream, and its callers keep
+    /// waiting for the answer up to [`SEND_ANSWER_WAIT`], while later sends go on a new stream:
+    /// one lost answer must not hold back every later send of the lanes sharing the stream.
+    async fn reply(&mut self, request_id: String) -> Answer {
         let Some((_, rx)) = self.stream.as_mut() else {
-            return Err(BackendError::Unknown("upstream stream lost".into()));
+            return Answer::Now(Err(BackendError::Unknown("upstream stream lost".into())));
         };
-        let reply = tokio::time::timeout(SEND_ANSWER_WAIT, rx.next()).await;
-        if !matches!(&reply, Ok(Some(Ok(r))) if r.ref_request_id == request_id) {
-            self.stream = None;
-        }
-        match reply {
-            Ok(Some(Ok(r))) if r.ref_request_id == request_id => {
-                if r.is_error {
-                    Err(BackendError::Rejected(r.error))
-                } else {
-                    Ok(r.results)
+        match tokio::time::timeout(SEND_STALL, rx.next()).await {
+            Ok(reply) => {
+                let (result, keep) = judge(reply, &request_id);
+                if !keep {
+                    self.stream = None;
                 }
+                Answer::Now(result)
             }
-            Ok(Some(Ok(r))) => {
-                // Only one request is in flight: anything else is a stale reply.
-                tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
-                Err(BackendError::Unknown("upstream reply out of order".into()))
+            Err(_) => {
+                let Some((tx, mut rx)) = self.stream.take() else {
+                    return Answer::Now(Err(BackendError::Unknown("upstream stream lost".into())));
+                };
+                tracing::warn!(request = %request_id, "KubeMQ has not answered a send for {} s; later sends go on a new stream", SEND_STALL.as_secs());
+                Answer::Later(Box::pin(async move {
+                    let reply =
+                        tokio::time::timeout(SEND_ANSWER_WAIT - SEND_STALL, rx.next()).await;
+                    drop(tx);
+                    match reply {
+                        Ok(reply) => judge(reply, &request_id).0,
+                        Err(_) => Err(BackendError::Unknown(format!(
+                            "KubeMQ did not answer the send within {} s",
+                            SEND_ANSWER_WAIT.as_secs()
+                        ))),
+                    }
+                }))
             }
-            // The stream broke before replying: the request may or may not be stored.
-            Ok(_) => Err(BackendError::Unknown(
-                "upstream stream lost before KubeMQ answered".into(),
-            )),
-            Err(_) => Err(BackendError::Unknown(format!(
-                "KubeMQ did not answer the send within {} s",
-                SEND_ANSWER_WAIT.as_secs()
-            ))),
         }
     }
 
@@ -427,6 +411,81 @@ impl Batcher {
             Err(s) if credential_refused(&s) => Err(OpenFailure::NotSent(s)),
             Err(s) if taken.load(Ordering::Acquire) => Err(OpenFailure::LostWithRequest(s)),
             Err(s) => Err(OpenFailure::NotSent(s)),
+        }
+    }
+}
+
+/// What became of a QueuesUpstream request: answered (or failed) now, or still waiting for
+/// KubeMQ's answer on a stream of its own.
+enum Answer {
+    Now(Result<Vec<SendQueueMessageResult>, BackendError>),
+    Later(
+        std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<Vec<SendQueueMessageResult>, BackendError>>
+                    + Send,
+            >,
+        >,
+    ),
+}
+
+/// KubeMQ's reply to request `request_id`, and whether the stream can carry the next request.
+fn judge(
+    reply: Option<Result<QueuesUpstreamResponse, Status>>,
+    request_id: &str,
+) -> (Result<Vec<SendQueueMessageResult>, BackendError>, bool) {
+    match reply {
+        Some(Ok(r)) if r.ref_request_id == request_id => {
+            if r.is_error {
+                (Err(BackendError::Rejected(r.error)), true)
+            } else {
+                (Ok(r.results), true)
+            }
+        }
+        Some(Ok(r)) => {
+            // Only one request is in flight: anything else is a stale reply.
+            tracing::warn!(reference = %r.ref_request_id, "unexpected QueuesUpstream reply; reopening the stream");
+            (
+                Err(BackendError::Unknown("upstream reply out of order".into())),
+                false,
+            )
+        }
+        // The stream broke before replying: the request may or may not be stored.
+        _ => (
+            Err(BackendError::Unknown(
+                "upstream stream lost before KubeMQ answered".into(),
+            )),
+            false,
+        ),
+    }
+}
+
+/// Splits one request's results back to the callers whose messages it carried (`counts` of
+/// them each, in order).
+fn deliver(
+    result: Result<Vec<SendQueueMessageResult>, BackendError>,
+    counts: Vec<usize>,
+    dones: Vec<oneshot::Sender<Result<Vec<SendQueueMessageResult>, BackendError>>>,
+) {
+    let total: usize = counts.iter().sum();
+    let result = match result {
+        Ok(results) if results.len() != total => Err(BackendError::Unknown(format!(
+            "KubeMQ returned {} results for {total} messages",
+            results.len(),
+        ))),
+        other => other,
+    };
+    match result {
+        Ok(results) => {
+            let mut results = results.into_iter();
+            for (n, done) in counts.into_iter().zip(dones) {
+                let _ = done.send(Ok(results.by_ref().take(n).collect()));
+            }
+        }
+        Err(e) => {
+            for done in dones {
+                let _ = done.send(Err(e.clone()));
+            }
         }
     }
 }

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Figures through a real KubeMQ (BENCHMARKS.md, "Through a real KubeMQ"). Runs the KubeMQ binary
+# named by KUBEMQ_BINARY (else $HOME/.cache/kubemq-amqp/kubemq-community; this script never
+# builds it) with one or two connectors in front of it, all in a network namespace with nothing
+# but loopback (root and unshare needed: KubeMQ binds every interface and reports usage to an
+# outside host; its report also goes to a closed local port). Not part of CI.
+#
+#   bash amqp-bench/real-kubemq.sh throughput   # connector vs straight gRPC, alternating ROUNDS
+#   bash amqp-bench/real-kubemq.sh latency      # 200 and 2,000 msg/s, and the idle queue
+#   bash amqp-bench/real-kubemq.sh scale-out    # one connector, then two, RUNS runs each
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KUBEMQ=${KUBEMQ_BINARY:-$HOME/.cache/kubemq-amqp/kubemq-community}
+[ -x "$KUBEMQ" ] || { echo "no KubeMQ binary at $KUBEMQ" >&2; exit 2; }
+if [ -z "${IN_NETNS:-}" ]; then
+  cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
+  exec unshare --net -- env IN_NETNS=1 bash -c 'ip link set lo up && exec bash "$0" "$@"' "$0" "$@"
+fi
+B=./target/release
+N=${N:-100000}
+ROUNDS=${ROUNDS:-3}
+RUNS=${RUNS:-5}
+CLK=$(getconf CLK_TCK)
+DATA=$(mktemp -d)
+PIDS=()
+trap 'kill "${PIDS[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$DATA"' EXIT
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+wait_port() { until (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; do sleep 0.1; done; }
+
+(cd "$DATA" && GRPC_PORT=50000 REST_PORT=9090 API_PORT=8081 STORE_STORE_PATH=./store \
+  HTTPS_PROXY=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 \
+  exec env -u KUBERNETES_SERVICE_HOST "$KUBEMQ" server >kubemq.log 2>&1) &
+KUBEMQ_PID=$!
+PIDS+=("$KUBEMQ_PID")
+wait_port 50000
+connector() { # port
+  $B/kubemq-amqp-connector --kubemq-address 127.0.0.1:50000 --port "$1" --http-address off \
+    >"$DATA/connector-$1.log" 2>&1 &
+  PIDS+=($!)
+  wait_port "$1"
+}
+connector 5672
+CONNECTOR_PID=${PIDS[-1]}
+sleep 1
+
+# usage: bench LABEL -- amqp-bench args; prints the result with CPU µs per message of the load
+# tool, KubeMQ and (over AMQP) the connector.
+bench() {
+  local label=$1; shift 2
+  local k0 c0 out n
+  k0=$(cpu_ticks "$KUBEMQ_PID"); c0=$(cpu_ticks "$CONNECTOR_PID")
+  out=$(/usr/bin/time -f "tool_cpu %U %S" $B/amqp-bench "$@" 2>&1)
+  n=$(sed -n 's/^messages \([0-9]*\) .*/\1/p' <<<"$out")
+  awk -v l="$label" -v n="$n" -v c="$CLK" -v k="$(( $(cpu_ticks "$KUBEMQ_PID") - k0 ))" \
+      -v x="$(( $(cpu_ticks "$CONNECTOR_PID") - c0 ))" '
+    / = [0-9]+ msg\/s/ { rate = $(NF - 1) }
+    /^latency/ { lat = $0 }
+    /^lost/ { lost = $0 }
+    /^tool_cpu/ { tool = ($2 + $3) * 1e6 / n }
+    END { printf "%s: %s msg/s; %s; %s; CPU µs/msg: tool %.1f, KubeMQ %.1f, connector %.1f\n",
+          l, rate, lat, lost, tool, k / c * 1e6 / n, x / c * 1e6 / n }' <<<"$out"
+}
+
+case "${1:-}" in
+throughput)
+  for r in $(seq "$ROUNDS"); do
+    bench "round $r direct gRPC" -- --grpc 127.0.0.1:50000 --address "queues/direct$r" \
+      --messages "$N" --producers 2 --consumers 2
+    bench "round $r AMQP (lean) via connector" -- --client lean --address "queues/amqp$r" \
+      --messages "$N" --producers 2 --consumers 2
+  done
+  ;;
+latency)
+  for rate in 200 2000; do
+    for r in $(seq "$ROUNDS"); do
+      bench "$rate msg/s direct gRPC" -- --grpc 127.0.0.1:50000 --address "queues/ld$rate$r" \
+        --messages $((rate * 10)) --rate "$rate" --pipeline 100 --credit 100
+      bench "$rate msg/s via connector" -- --address "queues/la$rate$r" \
+        --messages $((rate * 10)) --rate "$rate" --pipeline 100 --credit 100
+    done
+  done
+  for settle in 1 5; do
+    for r in $(seq "$RUNS"); do
+      bench "idle queue, accept every $settle" -- --address "queues/idle$settle.$r" \
+        --messages 2000 --rate 200 --credit 10 --settle-every "$settle" --pipeline 10
+    done
+  done
+  ;;
+scale-out)
+  for r in $(seq "$RUNS"); do
+    bench "one connector, 4 receivers" -- --address "queues/so1.$r" --messages 10000 \
+      --consumers 4 --credit 100 --settle-every 1
+  done
+  connector 5673
+  for r in $(seq "$RUNS"); do
+    bench "two connectors, 2 receivers each" -- --address "queues/so2.$r" --messages 10000 \
+      --consumers 4 --credit 100 --settle-every 1 \
+      --consumer-url amqp://127.0.0.1:5672 --consumer-url amqp://127.0.0.1:5673
+  done
+  ;;
+*)
+  echo "usage: $0 throughput|latency|scale-out" >&2
+  exit 2
+  ;;
+esac
