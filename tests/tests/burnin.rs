@@ -1,5 +1,5 @@
 //! KubeMQ's own burn-in harness for its AMQP 1.0 connector (`kubemq-amqp-1-0`, module
-//! `burnin`), unchanged, against this connector on every backend at once: all six workers
+//! `burnin`), unchanged, against this connector on every backend, two at a time: all six workers
 //! (queues, events, events-store, commands, queries, credit flow) with the configuration
 //! published beside the harness (`burnin-config-run.yaml`), for three minutes, must print
 //! PASSED. The harness is not built by the suite (its module is not served by the Go module
@@ -25,46 +25,52 @@ fn the_burn_in_harness_passes_on_every_backend() {
     real_kubemq::record_use("burnin");
     let template = binary.with_file_name("burnin-config-run.yaml");
     let connectors = TestConnector::on_every_backend(Settings::default());
-    let runs: Vec<_> = connectors
-        .iter()
-        .map(|c| {
-            let dir = tempfile::tempdir().unwrap();
-            let config = config_for(&template, dir.path());
-            let child = Command::new(&binary)
-                .arg("-run")
-                .arg("-config")
-                .arg(&config)
-                .env("KUBEMQ_BROKER_ADDRESS", c.addr.to_string())
-                .stdout(std::fs::File::create(dir.path().join("out.txt")).unwrap())
-                .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
-                .spawn()
-                .expect("the burn-in harness starts");
-            (c, dir, child)
-        })
-        .collect();
     let mut failed = Vec::new();
-    for (c, dir, mut child) in runs {
-        let status = child.wait().unwrap();
-        let out = std::fs::read_to_string(dir.path().join("out.txt")).unwrap_or_default();
-        let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();
-        let verdict = out
-            .lines()
-            .chain(err.lines())
-            .find(|l| l.contains("PASSED") || l.contains("FAILED"))
-            .unwrap_or("no verdict")
-            .to_string();
-        eprintln!(
-            "burn-in on the {} backend: {verdict} ({status})",
-            c.backend()
-        );
-        if !status.success() || !out.contains("PASSED") {
-            failed.push(format!(
-                "{} backend: {status}\n{out}\n{}",
-                c.backend(),
-                tail(&err, 60)
-            ));
-            if let Some(k) = c.real_kubemq() {
-                failed.push(format!("KubeMQ's log:\n{}", tail(&k.log(), 60)));
+    // Two runs at a time: the harness, the connector under test and its broker share the
+    // machine's two cores with the other run, and a starved run misses the harness's rate gate.
+    for pair in connectors.chunks(2) {
+        let runs: Vec<_> = pair
+            .iter()
+            .map(|c| {
+                let dir = tempfile::tempdir().unwrap();
+                let config = config_for(&template, dir.path());
+                let child = Command::new(&binary)
+                    .arg("-run")
+                    .arg("-config")
+                    .arg(&config)
+                    .env("KUBEMQ_BROKER_ADDRESS", c.addr.to_string())
+                    .stdout(std::fs::File::create(dir.path().join("out.txt")).unwrap())
+                    .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
+                    .spawn()
+                    .expect("the burn-in harness starts");
+                (c, dir, child)
+            })
+            .collect();
+        for (c, dir, mut child) in runs {
+            let status = child.wait().unwrap();
+            let out = std::fs::read_to_string(dir.path().join("out.txt")).unwrap_or_default();
+            let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();
+            // The harness logs its verdict and prints its report; both say PASSED or FAILED.
+            let verdict = err
+                .lines()
+                .chain(out.lines())
+                .find(|l| l.contains("burn-in verdict"))
+                .unwrap_or("no verdict")
+                .to_string();
+            eprintln!(
+                "burn-in on the {} backend: {verdict} ({status})",
+                c.backend()
+            );
+            if !status.success() || !verdict.contains("result=PASSED") {
+                failed.push(format!(
+                    "{} backend: {status}\n{}\n{}",
+                    c.backend(),
+                    tail(&out, 80),
+                    tail(&err, 80)
+                ));
+                if let Some(k) = c.real_kubemq() {
+                    failed.push(format!("KubeMQ's log:\n{}", tail(&k.log(), 40)));
+                }
             }
         }
     }
