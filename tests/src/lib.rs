@@ -340,7 +340,7 @@ impl TestConnector {
         self.kubemq.as_ref()
     }
 
-    /// Which backend this connector uses: `embedded`, `grpc` or `kubemq-like`.
+    /// Which backend this connector uses: `embedded`, `grpc`, `kubemq-like` or `real-kubemq`.
     pub fn backend(&self) -> &'static str {
         match self.kind {
             Backend::Embedded => "embedded",

@@ -1041,6 +1041,57 @@ mod tests {
         fn seen(&self) -> Vec<Seen> {
             self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
         }
+
+        /// Each Get's MaxItems and when it was issued, in order.
+        fn gets_seen(&self) -> Vec<(i32, tokio::time::Instant)> {
+            let get = |s: Seen| match s {
+                Seen::Get { max_items, at } => Some((max_items, at)),
+                Seen::Settle { .. } => None,
+            };
+            self.seen().into_iter().filter_map(get).collect()
+        }
+
+        /// Each settlement request's type and transaction, in order.
+        fn settles_seen(&self) -> Vec<(i32, String)> {
+            let settle = |s: Seen| match s {
+                Seen::Settle { op, transaction } => Some((op, transaction)),
+                Seen::Get { .. } => None,
+            };
+            self.seen().into_iter().filter_map(settle).collect()
+        }
+    }
+
+    /// A store holding one message of `channel`, behind a KubeMQ-like [`Watched`] backend, and
+    /// one consumer of that channel with `credit`: its loop's sender and its hand-outs.
+    async fn one_consumer_like_kubemq(
+        channel: &str,
+        credit: u32,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Store>,
+        Arc<Watched>,
+        mpsc::UnboundedSender<Command>,
+        mpsc::UnboundedReceiver<ToConsumer>,
+    ) {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        assert!(!store.send(vec![message(channel)]).await[0].is_error);
+        let backend = Arc::new(Watched::like_kubemq(store.clone()));
+        let limits = FetchLimits {
+            max_batch: 10,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_secs(60),
+        };
+        let (to, from) = mpsc::unbounded_channel();
+        let registry: Registry = Arc::default();
+        let key = LoopKey::shared(channel);
+        let tx = join(&registry, &backend, key, limits, (1, 1), to);
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: (1, 1),
+            credit,
+            taken: 0,
+        }));
+        (dir, store, backend, tx, from)
     }
 
     struct RecordedGets<D>(D, Arc<std::sync::Mutex<Vec<i32>>>, Log);
@@ -1167,46 +1218,14 @@ mod tests {
     #[tokio::test]
     async fn a_get_that_would_wait_is_held_back_while_a_transaction_is_open() {
         use super::super::get_gate::OVERLAP_WAIT;
-        let dir = tempfile::tempdir().expect("dir");
-        let (store, _) = Store::open(dir.path()).expect("store");
-        assert!(!store.send(vec![message("gate")]).await[0].is_error);
-        let backend = Arc::new(Watched::like_kubemq(store.clone()));
-        let registry: Registry = Arc::default();
-        let limits = FetchLimits {
-            max_batch: 10,
-            client_id: "test",
-            idle_exit: std::time::Duration::from_secs(60),
-        };
-        let (to, mut from) = mpsc::unbounded_channel();
-        let tx = join(
-            &registry,
-            &backend,
-            LoopKey::shared("gate"),
-            limits,
-            (1, 1),
-            to,
-        );
-        let _ = tx.send(Command::Demand(DemandReport {
-            consumer: (1, 1),
-            credit: 10,
-            taken: 0,
-        }));
+        let (_dir, store, backend, _tx, mut from) = one_consumer_like_kubemq("gate", 10).await;
         let first = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
             .await
             .expect("the first message");
         let handed_at = tokio::time::Instant::now();
         assert!(matches!(first, Some(ToConsumer::Messages(hs)) if hs.len() == 1));
         // The consumer holds its message: the next Get waits for the hold's limit.
-        let gets = || {
-            backend
-                .seen()
-                .into_iter()
-                .filter_map(|s| match s {
-                    Seen::Get { max_items, at } => Some((max_items, at)),
-                    Seen::Settle { .. } => None,
-                })
-                .collect::<Vec<_>>()
-        };
+        let gets = || backend.gets_seen();
         tokio::time::sleep(OVERLAP_WAIT * 4).await;
         let after_hold = gets();
         assert!(
@@ -1245,30 +1264,7 @@ mod tests {
     #[tokio::test]
     async fn a_settled_transaction_is_closed_on_a_backend_that_captures() {
         use crate::kubemq::QueuesDownstreamRequestType as Op;
-        let dir = tempfile::tempdir().expect("dir");
-        let (store, _) = Store::open(dir.path()).expect("store");
-        assert!(!store.send(vec![message("close")]).await[0].is_error);
-        let backend = Arc::new(Watched::like_kubemq(store.clone()));
-        let registry: Registry = Arc::default();
-        let limits = FetchLimits {
-            max_batch: 10,
-            client_id: "test",
-            idle_exit: std::time::Duration::from_secs(60),
-        };
-        let (to, mut from) = mpsc::unbounded_channel();
-        let tx = join(
-            &registry,
-            &backend,
-            LoopKey::shared("close"),
-            limits,
-            (1, 1),
-            to,
-        );
-        let _ = tx.send(Command::Demand(DemandReport {
-            consumer: (1, 1),
-            credit: 1,
-            taken: 0,
-        }));
+        let (_dir, store, backend, tx, mut from) = one_consumer_like_kubemq("close", 1).await;
         let Ok(Some(ToConsumer::Messages(hs))) =
             tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
         else {
@@ -1281,16 +1277,7 @@ mod tests {
             outcome: Outcome::Ack,
         }]));
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        let settles = || {
-            backend
-                .seen()
-                .into_iter()
-                .filter_map(|s| match s {
-                    Seen::Settle { op, transaction } => Some((op, transaction)),
-                    Seen::Get { .. } => None,
-                })
-                .collect::<Vec<_>>()
-        };
+        let settles = || backend.settles_seen();
         while settles().len() < 2 {
             assert!(tokio::time::Instant::now() < deadline, "{:?}", settles());
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
