@@ -46,10 +46,10 @@ const MAX_BATCH: usize = 1000;
 const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 /// Longest retry delay.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-/// How long a queue send that reached KubeMQ waits for its answer. KubeMQ v2.4 answers every
-/// send once its broker acknowledged the message or gave up after its publish-ack wait (60 s by
-/// default, `Queue.PubAckWaitSeconds`), so its own answer — stored, or refused — comes first;
-/// only a send still unanswered after this is of unknown outcome.
+/// How long a queue send that reached KubeMQ waits for its answer. KubeMQ v2.4 answers a send
+/// once its broker acknowledged the messages or gave up after its publish-ack wait (60 s by
+/// default, `Queue.PubAckWaitSeconds`), or never (KMQ-19); a send still unanswered after this
+/// is of unknown outcome.
 const SEND_ANSWER_WAIT: Duration = Duration::from_secs(65);
 /// How long a send's stream waits for its answer before later sends go on another stream.
 const SEND_STALL: Duration = Duration::from_secs(3);
