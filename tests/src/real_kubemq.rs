@@ -42,13 +42,6 @@ fn named_or_cached(var: &str, file: &str) -> Option<PathBuf> {
     cached.is_file().then_some(cached)
 }
 
-/// Whether this process's network namespace has no interface but `lo`.
-pub fn loopback_only() -> bool {
-    std::fs::read_dir("/sys/class/net")
-        .map(|d| d.flatten().all(|e| e.file_name() == "lo"))
-        .unwrap_or(false)
-}
-
 /// Notes that the running test used `what` (a real KubeMQ, the burn-in harness), for the count
 /// `tests/run.sh` prints.
 pub fn record_use(what: &str) {
