@@ -266,11 +266,9 @@ impl TestConnector {
     /// binary exists.
     pub fn start_over_real_kubemq(settings: Settings) -> Option<TestConnector> {
         let binary = real_kubemq::binary()?;
-        real_kubemq::record_use("real-kubemq");
         let kubemq = real_kubemq::RealKubemq::start(&binary);
-        let mut c = Self::grpc_client(settings, None, kubemq.grpc);
+        let mut c = Self::start_over_kubemq(settings, &kubemq);
         c.kubemq = Some(kubemq);
-        c.kind = Backend::RealKubemq;
         Some(c)
     }
 

@@ -991,7 +991,6 @@ mod tests {
     struct Watched {
         inner: Embedded,
         hint: Option<ReadyHint>,
-        gets: Arc<std::sync::Mutex<Vec<i32>>>,
         log: Log,
         kubemq: Option<StoredCount>,
     }
@@ -1022,7 +1021,6 @@ mod tests {
             Watched {
                 inner: Embedded::new(store),
                 hint,
-                gets: Arc::default(),
                 log: Arc::default(),
                 kubemq: None,
             }
@@ -1094,7 +1092,7 @@ mod tests {
         (dir, store, backend, tx, from)
     }
 
-    struct RecordedGets<D>(D, Arc<std::sync::Mutex<Vec<i32>>>, Log);
+    struct RecordedGets<D>(D, Log);
 
     impl<D: Downstream> Downstream for RecordedGets<D> {
         async fn get(
@@ -1105,10 +1103,6 @@ mod tests {
             wait_ms: i32,
         ) -> Result<crate::backend::Batch, BackendError> {
             self.1
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(max_items);
-            self.2
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(Seen::Get {
@@ -1122,7 +1116,7 @@ mod tests {
             &mut self,
             request: crate::kubemq::QueuesDownstreamRequest,
         ) -> Result<(), BackendError> {
-            self.2
+            self.1
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(Seen::Settle {
@@ -1178,7 +1172,7 @@ mod tests {
 
         async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
-            Ok(RecordedGets(d, self.gets.clone(), self.log.clone()))
+            Ok(RecordedGets(d, self.log.clone()))
         }
 
         async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
@@ -1354,11 +1348,7 @@ mod tests {
             delivered += c.await.expect("client");
         }
         assert_eq!(delivered as usize, total);
-        let gets = backend
-            .gets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let gets: Vec<i32> = backend.gets_seen().into_iter().map(|(n, _)| n).collect();
         // Without the wait most Gets carry one consumer's half window (50; mean about 60);
         // with it 200, or 150 on a loaded machine where the 1 ms passes before the last half is
         // back. The trailing Gets for one (an empty queue) do not count.
