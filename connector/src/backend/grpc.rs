@@ -26,6 +26,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
 use super::ready_estimate::ReadyEstimate;
+use super::SEND_STALL;
 use super::{
     batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
     RequestStream,
@@ -51,8 +52,6 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// default, `Queue.PubAckWaitSeconds`), or never (KMQ-19); a send still unanswered after this
 /// is of unknown outcome.
 const SEND_ANSWER_WAIT: Duration = Duration::from_secs(65);
-/// How long a send's stream waits for its answer before later sends go on another stream.
-const SEND_STALL: Duration = Duration::from_secs(3);
 /// How long a subscription waits for KubeMQ's answer before it is taken as open: KubeMQ
 /// (grpc-go) may send a server stream's headers only with its first event, and a refusal
 /// comes at once.

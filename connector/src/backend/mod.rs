@@ -13,12 +13,17 @@ pub mod ready_estimate;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use crate::engine::Credential;
 use crate::kubemq::{
     Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo,
     Request, Response, SendQueueMessageResult, Subscribe,
 };
+
+/// How long a queue send may go unanswered before it no longer holds back the sends after it:
+/// KubeMQ answers within milliseconds, after its publish-ack wait, or never (KMQ-19).
+pub const SEND_STALL: Duration = Duration::from_secs(3);
 
 /// A live events or events-store subscription: its events in order; it ends with an error or
 /// when the backend ends it, and dropping it unsubscribes.

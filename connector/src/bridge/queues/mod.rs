@@ -1117,7 +1117,8 @@ impl<B: Backend> QueuesHandler<B> {
                 lane.poll(cx, backend, &mut self.ready_done);
             }
             self.closing_lanes.retain(|l| !l.is_idle());
-            let Some(at) = self.lanes.values().filter_map(Lane::wake_at).min() else {
+            let lanes = self.lanes.values().chain(self.closing_lanes.iter());
+            let Some(at) = lanes.filter_map(Lane::wake_at).min() else {
                 self.refill_timer = None;
                 return;
             };

@@ -2,9 +2,11 @@
 //! so a batch's outcomes reach the client without a hop between tasks): messages are stored in
 //! the order they arrived, in batches (every message waiting, up to 1,000, is one backend send,
 //! so a fast producer gets batching and group commit), one batch at a time, and after a large
-//! batch the next waits for the client's refill (`refill_wait`). Each message still gets its own
-//! outcome (Q-6: `accepted` only once stored), in order. Messages a link received before it or
-//! its connection ended are still stored ([`finish`]).
+//! batch the next waits for the client's refill (`refill_wait`). A batch the backend has not
+//! answered for [`SEND_STALL`] no longer holds back the next: KubeMQ can leave a send it stored
+//! unanswered for good (KMQ-19), and the link must not stop for the minute it takes to give up
+//! on it. Each message still gets its own outcome (Q-6: `accepted` only once stored). Messages a
+//! link received before it or its connection ended are still stored ([`finish`]).
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -19,12 +21,15 @@ use tokio::time::Instant;
 
 use super::refill_wait::RefillWait;
 use super::rejected;
-use crate::backend::{Backend, BackendError};
+use crate::backend::{Backend, BackendError, SEND_STALL};
 use crate::engine::{Condition, LinkId};
 use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 
 /// Most messages in one backend send.
 const MAX_BATCH: usize = 1000;
+/// Most batches of one link waiting for the backend at once: the first, and those started after
+/// each of the ones before it stalled.
+const MAX_FLIGHTS: usize = 8;
 
 /// A produce that finished in the backend.
 pub(super) struct Done {
@@ -47,19 +52,23 @@ pub(super) struct ToStore {
 
 type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
 
-/// The batch being stored: its deliveries and the backend call.
+/// A batch being stored: its deliveries, the backend call, and when it started.
 struct InFlight {
     ids: Vec<(u32, bool)>,
     call: Pin<Box<dyn Future<Output = Results> + Send>>,
+    started: Instant,
+    /// Later batches went beside it (logged once).
+    stalled: bool,
 }
 
-/// One produce link's sends: the messages waiting, the batch being stored, and the wait for the
-/// client's refill after a large one.
+/// One produce link's sends: the messages waiting, the batches being stored (one, plus one more
+/// for each that stalled), and the wait for the client's refill after a large one.
 pub(super) struct Lane {
     lane: u64,
     link: LinkId,
     queued: VecDeque<ToStore>,
-    flight: Option<InFlight>,
+    /// Oldest first; only the newest can be unstalled.
+    flights: VecDeque<InFlight>,
     refill_wait: Option<RefillWait>,
     /// The link ended: nothing more will come, so no batch waits for a refill.
     closing: bool,
@@ -72,7 +81,7 @@ impl Lane {
             lane,
             link,
             queued: VecDeque::new(),
-            flight: None,
+            flights: VecDeque::new(),
             refill_wait: None,
             closing: false,
         }
@@ -91,14 +100,29 @@ impl Lane {
 
     /// Nothing queued and nothing being stored.
     pub(super) fn is_idle(&self) -> bool {
-        self.flight.is_none() && self.queued.is_empty()
+        self.flights.is_empty() && self.queued.is_empty()
     }
 
-    /// When the wait for a refill ends, while one holds back a batch.
+    /// When a batch held back may start: the wait for a refill ends, or the batch in flight
+    /// counts as stalled.
     pub(super) fn wake_at(&self) -> Option<Instant> {
-        self.refill_wait
-            .filter(|_| self.flight.is_none() && !self.queued.is_empty())
-            .map(|m| m.until())
+        if self.queued.is_empty() {
+            return None;
+        }
+        match self.flights.back() {
+            None => self.refill_wait.map(|m| m.until()),
+            Some(_) if self.flights.len() >= MAX_FLIGHTS => None,
+            Some(f) => Some(f.started + SEND_STALL),
+        }
+    }
+
+    /// Whether the next batch may start beside the ones in flight: every one of them stalled.
+    fn may_start(&self) -> bool {
+        match self.flights.back() {
+            None => true,
+            Some(_) if self.flights.len() >= MAX_FLIGHTS => false,
+            Some(f) => f.started.elapsed() >= SEND_STALL,
+        }
     }
 
     /// Moves the lane on: a finished batch's outcomes are appended to `done`, and the next batch
@@ -111,15 +135,17 @@ impl Lane {
         done: &mut Vec<Done>,
     ) {
         loop {
-            if let Some(f) = self.flight.as_mut() {
+            let mut at = 0;
+            while let Some(f) = self.flights.get_mut(at) {
                 let Poll::Ready(results) = f.call.as_mut().poll(cx) else {
-                    return;
+                    at += 1;
+                    continue;
                 };
-                let ids = self.flight.take().map(|f| f.ids).unwrap_or_default();
+                let ids = self.flights.remove(at).map(|f| f.ids).unwrap_or_default();
                 let stored = ids.len();
                 report(self.link, done, ids, results);
                 // Expect as many back as were just stored.
-                if !self.closing {
+                if !self.closing && self.flights.is_empty() {
                     self.refill_wait =
                         RefillWait::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
                 }
@@ -127,7 +153,8 @@ impl Lane {
             if self.refill_wait.is_some_and(|m| m.over(self.queued.len())) {
                 self.refill_wait = None;
             }
-            if self.refill_wait.is_some() || self.queued.is_empty() {
+            let waiting = self.flights.is_empty() && self.refill_wait.is_some();
+            if waiting || self.queued.is_empty() || !self.may_start() {
                 return;
             }
             let take = self.queued.len().min(MAX_BATCH);
@@ -139,7 +166,16 @@ impl Lane {
             }
             let (backend, lane) = (backend.clone(), self.lane);
             let call = Box::pin(async move { backend.send_queue(lane, messages).await });
-            self.flight = Some(InFlight { ids, call });
+            if let Some(stalled) = self.flights.back_mut().filter(|f| !f.stalled) {
+                stalled.stalled = true;
+                tracing::warn!(link = ?self.link, messages = stalled.ids.len(), "a send is unanswered after {} s; the link's later batches go beside it", SEND_STALL.as_secs());
+            }
+            self.flights.push_back(InFlight {
+                ids,
+                call,
+                started: Instant::now(),
+                stalled: false,
+            });
         }
     }
 }
@@ -274,6 +310,8 @@ mod tests {
         inner: Embedded,
         lane: tokio::sync::Mutex<()>,
         sizes: Mutex<Vec<usize>>,
+        /// The first call is never answered, as KubeMQ leaves some sends it stored (KMQ-19).
+        lose_first_answer: std::sync::atomic::AtomicBool,
     }
 
     impl Backend for OneAtATime {
@@ -284,6 +322,12 @@ mod tests {
             _lane: u64,
             messages: Vec<QueueMessage>,
         ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
+            if self
+                .lose_first_answer
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                std::future::pending::<()>().await;
+            }
             let _turn = self.lane.lock().await;
             self.sizes
                 .lock()
@@ -349,6 +393,7 @@ mod tests {
             inner: Embedded::new(store),
             lane: tokio::sync::Mutex::new(()),
             sizes: Mutex::new(Vec::new()),
+            lose_first_answer: false.into(),
         };
         (Arc::new(b), dir)
     }
@@ -480,5 +525,35 @@ mod tests {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         assert_eq!(sizes, vec![REFILL_MIN, 1, 1, 1]);
+    }
+
+    /// KMQ-19: a send the backend never answers holds back the link's later sends only until it
+    /// counts as stalled; they are stored and accepted while it still waits for its answer.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_unanswered_send_does_not_stop_the_link() {
+        let (backend, _dir) = backend();
+        backend
+            .lose_first_answer
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let tx = spawn_sender(backend.clone(), 0, 1, done_tx);
+        tx.send(message(0)).expect("sender runs");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        for id in 1..4 {
+            tx.send(message(id)).expect("sender runs");
+        }
+        let within = SEND_STALL * 4;
+        for id in 1..4 {
+            let d = tokio::time::timeout(within, done_rx.recv())
+                .await
+                .expect("stored beside the unanswered send, not behind it")
+                .expect("an outcome");
+            assert_eq!(d.delivery_id, id);
+            assert!(matches!(d.state, DeliveryState::Accepted(_)));
+        }
+        assert!(
+            done_rx.try_recv().is_err(),
+            "the lost answer is still awaited"
+        );
     }
 }
