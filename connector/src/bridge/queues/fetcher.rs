@@ -382,6 +382,7 @@ impl<B: Backend> Fetcher<B> {
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (KMQ-5).
             let channel = self.key.channel.clone();
+            let asked = tokio::time::Instant::now();
             let got = {
                 let get = d.get(&channel, self.limits.client_id, want as i32, 1000);
                 tokio::pin!(get);
@@ -416,6 +417,16 @@ impl<B: Backend> Fetcher<B> {
                     }
                 }
             };
+            tracing::trace!(
+                channel = %self.key.channel,
+                session = sid,
+                want,
+                stored,
+                open = self.txns.len(),
+                got = got.as_ref().map_or(-1, |b| b.messages.len() as i64),
+                waited_us = asked.elapsed().as_micros() as u64,
+                "Get answered"
+            );
             match got {
                 Ok(b) => {
                     self.refill_wait = RefillWait::after(b.messages.len(), demand as usize);
