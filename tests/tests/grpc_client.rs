@@ -609,3 +609,44 @@ fn requests_and_responses() {
         );
     });
 }
+
+/// KMQ-19 and ERR-10: KubeMQ v2.4 sometimes stores a QueuesUpstream request and never answers
+/// it (the façade imitating KubeMQ does so for a message tagged to). The send is of unknown
+/// outcome — `Unknown`, which a link answers `released`, never `rejected` — as soon as KubeMQ
+/// answers a later send, instead of after the minute a slow broker may take; the later send
+/// goes through meanwhile, and every message is stored.
+#[test]
+fn a_send_kubemq_never_answers_is_unknown_once_a_later_one_is_answered() {
+    use connector::kubemq::server::{IMITATE_TAG, LOST_ANSWER};
+    let f = TestFacade::start_imitating_kubemq();
+    rt().block_on(async {
+        let c = std::sync::Arc::new(client(&f));
+        // The stream is open (KubeMQ sends its headers with its first answer).
+        let opened = c.send_queue(0, vec![msg("kmq19", "opens")]).await.unwrap();
+        assert!(!opened[0].is_error, "{opened:?}");
+        let mut lost = msg("kmq19", "lost");
+        lost.tags.insert(IMITATE_TAG.into(), LOST_ANSWER.into());
+        let first = tokio::spawn({
+            let c = c.clone();
+            async move { c.send_queue(0, vec![lost]).await }
+        });
+        // Past the 3 s after which the stream is left to the unanswered request.
+        tokio::time::sleep(Duration::from_millis(3500)).await;
+        assert!(!first.is_finished(), "answered although KubeMQ never did");
+        let later = tokio::time::timeout(
+            Duration::from_secs(5),
+            c.send_queue(0, vec![msg("kmq19", "later")]),
+        )
+        .await
+        .expect("the later send waited for the lost answer")
+        .unwrap();
+        assert!(!later[0].is_error, "{later:?}");
+        // Well inside the 65 s a send otherwise waits for its answer.
+        let first = tokio::time::timeout(Duration::from_secs(10), first)
+            .await
+            .expect("still waiting for an answer that will not come")
+            .unwrap();
+        assert!(matches!(first, Err(BackendError::Unknown(_))), "{first:?}");
+        assert_eq!(f.store.ready_count("kmq19"), 3, "every one is stored");
+    });
+}

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::metadata::MetadataValue;
@@ -155,7 +155,13 @@ pub struct KubemqGrpc {
     ready: Arc<ReadyEstimate>,
     /// Event sends, in order, over one SendEventsStream.
     events: mpsc::UnboundedSender<super::event_sender::EventSend>,
+    /// Counts the queue sends KubeMQ answered, on any stream of any credential.
+    answers: Answers,
 }
+
+/// Counts the queue sends KubeMQ answered: a send still unanswered when a later one was answered
+/// lost its answer (KMQ-19) rather than waiting for a slow broker.
+type Answers = Arc<watch::Sender<u64>>;
 
 impl KubemqGrpc {
     /// A client of the KubeMQ at `address` (`host:port`, or a URL). Connects lazily: nothing
@@ -193,16 +199,17 @@ impl KubemqGrpc {
                 deadline: opts.deadline,
             },
             Arc::default(),
+            Arc::new(watch::Sender::new(0)),
         ))
     }
 
     /// A client with its own send batchers over `shared`'s channel.
-    fn over(shared: Shared, ready: Arc<ReadyEstimate>) -> KubemqGrpc {
+    fn over(shared: Shared, ready: Arc<ReadyEstimate>, answers: Answers) -> KubemqGrpc {
         let shared = Arc::new(shared);
         let upstream = (0..UPSTREAM_STREAMS)
             .map(|_| {
                 let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(Batcher::new(shared.clone()).run(rx));
+                tokio::spawn(Batcher::new(shared.clone(), answers.clone()).run(rx));
                 tx
             })
             .collect();
@@ -212,6 +219,7 @@ impl KubemqGrpc {
             upstream,
             ready,
             events,
+            answers,
         }
     }
 
@@ -251,6 +259,7 @@ enum OpenFailure {
 /// Coalesces queued sends into QueuesUpstream requests on one long-lived stream.
 struct Batcher {
     shared: Arc<Shared>,
+    answers: Answers,
     stream: Option<(
         mpsc::Sender<QueuesUpstreamRequest>,
         tonic::Streaming<QueuesUpstreamResponse>,
@@ -258,9 +267,10 @@ struct Batcher {
 }
 
 impl Batcher {
-    fn new(shared: Arc<Shared>) -> Self {
+    fn new(shared: Arc<Shared>, answers: Answers) -> Self {
         Batcher {
             shared,
+            answers,
             stream: None,
         }
     }
@@ -349,8 +359,9 @@ impl Batcher {
     /// milliseconds, or after up to its publish-ack wait when its broker is slow, or never: its
     /// batch dispatcher can miss the acknowledgements of messages it did store (KMQ-19). A
     /// request still unanswered after [`SEND_STALL`] keeps its stream, and its callers keep
-    /// waiting for the answer up to [`SEND_ANSWER_WAIT`], while later sends go on a new stream:
-    /// one lost answer must not hold back every later send of the lanes sharing the stream.
+    /// waiting for the answer until KubeMQ answers a later send (then this answer was lost) or
+    /// up to [`SEND_ANSWER_WAIT`], while later sends go on a new stream: one lost answer must not
+    /// hold back every later send of the lanes sharing the stream.
     async fn reply(&mut self, request_id: String) -> Answer {
         let Some((_, rx)) = self.stream.as_mut() else {
             return Answer::Now(Err(BackendError::Unknown("upstream stream lost".into())));
@@ -360,6 +371,8 @@ impl Batcher {
                 let (result, keep) = judge(reply, &request_id);
                 if !keep {
                     self.stream = None;
+                } else {
+                    self.answers.send_modify(|n| *n += 1);
                 }
                 Answer::Now(result)
             }
@@ -368,17 +381,25 @@ impl Batcher {
                     return Answer::Now(Err(BackendError::Unknown("upstream stream lost".into())));
                 };
                 tracing::warn!(request = %request_id, "KubeMQ has not answered a send for {} s; later sends go on a new stream", SEND_STALL.as_secs());
+                // Seen from here on: only answers to sends after this one count.
+                let mut later = self.answers.subscribe();
                 Answer::Later(Box::pin(async move {
-                    let reply =
-                        tokio::time::timeout(SEND_ANSWER_WAIT - SEND_STALL, rx.next()).await;
-                    drop(tx);
-                    match reply {
-                        Ok(reply) => judge(reply, &request_id).0,
-                        Err(_) => Err(BackendError::Unknown(format!(
+                    let give_up = tokio::time::sleep(SEND_ANSWER_WAIT - SEND_STALL);
+                    tokio::pin!(give_up);
+                    let result = tokio::select! {
+                        reply = rx.next() => judge(reply, &request_id).0,
+                        // KubeMQ answers a slow broker's sends in turn: one that is answered
+                        // while this one is not means this answer was lost (KMQ-19).
+                        Ok(()) = later.changed() => Err(BackendError::Unknown(
+                            "KubeMQ answered later sends but not this one".into(),
+                        )),
+                        _ = &mut give_up => Err(BackendError::Unknown(format!(
                             "KubeMQ did not answer the send within {} s",
                             SEND_ANSWER_WAIT.as_secs()
                         ))),
-                    }
+                    };
+                    drop(tx);
+                    result
                 }))
             }
         }
@@ -775,6 +796,7 @@ impl Backend for KubemqGrpc {
                 deadline: self.shared.deadline,
             },
             self.ready.clone(),
+            self.answers.clone(),
         ))
     }
 

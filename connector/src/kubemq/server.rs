@@ -33,6 +33,13 @@ use tonic::codegen::http;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// A message tag that makes a façade imitating KubeMQ store the QueuesUpstream request carrying
+/// it (as its first message) and never answer it, as KubeMQ v2.4 sometimes does (KMQ-19): the
+/// value is [`LOST_ANSWER`]. Only [`Facade::imitating_kubemq`] reads it.
+pub const IMITATE_TAG: &str = "x-imitate-kubemq";
+/// See [`IMITATE_TAG`].
+pub const LOST_ANSWER: &str = "lost-answer";
+
 /// The gRPC service over a store.
 pub struct Facade {
     store: Arc<Store>,
@@ -434,6 +441,14 @@ impl Kubemq for Facade {
         let capture = self.capture.clone();
         tokio::spawn(async move {
             while let Some(Ok(request)) = inbound.next().await {
+                let lose_answer = capture.is_some()
+                    && request.messages.first().is_some_and(|m| {
+                        m.tags.get(IMITATE_TAG).map(String::as_str) == Some(LOST_ANSWER)
+                    });
+                if lose_answer {
+                    store_and_capture(&store, capture.as_deref(), request.messages).await;
+                    continue;
+                }
                 let resp = if request.messages.is_empty() {
                     QueuesUpstreamResponse {
                         ref_request_id: request.request_id,
