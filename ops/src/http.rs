@@ -1,8 +1,10 @@
 //! The HTTP endpoint for Kubernetes probes and Prometheus: a handful of paths answered from
 //! memory, for clients that are few and quick. Bounded so that clients that connect and say
-//! nothing cannot take the process's file descriptors: a few connections at a time (the rest wait
-//! in the listen backlog, holding no descriptor of the process), a deadline for the request's
-//! headers and for the whole connection, and a growing pause after a failed accept.
+//! nothing can neither take the process's file descriptors nor keep a probe out: every socket is
+//! accepted at once into a set of `Limits::connections` places, and when the set is full the
+//! socket that has been quiet the longest is closed to make room (so a probe always gets in, and
+//! a scraper's kept-alive connection outlives silent ones); a deadline for the request's headers
+//! and for the whole connection, and a growing pause after a failed accept.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -15,6 +17,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
 use crate::accept::AcceptBackoff;
+use crate::held::Held;
 
 /// The Prometheus text format's Content-Type; Prometheus 3 refuses a scrape without one.
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -84,7 +87,7 @@ pub fn probe(path: &str, ready: impl FnOnce() -> bool, metrics: impl FnOnce() ->
 /// What one client of the endpoint may hold.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    /// Connections served at once.
+    /// Connections held at once; a newcomer past it closes the quietest.
     pub connections: usize,
     /// Time to send a request's headers.
     pub header_read: Duration,
@@ -95,7 +98,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            connections: 64,
+            connections: 256,
             header_read: Duration::from_secs(5),
             life: Duration::from_secs(60),
         }
@@ -108,12 +111,9 @@ where
     A: Fn(String) -> F + Clone + Send + Sync + 'static,
     F: std::future::Future<Output = Answer> + Send + 'static,
 {
-    let slots = Arc::new(tokio::sync::Semaphore::new(limits.connections));
+    let held = Held::new(limits.connections);
     let mut backoff = AcceptBackoff::new("HTTP");
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => {
                 backoff.succeeded();
@@ -124,10 +124,13 @@ where
                 continue;
             }
         };
+        let admitted = held.admit();
+        let hold = Arc::new(admitted.hold);
+        let mut evicted = admitted.evicted;
         let answer = answer.clone();
         tokio::spawn(async move {
-            let _slot = slot;
             let service = service_fn(move |req: Request<hyper::body::Incoming>| {
+                hold.active();
                 let answered = answer(req.uri().path().to_string());
                 async move { Ok::<_, Infallible>(response(answered.await)) }
             });
@@ -135,8 +138,13 @@ where
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(limits.header_read)
                 .serve_connection(TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(limits.life, connection).await;
+            tokio::select! {
+                _ = tokio::time::timeout(limits.life, connection) => {}
+                Ok(()) = &mut evicted => {}
+            }
         });
+        // A flood of connects must not keep the accept loop from the connections' own tasks.
+        tokio::task::yield_now().await;
     }
 }
 

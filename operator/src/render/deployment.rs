@@ -193,6 +193,11 @@ fn volume_mounts(spec: &AmqpConnectorSpec) -> Vec<VolumeMount> {
     m
 }
 
+/// How long the kubelet waits for a probe's answer: the endpoint answers from memory in
+/// milliseconds even with hostile sockets on its port, so 2 s only absorbs a stalled node, and a
+/// restart needs `failureThreshold` misses in a row.
+const PROBE_TIMEOUT_SECONDS: i32 = 2;
+
 fn container(spec: &AmqpConnectorSpec) -> Container {
     let http = http_port(spec);
     let mut ports = Vec::new();
@@ -210,6 +215,8 @@ fn container(spec: &AmqpConnectorSpec) -> Container {
             ..HTTPGetAction::default()
         }),
         period_seconds: Some(period),
+        timeout_seconds: Some(PROBE_TIMEOUT_SECONDS),
+        success_threshold: Some(1),
         failure_threshold: Some(failures),
         ..Probe::default()
     };
