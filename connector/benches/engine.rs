@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use connector::config::Settings;
 use connector::engine::peer;
-use connector::engine::{Connection, Event, LinkAccept, Transport, HEADER_AMQP};
+use connector::engine::{AdmitAll, Connection, Event, LinkAccept, Transport, HEADER_AMQP};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp_types::performatives::{Begin, Flow};
@@ -36,7 +36,7 @@ fn setup() -> (Connection, Instant, u64, u64) {
     let mut c = Connection::new(
         Arc::new(settings.engine_config_no_auth()),
         Transport::Plain,
-        None,
+        AdmitAll,
         now,
     );
     let mut input = HEADER_AMQP.to_vec();

@@ -133,9 +133,6 @@ settings! {
         |v| parse::int(v, 0, parse::I64);
     /// Seconds from accept until the client's OPEN (SASL included); a slower client is dropped.
     HandshakeTimeoutSeconds => handshake_timeout_seconds: u32 = 5, |v| parse::int(v, 1, 3600);
-    /// Count a connection against MaxConnections only once its protocol header arrived, so
-    /// silent sockets cannot hold the slots (they are still dropped at the handshake timeout).
-    CountConnectionsAfterHeader => count_connections_after_header: bool = false, parse::boolean;
     /// Log line format: text or json.
     LogFormat => log_format: LogFormat = LogFormat::Text, |v| v.parse();
     /// PEM certificate chain of the TLS listener (leaf first); with `TlsKeyFile` it turns the
@@ -733,7 +730,6 @@ mod tests {
             max_connection_memory: 5000,
             max_process_memory: 0,
             handshake_timeout_seconds: 2,
-            count_connections_after_header: true,
             log_format: LogFormat::Json,
             tls_cert_file: Some(PathBuf::from("/tls/tls.crt")),
             tls_key_file: Some(PathBuf::from("/tls/tls.key")),
@@ -1057,8 +1053,8 @@ mod tests {
         }
     }
 
-    /// The hostile-client limits: memory budgets, the pre-OPEN deadline, when a connection
-    /// counts, and the log format; a connection budget below MaxMessageSize is refused.
+    /// The hostile-client limits: memory budgets, the pre-OPEN deadline and the log format; a
+    /// connection budget below MaxMessageSize is refused.
     #[test]
     fn limits_settings() {
         let d = Settings::default();
@@ -1067,17 +1063,15 @@ mod tests {
                 d.max_connection_memory,
                 d.max_process_memory,
                 d.handshake_timeout_seconds,
-                d.count_connections_after_header,
                 d.log_format
             ),
-            (256 << 20, 1 << 30, 5, false, LogFormat::Text)
+            (256 << 20, 1 << 30, 5, LogFormat::Text)
         );
         let env: BTreeMap<&str, &str> = [
             ("CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY", "2000"),
             ("CONNECTORS_AMQP10_MAX_PROCESS_MEMORY", "0"),
             ("CONNECTORS_AMQP10_MAX_MESSAGE_SIZE", "2000"),
             ("CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS", "2"),
-            ("CONNECTORS_AMQP10_COUNT_CONNECTIONS_AFTER_HEADER", "true"),
             ("CONNECTORS_AMQP10_LOG_FORMAT", "json"),
         ]
         .into_iter()
@@ -1088,10 +1082,9 @@ mod tests {
                 s.max_connection_memory,
                 s.max_process_memory,
                 s.handshake_timeout_seconds,
-                s.count_connections_after_header,
                 s.log_format
             ),
-            (2000, 0, 2, true, LogFormat::Json)
+            (2000, 0, 2, LogFormat::Json)
         );
         let e = Settings::resolve(&[raw(&[
             ("MaxConnectionMemory", "1000"),

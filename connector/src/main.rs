@@ -223,7 +223,6 @@ async fn serve_amqp<B: Backend + Clone>(
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
         broker_ready: Some(ready.clone()),
-        count_after_header: settings.count_connections_after_header,
         registry,
     };
     serve(

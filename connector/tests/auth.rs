@@ -26,11 +26,14 @@ const JS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/js");
 const SECRET: &str = "kubemq-hs256-secret-for-tests";
 
 /// KubeMQ's access control list: `writer` may only write `orders`; `app` may read and write
-/// `orders` and `audit`; `billing` (a certificate's CN) may read and write `billing`.
+/// `orders` and `audit`, and write events on `sub.` anything; `billing` (a certificate's CN) may
+/// read and write `billing`; `alice` may read events on `sub.` and one more token.
 const ACL: &str = r#"[
   {"Queues": true, "ClientID": "^writer$", "Channel": "^orders$", "Read": false, "Write": true},
   {"Queues": true, "ClientID": "^app$", "Channel": "^(orders|audit)$", "Read": true, "Write": true},
-  {"Queues": true, "ClientID": "^billing$", "Channel": "^billing$", "Read": true, "Write": true}
+  {"Events": true, "ClientID": "^app$", "Channel": "^sub\\..+$", "Read": false, "Write": true},
+  {"Queues": true, "ClientID": "^billing$", "Channel": "^billing$", "Read": true, "Write": true},
+  {"Events": true, "ClientID": "^alice$", "Channel": "^sub\\.[^.]+$", "Read": true, "Write": false}
 ]"#;
 
 fn now() -> i64 {
@@ -272,6 +275,19 @@ fn authz_4_anonymous_terminus_checked_per_message() {
         .args(["app", &app, "audit", "payroll"]));
     let d = audited(&c, "authz.denied", "Channel", "\"payroll\"");
     assert_eq!(d["Action"], "write");
+}
+
+/// AUTHZ-7: a wildcard events subscription (`sub.>`, `sub.*`) whose string the policy lets
+/// alice read gets only the events whose own channel she may read (`sub.x`, `sub.z`, not
+/// `sub.x.y` or `sub.deep.er.z`); a subscription string the policy does not match (`>`, `*.x`,
+/// `sub.*.>`) is refused at attach.
+#[test]
+fn authz_7_wildcard_subscriptions_get_only_readable_channels() {
+    let c = Secured::start(None);
+    c.python(
+        "wildcard",
+        &[&token("alice", SECRET, 300), &token("app", SECRET, 300)],
+    );
 }
 
 /// AUTHZ-5: dynamic reply nodes are private to their connection and not checked: a client the

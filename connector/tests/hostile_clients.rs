@@ -457,44 +457,34 @@ fn open_answer(port: u16) -> Option<Performative> {
     answers.next().or(open)
 }
 
-/// Sockets that connect and say nothing: with CountConnectionsAfterHeader they hold no
-/// connection slot (a client that sends its header is served while they wait), at most 4 ×
-/// MaxConnections (64 here) are kept waiting and the rest are dropped at once, so the process's
-/// descriptors stay bounded; each is closed at the handshake timeout.
+/// Sockets that connect and say nothing hold no connection slot: a client that opens is served
+/// among them, the handshake pool keeps at most 256 of them (the oldest are dropped to make room),
+/// so the process's descriptors stay bounded, and each is closed by the handshake timeout.
 #[test]
-fn silent_sockets_hold_no_slot_and_are_dropped_at_the_handshake_timeout() {
+fn silent_sockets_hold_no_slot_and_the_oldest_are_dropped() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
     let mut server = start_connector(
         dir.path(),
         port,
-        &[
-            "--max-connections",
-            "4",
-            "--handshake-timeout-seconds",
-            "2",
-            "--count-connections-after-header",
-            "true",
-        ],
+        &["--max-connections", "4", "--handshake-timeout-seconds", "2"],
     );
     let pid = server.id();
     let before = open_descriptors(pid);
     let connect = || std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let mut silent: Vec<std::net::TcpStream> = (0..40).map(|_| connect()).collect();
-    std::thread::sleep(Duration::from_millis(300));
+    let mut silent: Vec<std::net::TcpStream> = (0..300).map(|_| connect()).collect();
     let answer = open_answer(port);
     assert!(
         matches!(answer, Some(Performative::Open(_))),
-        "a client with a header is refused while silent sockets wait: {answer:?}"
+        "a client is refused among silent sockets: {answer:?}"
     );
-    silent.extend((0..60).map(|_| connect()));
     std::thread::sleep(Duration::from_millis(300));
     let held = open_descriptors(pid).saturating_sub(before);
     assert!(
-        held <= 64 + 2,
-        "{held} descriptors held for 100 silent sockets"
+        held <= 256 + 4,
+        "{held} descriptors held for 300 silent sockets"
     );
-    // All are closed by the server: the extras at once, the waiting ones at the timeout.
+    // All are closed by the server: the oldest to make room, the rest at the timeout.
     let started = Instant::now();
     let mut closed = 0;
     for s in &mut silent {
@@ -505,7 +495,7 @@ fn silent_sockets_hold_no_slot_and_are_dropped_at_the_handshake_timeout() {
             closed += 1;
         }
     }
-    assert_eq!(closed, 100, "every silent socket is closed by the server");
+    assert_eq!(closed, 300, "every silent socket is closed by the server");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "closed only after {:?}",
@@ -515,36 +505,189 @@ fn silent_sockets_hold_no_slot_and_are_dropped_at_the_handshake_timeout() {
     let _ = server.wait();
 }
 
-/// Counted from accept (the default), silent sockets do take the slots, but only until the
-/// handshake timeout: a client refused while they wait is admitted once they are dropped.
+/// The HS256 key of the authenticated connectors here.
+const JWT_KEY: &str = "hostile-clients-hs256-key-for-tests";
+
+/// A KubeMQ token for `client_id`, valid for `seconds` from now.
+fn token(client_id: &str, seconds: u64) -> String {
+    let exp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+        + seconds;
+    let token = jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &serde_json::json!({"ClientID": client_id, "exp": exp}),
+        &jsonwebtoken::EncodingKey::from_secret(JWT_KEY.as_bytes()),
+    )
+    .expect("token");
+    testkit::logs::used_secret(&token);
+    token
+}
+
+/// A connector on `port` that authenticates with [`JWT_KEY`], its extra `args` after.
+fn start_authenticated(dir: &std::path::Path, port: u16, args: &[&str]) -> std::process::Child {
+    testkit::logs::used_secret(JWT_KEY);
+    let key = dir.join("jwt.key");
+    std::fs::write(&key, JWT_KEY).expect("key file");
+    let key = key.display().to_string();
+    let mut all = vec![
+        "--authentication",
+        "true",
+        "--jwt-signature-type",
+        "HS256",
+        "--jwt-key-file",
+        &key,
+    ];
+    all.extend_from_slice(args);
+    start_connector(dir, port, &all)
+}
+
+/// A client that authenticates with SASL PLAIN and `token` and sends its OPEN, all at once;
+/// the connection and the answer to its OPEN (the server's OPEN, or the CLOSE that refuses it).
+fn authenticated_open(port: u16, token: &str) -> (RawPeer, Option<Performative>) {
+    let mut c = common::connect_bare(port);
+    c.write(&connector::engine::HEADER_SASL);
+    let mut response = b"\0user\0".to_vec();
+    response.extend_from_slice(token.as_bytes());
+    c.write(&peer::sasl_frame(&fe2o3_amqp_types::sasl::SaslInit {
+        mechanism: "PLAIN".into(),
+        initial_response: Some(ByteBuf::from(response)),
+        hostname: None,
+    }));
+    c.write(&connector::engine::HEADER_AMQP);
+    c.write(&peer::frame(0, &peer::open("authenticated"), &[]));
+    let mut got = read_until(&mut c, Duration::from_secs(5), |g| {
+        g.iter().any(|p| matches!(p, Performative::Open(_)))
+    });
+    got.extend(read_until(&mut c, Duration::from_millis(300), |_| false));
+    let mut answers = got
+        .into_iter()
+        .filter(|p| matches!(p, Performative::Open(_) | Performative::Close(_)));
+    let open = answers.next();
+    let answer = answers.next().or(open);
+    (c, answer)
+}
+
+/// 1,100 sockets that send only the SASL protocol header and are opened again whenever they are
+/// dropped never take the slot of a client that authenticates: with MaxConnections 4, four
+/// authenticated clients are admitted among them, and a fifth is refused for the limit, not
+/// for the sockets.
 #[test]
-fn silent_sockets_counted_from_accept_free_their_slots_at_the_timeout() {
+fn header_only_sockets_never_take_an_authenticated_clients_slot() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();
-    let mut server = start_connector(
-        dir.path(),
-        port,
-        &["--max-connections", "4", "--handshake-timeout-seconds", "1"],
-    );
-    // The slot of start_connector's own probe connection must be free again first.
-    std::thread::sleep(Duration::from_millis(200));
-    let silent: Vec<std::net::TcpStream> = (0..4)
-        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
-        .collect();
-    std::thread::sleep(Duration::from_millis(200));
-    match open_answer(port) {
+    let mut server = start_authenticated(dir.path(), port, &["--max-connections", "4"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let reconnects = Arc::new(AtomicU64::new(0));
+    let hostile = {
+        let (stop, reconnects) = (stop.clone(), reconnects.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let mut tasks = Vec::new();
+                for _ in 0..1100 {
+                    let (stop, reconnects) = (stop.clone(), reconnects.clone());
+                    tasks.push(tokio::spawn(async move {
+                        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                        while !stop.load(Ordering::Relaxed) {
+                            let Ok(mut s) =
+                                tokio::net::TcpStream::connect(("127.0.0.1", port)).await
+                            else {
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                continue;
+                            };
+                            let _ = s.write_all(&connector::engine::HEADER_SASL).await;
+                            // Whatever the server says, until it drops the socket.
+                            let mut sink = [0u8; 256];
+                            while !stop.load(Ordering::Relaxed) {
+                                let read = tokio::time::timeout(
+                                    Duration::from_millis(500),
+                                    s.read(&mut sink),
+                                );
+                                if let Ok(Ok(0) | Err(_)) = read.await {
+                                    break;
+                                }
+                            }
+                            reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }));
+                }
+                for t in tasks {
+                    let _ = t.await;
+                }
+            });
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let mut admitted = Vec::new();
+    for i in 0..4 {
+        let (c, answer) = authenticated_open(port, &token(&format!("client-{i}"), 60));
+        assert!(
+            matches!(answer, Some(Performative::Open(_))),
+            "authenticated client {i} among header-only sockets: {answer:?}"
+        );
+        admitted.push(c);
+    }
+    let (_, answer) = authenticated_open(port, &token("client-5", 60));
+    match answer {
         Some(Performative::Close(c)) => assert_eq!(
             c.error.as_ref().map(peer::error_symbol).as_deref(),
             Some("amqp:resource-limit-exceeded")
         ),
-        other => panic!("admitted past MaxConnections: {other:?}"),
+        other => panic!("a fifth client past MaxConnections 4: {other:?}"),
     }
-    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    let _ = hostile.join();
     assert!(
-        matches!(open_answer(port), Some(Performative::Open(_))),
-        "still locked out after the handshake timeout"
+        reconnects.load(Ordering::Relaxed) > 0,
+        "the header-only sockets were dropped and came back"
     );
-    drop(silent);
+    drop(admitted);
+    let _ = server.kill();
+    let _ = server.wait();
+}
+
+/// SASL-13: a connection authenticated with a token that expires 3 s later is closed then with
+/// `amqp:unauthorized-access`, whatever it is doing; one whose token lasts stays open.
+#[test]
+fn sasl_13_an_expiring_token_closes_the_connection() {
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_authenticated(dir.path(), port, &[]);
+    let (mut short, answer) = authenticated_open(port, &token("short-lived", 3));
+    assert!(matches!(answer, Some(Performative::Open(_))), "{answer:?}");
+    let (mut long, answer) = authenticated_open(port, &token("long-lived", 600));
+    assert!(matches!(answer, Some(Performative::Open(_))), "{answer:?}");
+    short.write(&peer::frame(0, &peer::begin(), &[]));
+    let started = Instant::now();
+    let got = read_until(&mut short, Duration::from_secs(8), |g| {
+        g.iter().any(|p| matches!(p, Performative::Close(_)))
+    });
+    let close = got.iter().find_map(|p| match p {
+        Performative::Close(c) => Some(c),
+        _ => None,
+    });
+    let close = close.unwrap_or_else(|| panic!("not closed after the token expired: {got:?}"));
+    assert_eq!(
+        close.error.as_ref().map(peer::error_symbol).as_deref(),
+        Some("amqp:unauthorized-access")
+    );
+    assert!(
+        started.elapsed() > Duration::from_secs(1),
+        "closed before the token expired"
+    );
+    long.write(&peer::frame(0, &peer::begin(), &[]));
+    let got = read_until(&mut long, Duration::from_secs(1), |g| {
+        g.iter().any(|p| matches!(p, Performative::Begin(_)))
+    });
+    assert!(
+        got.iter().any(|p| matches!(p, Performative::Begin(_))),
+        "the other connection stays open: {got:?}"
+    );
     let _ = server.kill();
     let _ = server.wait();
 }

@@ -6,6 +6,7 @@
 //! implements.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Longest SASL initial response accepted (SASL-8).
 pub const MAX_INITIAL_RESPONSE: usize = 16 * 1024;
@@ -70,10 +71,29 @@ impl std::fmt::Debug for Credential {
     }
 }
 
-/// Checks a KubeMQ JWT and returns its `ClientID` claim, unsanitized.
+/// What a verified token says about its holder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedToken {
+    /// The `ClientID` claim, unsanitized.
+    pub client_id: String,
+    /// How long from now the token stays valid (its `exp`); `None` when it never expires.
+    pub valid_for: Option<Duration>,
+}
+
+impl From<&str> for VerifiedToken {
+    /// A token for `client_id` that never expires.
+    fn from(client_id: &str) -> Self {
+        VerifiedToken {
+            client_id: client_id.into(),
+            valid_for: None,
+        }
+    }
+}
+
+/// Checks a KubeMQ JWT and says whose it is and for how long (SASL-3, SASL-13).
 pub trait TokenVerifier: Send + Sync {
     /// `Err` says why the token is refused, without the token.
-    fn verify(&self, token: &str) -> Result<String, AuthFailure>;
+    fn verify(&self, token: &str) -> Result<VerifiedToken, AuthFailure>;
 }
 
 /// How clients authenticate.
@@ -110,6 +130,9 @@ pub struct Identity {
     pub mechanism: Mechanism,
     /// The token to present to KubeMQ for this connection (PLAIN with authentication on).
     pub credential: Option<Credential>,
+    /// How long the credential stays valid from authentication; `None`: as long as the
+    /// connection (SASL-13).
+    pub valid_for: Option<Duration>,
 }
 
 /// Why authentication failed; kept for logs, never sent to the client (ERR-4).
@@ -188,6 +211,7 @@ impl AuthPolicy {
                 client_id: None,
                 mechanism: mech,
                 credential: None,
+                valid_for: None,
             }),
             Mechanism::External => external(certificate, response),
             Mechanism::Plain => match parse_plain(response) {
@@ -209,11 +233,12 @@ impl AuthPolicy {
                     client_id: (!id.is_empty()).then_some(id),
                     mechanism: Mechanism::Plain,
                     credential: None,
+                    valid_for: None,
                 })
             }
             AuthPolicy::Jwt(verifier) => {
-                let claim = verifier.verify(plain.passwd)?;
-                let id = sanitize_client_id(&claim);
+                let token = verifier.verify(plain.passwd)?;
+                let id = sanitize_client_id(&token.client_id);
                 if id.is_empty() {
                     return Err(AuthFailure("token has an empty ClientID claim".into()));
                 }
@@ -221,6 +246,7 @@ impl AuthPolicy {
                     client_id: Some(id),
                     mechanism: Mechanism::Plain,
                     credential: Some(Credential::new(plain.passwd)),
+                    valid_for: token.valid_for,
                 })
             }
         }
@@ -249,6 +275,7 @@ fn external(
         client_id: Some(id),
         mechanism: Mechanism::External,
         credential: None,
+        valid_for: None,
     })
 }
 
@@ -307,7 +334,7 @@ mod tests {
 
     struct Fixed;
     impl TokenVerifier for Fixed {
-        fn verify(&self, token: &str) -> Result<String, AuthFailure> {
+        fn verify(&self, token: &str) -> Result<VerifiedToken, AuthFailure> {
             match token {
                 "good" => Ok("svc.a".into()),
                 "blank" => Ok("".into()),

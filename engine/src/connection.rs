@@ -14,6 +14,7 @@ use fe2o3_amqp_types::performatives::{Close, Open};
 use fe2o3_amqp_types::primitives::{Array, Symbol};
 use fe2o3_amqp_types::sasl::{SaslCode, SaslMechanisms, SaslOutcome};
 
+use super::admission::Admission;
 use super::auth::{
     sanitize_client_id, AuthAttempt, AuthFailure, AuthPolicy, ClientCertificate, Identity,
 };
@@ -141,7 +142,7 @@ pub(super) enum State {
 pub struct Connection {
     pub(super) cfg: Arc<EngineConfig>,
     transport: Transport,
-    admission: Option<AmqpError>,
+    admission: Box<dyn Admission>,
     pub(super) state: State,
     pub(super) out: BytesMut,
     /// Reused to size a delivery's first TRANSFER before it is written.
@@ -163,6 +164,8 @@ pub struct Connection {
     last_sent: Instant,
     peer_idle: Option<Duration>,
     handshake_deadline: Instant,
+    /// When the client's token expires; the connection is closed then (SASL-13).
+    credential_deadline: Option<Instant>,
     close_deadline: Option<Instant>,
     closed_event_sent: bool,
     pub(super) pending_disposition: Option<PendingDisposition>,
@@ -198,11 +201,11 @@ fn open_property(open: &Open, key: &str) -> Option<String> {
 impl Connection {
     /// A new server connection waiting for the client's protocol header.
     ///
-    /// `admission` is `Some` when the connection is to be refused at OPEN (CONN-15).
+    /// `admission` is asked at the client's OPEN whether the connection may open (CONN-15).
     pub fn new(
         cfg: Arc<EngineConfig>,
         transport: Transport,
-        admission: Option<AmqpError>,
+        admission: impl Admission + 'static,
         now: Instant,
     ) -> Self {
         let handshake_deadline = now + cfg.handshake_timeout;
@@ -210,7 +213,7 @@ impl Connection {
         Connection {
             cfg,
             transport,
-            admission,
+            admission: Box::new(admission),
             state: State::Header(HeaderStage::Initial),
             out: BytesMut::with_capacity(1024),
             scratch: BytesMut::new(),
@@ -228,6 +231,7 @@ impl Connection {
             last_sent: now,
             peer_idle: None,
             handshake_deadline,
+            credential_deadline: None,
             close_deadline: None,
             closed_event_sent: false,
             pending_disposition: None,
@@ -314,10 +318,10 @@ impl Connection {
             State::Open => {
                 let idle = self.cfg.idle_timeout.map(|d| self.last_recv + d);
                 let beat = self.peer_idle.map(|d| self.last_sent + d / 2);
-                match (idle, beat) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                }
+                [idle, beat, self.credential_deadline]
+                    .into_iter()
+                    .flatten()
+                    .min()
             }
             State::CloseSent => self.close_deadline,
             State::Closed => None,
@@ -335,6 +339,17 @@ impl Connection {
                 }
             }
             State::Open => {
+                if self.credential_deadline.is_some_and(|d| now >= d) {
+                    // SASL-13.
+                    self.close(
+                        now,
+                        Some(AmqpError::new(
+                            Condition::UnauthorizedAccess,
+                            "token expired",
+                        )),
+                    );
+                    return;
+                }
                 if let Some(idle) = self.cfg.idle_timeout {
                     if now >= self.last_recv + idle {
                         // CONN-11.
@@ -545,6 +560,8 @@ impl Connection {
                     // SASL-6 (2), (4): the container-id is the ClientID, known at OPEN.
                     self.sasl_report = Some(report);
                 }
+                // A lifetime too long to add is one that never ends.
+                self.credential_deadline = identity.valid_for.and_then(|d| self.now.checked_add(d));
                 self.identity = Some(identity);
                 codec::write_sasl_outcome(
                     &mut self.out,
@@ -608,7 +625,7 @@ impl Connection {
                 "open.container-id is required",
             ));
         }
-        if let Some(err) = self.admission.take() {
+        if let Some(err) = self.admission.at_open() {
             // CONN-15.
             return self.refuse_open(err);
         }

@@ -10,6 +10,7 @@
 //! connector's envelope read messages with), [`peer`] (the client's side, for tests and load
 //! tools), and the types re-exported here.
 
+mod admission;
 mod auth;
 mod budget;
 pub mod codec;
@@ -25,9 +26,10 @@ pub mod serial;
 mod session;
 pub mod validate;
 
+pub use admission::{Admission, AdmitAll};
 pub use auth::{
     sanitize_client_id, sanitize_id, AuthFailure, AuthPolicy, ClientCertificate, Credential,
-    Identity, Mechanism, TokenVerifier, MAX_INITIAL_RESPONSE,
+    Identity, Mechanism, TokenVerifier, VerifiedToken, MAX_INITIAL_RESPONSE,
 };
 pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
 pub use codec::DeliveryOutcome;

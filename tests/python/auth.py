@@ -19,7 +19,7 @@ Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
               receives on queues/CHANNEL"""
 import sys
 
-from proton import Disposition, Message, SSLDomain
+from proton import Disposition, Message, SSLDomain, Timeout
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 TIMEOUT = 10
@@ -116,6 +116,35 @@ def main():
             check("amqp:unauthorized-access" in str(e), str(e))
             check("KubeMQ refused" in str(e), str(e))
         conn.close()
+    elif scenario == "wildcard":
+        # AUTHZ-7: alice may read events on sub.<one token> only; app may write sub.anything.
+        alice, app = args
+        reader = connect(port, "alice", alice)
+        writer = connect(port, "app", app)
+        sender = writer.create_sender(None)
+        for subscription in ("sub.>", "sub.*"):
+            receiver = reader.create_receiver(f"events/{subscription}", credit=50)
+            for channel in ("sub.x.y", "sub.deep.er.z", "sub.x", "sub.x.y", "sub.z"):
+                sender.send(Message(address=f"events/{channel}", body=channel))
+            got = []
+            while len(got) < 2:
+                got.append(receiver.receive(timeout=TIMEOUT).body)
+            try:
+                extra = receiver.receive(timeout=0.5).body
+                raise AssertionError(f"{subscription}: {extra!r} came after {got}")
+            except Timeout:
+                pass
+            check(got == ["sub.x", "sub.z"], f"{subscription} received {got}")
+            receiver.close()
+        # A subscription string the rule does not match is refused at attach, as any channel.
+        for subscription in (">", "*.x", "sub.*.>"):
+            try:
+                reader.create_receiver(f"events/{subscription}", credit=1)
+                raise AssertionError(f"events/{subscription} was attached")
+            except LinkDetached as e:
+                unauthorized(e, subscription)
+        reader.close()
+        writer.close()
     elif scenario == "dynamic":
         user, token = args
         conn = connect(port, user, token)

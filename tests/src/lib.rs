@@ -448,7 +448,6 @@ impl TestConnector {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
             broker_ready: None,
-            count_after_header: settings.count_connections_after_header,
             registry: Default::default(),
         };
         let bridge = connector::bridge::queues::Queues::new(

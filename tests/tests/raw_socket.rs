@@ -178,7 +178,6 @@ fn conn_15_16_broker_readiness() {
                 max_connections: settings.max_connections,
                 shutdown_grace: Duration::from_secs(5),
                 broker_ready: Some(ready),
-                count_after_header: settings.count_connections_after_header,
                 registry: Default::default(),
             };
             let bridge = Queues::new(

@@ -12,7 +12,7 @@ use bytes::BytesMut;
 use connector::auth::jwt::{JwtVerifier, KeySource, SignatureType};
 use connector::config::Settings;
 use connector::engine::{
-    AuthPolicy, ClientCertificate, Connection, Event, LinkAccept, Transport,
+    AdmitAll, AuthPolicy, ClientCertificate, Connection, Event, LinkAccept, Transport,
 };
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use libfuzzer_sys::fuzz_target;
@@ -51,7 +51,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let cfg = Arc::new(Settings::default().engine_config(auth));
     let now = Instant::now();
-    let mut c = Connection::new(cfg, transport, None, now);
+    let mut c = Connection::new(cfg, transport, AdmitAll, now);
     let mut input = BytesMut::from(prefix);
     // Feed in a few chunks so split frames are exercised.
     for chunk in rest.chunks(rest.len() / 3 + 1) {

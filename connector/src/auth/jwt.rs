@@ -1,15 +1,15 @@
 //! Checks KubeMQ JWTs as KubeMQ's `authentication.jwtConfig` does: one key, one signature type,
 //! the registered time claims (`exp`, `nbf`, `iat`) enforced when present, with no leeway; and
-//! reads the `ClientID` claim that names the connection (SASL-3).
+//! reads the `ClientID` claim that names the connection (SASL-3). A time claim that is present
+//! but not a number is refused, and `exp` sets how long the connection may live (SASL-13).
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::time::Duration;
 
+use crate::engine::{AuthFailure, TokenVerifier, VerifiedToken};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde::Deserialize;
-
-use crate::engine::{AuthFailure, TokenVerifier};
 
 /// The signature types KubeMQ accepts that this verifier supports (ES512 has no implementation
 /// in the JWT library used, so it is refused at start-up rather than failing every login).
@@ -121,12 +121,13 @@ impl std::fmt::Debug for JwtVerifier {
     }
 }
 
-/// The claims read besides the registered ones the validation checks.
-#[derive(Deserialize)]
-struct Claims {
-    #[serde(rename = "ClientID")]
-    client_id: Option<String>,
-    iat: Option<f64>,
+/// What a token's signature and claims allow.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checked {
+    /// The `ClientID` claim, if there is one.
+    pub client_id: Option<String>,
+    /// Time left until `exp`; `None` without one.
+    pub valid_for: Option<Duration>,
 }
 
 impl JwtVerifier {
@@ -157,11 +158,12 @@ impl JwtVerifier {
         };
         let mut validation = Validation::new(signature.algorithm());
         // KubeMQ requires no claim, checks exp and nbf when present, with no leeway, and does
-        // not look at aud.
+        // not look at aud. The time claims are checked here by `check`, which also refuses
+        // one that is not a number (the library would let it pass as absent).
         validation.required_spec_claims = HashSet::new();
         validation.leeway = 0;
-        validation.validate_exp = true;
-        validation.validate_nbf = true;
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
         validation.validate_aud = false;
         Ok(JwtVerifier { key, validation })
     }
@@ -169,26 +171,63 @@ impl JwtVerifier {
 
 impl JwtVerifier {
     /// Checks `token` as KubeMQ does, which needs no `ClientID` claim; returns the claim if
-    /// there is one.
-    pub fn check(&self, token: &str) -> Result<Option<String>, AuthFailure> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
-            .map_err(|e| AuthFailure(reason(e.kind()).into()))?;
+    /// there is one, and how long the token stays valid.
+    pub fn check(&self, token: &str) -> Result<Checked, AuthFailure> {
+        let data = jsonwebtoken::decode::<serde_json::Map<String, serde_json::Value>>(
+            token,
+            &self.key,
+            &self.validation,
+        )
+        .map_err(|e| AuthFailure(reason(e.kind()).into()))?;
+        let claims = data.claims;
+        let time = |name: &'static str| -> Result<Option<f64>, AuthFailure> {
+            match claims.get(name) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_f64()
+                    .map(Some)
+                    .ok_or_else(|| AuthFailure(format!("token claim {name} is not a number"))),
+            }
+        };
+        let (exp, nbf, iat) = (time("exp")?, time("nbf")?, time("iat")?);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0);
-        if data.claims.iat.is_some_and(|iat| iat > now) {
+        if exp.is_some_and(|exp| exp < now) {
+            return Err(AuthFailure("token expired".into()));
+        }
+        if nbf.is_some_and(|nbf| nbf > now) {
+            return Err(AuthFailure("token not valid yet (nbf)".into()));
+        }
+        if iat.is_some_and(|iat| iat > now) {
             return Err(AuthFailure("token used before it was issued".into()));
         }
-        Ok(data.claims.client_id)
+        let client_id = match claims.get("ClientID") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(id)) => Some(id.clone()),
+            Some(_) => return Err(AuthFailure("token claims are not valid JSON".into())),
+        };
+        // A lifetime too long for a Duration is one that never ends.
+        let valid_for = exp.and_then(|exp| Duration::try_from_secs_f64(exp - now).ok());
+        Ok(Checked {
+            client_id,
+            valid_for,
+        })
     }
 }
 
 impl TokenVerifier for JwtVerifier {
     /// A connection needs the claim: it is the ClientID its links are authorized as.
-    fn verify(&self, token: &str) -> Result<String, AuthFailure> {
-        self.check(token)?
-            .ok_or_else(|| AuthFailure("token has no ClientID claim".into()))
+    fn verify(&self, token: &str) -> Result<VerifiedToken, AuthFailure> {
+        let checked = self.check(token)?;
+        let client_id = checked
+            .client_id
+            .ok_or_else(|| AuthFailure("token has no ClientID claim".into()))?;
+        Ok(VerifiedToken {
+            client_id,
+            valid_for: checked.valid_for,
+        })
     }
 }
 
@@ -242,10 +281,10 @@ mod tests {
             serde_json::json!({"ClientID": "orders", "exp": now() + 60}),
             b"s3cret",
         );
-        assert_eq!(v.verify(&good).unwrap(), "orders");
+        assert_eq!(v.verify(&good).unwrap().client_id, "orders");
         // KubeMQ's own tests sign tokens without any time claim.
         let bare = hs(serde_json::json!({"ClientID": "orders"}), b"s3cret");
-        assert_eq!(v.verify(&bare).unwrap(), "orders");
+        assert_eq!(v.verify(&bare).unwrap().client_id, "orders");
         let cases = [
             (
                 hs(serde_json::json!({"ClientID": "x"}), b"other"),
@@ -295,6 +334,49 @@ mod tests {
         }
     }
 
+    /// SASL-13: a time claim that is there but not a number is refused (not taken as absent);
+    /// a number in the past is expired; a token's lifetime is the time left until its `exp`.
+    #[test]
+    fn sasl_13_time_claims_must_be_numbers() {
+        let v = verifier();
+        for claim in ["exp", "nbf", "iat"] {
+            for value in [
+                serde_json::json!("0"),
+                serde_json::json!(true),
+                serde_json::Value::Null,
+            ] {
+                let token = hs(
+                    serde_json::json!({"ClientID": "x", claim: value.clone()}),
+                    b"s3cret",
+                );
+                assert_eq!(
+                    v.verify(&token).unwrap_err().0,
+                    format!("token claim {claim} is not a number"),
+                    "{claim}: {value}"
+                );
+            }
+        }
+        // An object is not even read as claims.
+        let object = hs(
+            serde_json::json!({"ClientID": "x", "exp": {"at": 1}}),
+            b"s3cret",
+        );
+        assert!(v.verify(&object).is_err());
+        let minus_one = hs(serde_json::json!({"ClientID": "x", "exp": -1}), b"s3cret");
+        assert_eq!(v.verify(&minus_one).unwrap_err().0, "token expired");
+        let minute = hs(
+            serde_json::json!({"ClientID": "x", "exp": now() + 60}),
+            b"s3cret",
+        );
+        let left = v.verify(&minute).unwrap().valid_for.unwrap();
+        assert!(
+            left <= Duration::from_secs(60) && left > Duration::from_secs(58),
+            "{left:?}"
+        );
+        let forever = hs(serde_json::json!({"ClientID": "x"}), b"s3cret");
+        assert_eq!(v.verify(&forever).unwrap().valid_for, None);
+    }
+
     /// SASL-3: the signature type names KubeMQ uses parse (any case); ES512 is refused at
     /// start-up; a PEM key that is not one fails with a message and no key material.
     #[test]
@@ -333,7 +415,7 @@ mod tests {
             let r = v.verify(&mutated);
             if mutated != good {
                 // A change may decode to the same bytes (base64 padding bits); otherwise it fails.
-                proptest::prop_assert!(r.is_err() || r.as_deref() == Ok("orders"));
+                proptest::prop_assert!(r.is_err() || r.map(|t| t.client_id).as_deref() == Ok("orders"));
             }
         }
     }

@@ -113,4 +113,18 @@ impl Access {
             _ => Ok(()),
         }
     }
+
+    /// Whether `client_id` may read `channel` of `pattern`, without auditing a refusal: asked
+    /// for every event a wildcard subscription brings, against the event's own channel
+    /// (AUTHZ-7); the decision cache makes it cheap.
+    pub fn may_read(&self, client_id: &str, pattern: Pattern, channel: &str) -> bool {
+        self.0
+            .as_ref()
+            .is_none_or(|policy| policy.allows(client_id, pattern, channel, Action::Read))
+    }
+
+    /// Whether a policy is in force (AUTHZ-1).
+    pub fn is_enforced(&self) -> bool {
+        self.0.is_some()
+    }
 }

@@ -19,7 +19,7 @@ use tokio_stream::StreamExt;
 use super::Handler;
 use crate::auth::audit;
 use crate::detail::{self, Membership, Registry};
-use crate::engine::{AmqpError, Connection, EngineConfig, Event, Transport};
+use crate::engine::{Admission, Connection, EngineConfig, Event, Transport};
 
 /// Reading stops while this much output waits for the client, so a client that does not read
 /// cannot make the server buffer without bound.
@@ -97,8 +97,8 @@ pub struct Accepted<S> {
 pub struct Surroundings {
     /// The engine's limits and policies.
     pub cfg: Arc<EngineConfig>,
-    /// The refusal written at OPEN, if the connection is not admitted (CONN-15).
-    pub admission: Option<AmqpError>,
+    /// Asked at the client's OPEN whether the connection may open (CONN-15).
+    pub admission: Box<dyn Admission>,
     /// A `true` closes the connection with `amqp:connection:forced` (CONN-16).
     pub shutdown: watch::Receiver<bool>,
     /// The broker's readiness; turning false closes the connection like `shutdown`.

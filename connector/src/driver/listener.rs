@@ -1,6 +1,12 @@
-//! The listener: accepts connections, applies MaxConnections and the broker's readiness (CONN-15),
-//! spawns one task each, and on shutdown closes every connection with `amqp:connection:forced` and
-//! waits a bounded time.
+//! The listener: accepts connections, spawns one task each, and on shutdown closes every
+//! connection with `amqp:connection:forced` and waits a bounded time.
+//!
+//! Two bounds keep clients that never authenticate from keeping out those that do. Every socket
+//! is accepted at once into a pool of handshake places ([`handshake_pool`]); when the pool is
+//! full, the oldest handshake is dropped to make room, so a newcomer always gets a turn. A
+//! MaxConnections slot and the broker's readiness (CONN-15) are looked at only at the client's
+//! OPEN, which comes after SASL: a socket that sends nothing, or only a protocol header, never
+//! holds a slot.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use ops::accept::AcceptBackoff;
+use ops::held::{Held, Hold};
 use ops::logs::RateLimited;
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -20,12 +26,12 @@ use super::connection::Wire;
 use super::tls::TlsSource;
 use super::{run_connection, Accepted, HandlerFactory, Surroundings};
 use crate::detail::Registry;
-use crate::engine::{AmqpError, Condition, EngineConfig};
+use crate::engine::{Admission, AmqpError, Condition, EngineConfig};
 
 /// How the listener runs.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
-    /// Connections served at once; 0 = unlimited (CFG-8).
+    /// Connections open at once; 0 = unlimited (CFG-8).
     pub max_connections: u32,
     /// How long shutdown waits for connections to finish their CLOSE exchange.
     pub shutdown_grace: Duration,
@@ -33,22 +39,17 @@ pub struct ServeOptions {
     /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15), and when it turns false the
     /// open ones are closed with `amqp:connection:forced` (CONN-16). None: always ready.
     pub broker_ready: Option<watch::Receiver<bool>>,
-    /// Count a connection against `max_connections` only once its 8-byte protocol header came:
-    /// sockets that say nothing then wait in a pool of their own (`waiting_pool` places; past
-    /// it they are dropped at once) until the handshake timeout, holding no connection slot.
-    pub count_after_header: bool,
     /// Where open connections are listed for the detail endpoints (OBS-1).
     pub registry: Arc<Registry>,
 }
 
-/// Places for sockets that have not sent their protocol header yet, with
-/// `count_after_header`: 4 × `max_connections` and at least 64 (unlimited when it is), so that
-/// clients arriving among silent sockets still find a place.
-pub fn waiting_pool(max_connections: u32) -> usize {
+/// Places for connections that have not opened yet (TLS, protocol header, SASL, up to OPEN):
+/// as many as `max_connections` and at least 256, or 4,096 when connections are unlimited.
+pub fn handshake_pool(max_connections: u32) -> usize {
     if max_connections == 0 {
-        Semaphore::MAX_PERMITS
+        4096
     } else {
-        (max_connections as usize).saturating_mul(4).max(64)
+        (max_connections as usize).max(256)
     }
 }
 
@@ -72,12 +73,16 @@ impl From<TcpListener> for Listeners {
 
 /// What every connection task shares.
 struct Shared<F> {
-    gate: Gate,
+    /// Connections before their OPEN; the oldest goes when a newcomer needs the place.
+    handshakes: Held,
+    /// MaxConnections, taken at OPEN.
+    slots: Arc<Semaphore>,
+    /// Handshakes dropped to make room, for a rate-limited warning.
+    dropped: RateLimited,
     cfg: Arc<EngineConfig>,
     factory: Arc<F>,
     stop: watch::Receiver<bool>,
     ready: Option<watch::Receiver<bool>>,
-    count_after_header: bool,
     registry: Arc<Registry>,
 }
 
@@ -91,13 +96,19 @@ pub async fn serve<F: HandlerFactory>(
 ) {
     let Listeners { plain, tls } = listeners.into();
     let (stop_tx, stop_rx) = watch::channel(false);
+    let slots = if opts.max_connections == 0 {
+        Semaphore::MAX_PERMITS
+    } else {
+        opts.max_connections as usize
+    };
     let shared = Arc::new(Shared {
-        gate: Gate::new(&opts),
+        handshakes: Held::new(handshake_pool(opts.max_connections)),
+        slots: Arc::new(Semaphore::new(slots)),
+        dropped: RateLimited::default(),
         cfg,
         factory,
         stop: stop_rx,
         ready: opts.broker_ready.clone(),
-        count_after_header: opts.count_after_header,
         registry: opts.registry.clone(),
     });
     let mut tasks = JoinSet::new();
@@ -115,6 +126,8 @@ pub async fn serve<F: HandlerFactory>(
                 next_id += 1;
                 let span = tracing::info_span!("conn", id = next_id, %peer);
                 spawn_plain(&mut tasks, &shared, stream, peer, span);
+                // A flood of connects must not keep the accept loop from the handshakes.
+                tokio::task::yield_now().await;
             }
             accepted = accept(tls.as_ref().map(|(l, _)| l)) => {
                 let Some((stream, peer)) = settle(accepted, &mut tls_backoff).await else {
@@ -124,6 +137,7 @@ pub async fn serve<F: HandlerFactory>(
                 next_id += 1;
                 let span = tracing::info_span!("conn", id = next_id, %peer, tls = true);
                 spawn_tls(&mut tasks, &shared, stream, peer, source.clone(), span);
+                tokio::task::yield_now().await;
             }
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
@@ -213,8 +227,7 @@ fn spawn_tls<F: HandlerFactory>(
 }
 
 /// Runs one connection whose stream `open` makes (given the handshake deadline, counted from
-/// accept): admitted at accept, or with `count_after_header` once its protocol header came,
-/// holding a waiting place until then.
+/// accept), holding a handshake place until its OPEN.
 fn spawn<F, S, O, Fut>(
     tasks: &mut JoinSet<()>,
     shared: &Arc<Shared<F>>,
@@ -223,173 +236,83 @@ fn spawn<F, S, O, Fut>(
     open: O,
 ) where
     F: HandlerFactory,
-    S: Wire + AsyncRead + Unpin,
+    S: Wire,
     O: FnOnce(Instant) -> Fut,
     Fut: Future<Output = Option<S>> + Send + 'static,
 {
     let at = Instant::now();
     let deadline = at + shared.cfg.handshake_timeout;
-    let early = if shared.count_after_header {
-        match shared.gate.waiting_place(peer) {
-            Some(waiting) => Err(waiting),
-            None => return,
-        }
-    } else {
-        match Admitted::now(shared, peer) {
-            Some(admitted) => Ok(admitted),
-            None => return,
-        }
-    };
+    let place = shared.handshakes.admit();
     let opening = open(deadline);
     let shared = shared.clone();
     tasks.spawn(
         async move {
-            let Some(stream) = opening.await else {
-                return;
+            let mut evicted = place.evicted;
+            let admission = SlotAtOpen {
+                slots: shared.slots.clone(),
+                ready: shared.ready.clone(),
+                handshake: Some(place.hold),
+                slot: None,
             };
-            let (admitted, stream, header) = match early {
-                Ok(admitted) => (admitted, stream, BytesMut::new()),
-                Err(waiting) => {
-                    let Some((stream, header)) = read_header(stream, deadline).await else {
-                        tracing::debug!("no protocol header in time; dropped");
-                        return;
-                    };
-                    drop(waiting);
-                    let Some(admitted) = Admitted::now(&shared, peer) else {
-                        return;
-                    };
-                    (admitted, stream, header)
+            let run = async {
+                let Some(stream) = opening.await else {
+                    return;
+                };
+                tracing::debug!("accepted");
+                let socket = Accepted {
+                    stream,
+                    read: BytesMut::new(),
+                    at,
+                    peer,
+                };
+                let around = Surroundings {
+                    cfg: shared.cfg.clone(),
+                    admission: Box::new(admission),
+                    shutdown: shared.stop.clone(),
+                    broker_ready: shared.ready.clone(),
+                    registry: shared.registry.clone(),
+                };
+                run_connection(socket, around, shared.factory.new_handler(peer)).await;
+                tracing::debug!("finished");
+            };
+            tokio::select! {
+                _ = run => {}
+                // Only a connection still in its handshake is told to go.
+                Ok(()) = &mut evicted => {
+                    shared.dropped.note(|n| {
+                        tracing::warn!(%peer, dropped = n, "handshake places full: dropping the oldest handshake");
+                    });
                 }
-            };
-            admitted.run(stream, header, at).await;
+            }
         }
         .instrument(span),
     );
 }
 
-/// A connection that holds its slot (or a refusal's), with what its task needs.
-struct Admitted<F: HandlerFactory> {
-    permit: OwnedSemaphorePermit,
-    refusal: Option<AmqpError>,
-    handler: F::Handler,
-    cfg: Arc<EngineConfig>,
-    stop: watch::Receiver<bool>,
+/// The connection's admission at OPEN: the broker must be ready, and a MaxConnections slot free;
+/// the slot is then held for the connection's life, and its handshake place given up.
+struct SlotAtOpen {
+    slots: Arc<Semaphore>,
     ready: Option<watch::Receiver<bool>>,
-    registry: Arc<Registry>,
-    peer: SocketAddr,
+    handshake: Option<Hold>,
+    slot: Option<OwnedSemaphorePermit>,
 }
 
-impl<F: HandlerFactory> Admitted<F> {
-    /// Admits a connection from `peer` now; `None` when it is to be dropped.
-    fn now(shared: &Shared<F>, peer: SocketAddr) -> Option<Admitted<F>> {
-        let (permit, refusal) = shared.gate.admit(peer)?;
-        Some(Admitted {
-            permit,
-            refusal,
-            handler: shared.factory.new_handler(peer),
-            cfg: shared.cfg.clone(),
-            stop: shared.stop.clone(),
-            ready: shared.ready.clone(),
-            registry: shared.registry.clone(),
-            peer,
-        })
-    }
-
-    async fn run<S: Wire>(self, stream: S, read: BytesMut, at: Instant) {
-        tracing::debug!("accepted");
-        let socket = Accepted {
-            stream,
-            read,
-            at,
-            peer: self.peer,
-        };
-        let around = Surroundings {
-            cfg: self.cfg,
-            admission: self.refusal,
-            shutdown: self.stop,
-            broker_ready: self.ready,
-            registry: self.registry,
-        };
-        run_connection(socket, around, self.handler).await;
-        tracing::debug!("finished");
-        drop(self.permit);
-    }
-}
-
-/// The first 8 bytes a client sends (its protocol header, checked by the engine), before
-/// `deadline`; `None` when they do not come.
-async fn read_header<S: AsyncRead + Unpin>(
-    mut stream: S,
-    deadline: Instant,
-) -> Option<(S, BytesMut)> {
-    let mut header = [0u8; 8];
-    match tokio::time::timeout_at(deadline.into(), stream.read_exact(&mut header)).await {
-        Ok(Ok(_)) => Some((stream, BytesMut::from(&header[..]))),
-        _ => None,
-    }
-}
-
-/// Who gets in: MaxConnections slots, the broker's readiness, and a pool for refusals.
-struct Gate {
-    permits: Arc<Semaphore>,
-    /// Refused connections get OPEN + CLOSE, which takes a task too; past this many, drop at once.
-    refusals: Arc<Semaphore>,
-    /// Connections that have not sent their protocol header (with `count_after_header`).
-    waiting: Arc<Semaphore>,
-    broker_ready: Option<watch::Receiver<bool>>,
-    drops: RateLimited,
-}
-
-impl Gate {
-    fn new(opts: &ServeOptions) -> Gate {
-        let slots = if opts.max_connections == 0 {
-            Semaphore::MAX_PERMITS
-        } else {
-            opts.max_connections as usize
-        };
-        Gate {
-            permits: Arc::new(Semaphore::new(slots)),
-            refusals: Arc::new(Semaphore::new(opts.max_connections.max(16) as usize)),
-            waiting: Arc::new(Semaphore::new(waiting_pool(opts.max_connections))),
-            broker_ready: opts.broker_ready.clone(),
-            drops: RateLimited::default(),
+impl Admission for SlotAtOpen {
+    fn at_open(&mut self) -> Option<AmqpError> {
+        if !self.ready.as_ref().is_none_or(|r| *r.borrow()) {
+            return Some(AmqpError::new(Condition::NotAllowed, "broker not ready"));
         }
-    }
-
-    /// A place among the sockets waiting for their protocol header (with
-    /// `count_after_header`); `None` when the pool is full and the socket is to be dropped.
-    fn waiting_place(&self, peer: SocketAddr) -> Option<OwnedSemaphorePermit> {
-        let place = self.waiting.clone().try_acquire_owned().ok();
-        if place.is_none() {
-            self.drops.note(|n| {
-                tracing::warn!(%peer, dropped = n, "too many connections waiting for their protocol header; dropping");
-            });
-        }
-        place
-    }
-
-    /// A slot for a new connection, with the refusal it is to get at OPEN if any (CONN-15); `None`
-    /// when even the refusal pool is full and the socket is to be dropped.
-    fn admit(&self, peer: SocketAddr) -> Option<(OwnedSemaphorePermit, Option<AmqpError>)> {
-        let ready = self.broker_ready.as_ref().is_none_or(|r| *r.borrow());
-        let admitted = if ready {
-            self.permits.clone().try_acquire_owned().map_err(|_| {
-                AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached")
-            })
-        } else {
-            Err(AmqpError::new(Condition::NotAllowed, "broker not ready"))
-        };
-        match admitted {
-            Ok(p) => Some((p, None)),
-            Err(refusal) => match self.refusals.clone().try_acquire_owned() {
-                Ok(p) => Some((p, Some(refusal))),
-                Err(_) => {
-                    self.drops.note(|n| {
-                        tracing::warn!(%peer, dropped = n, reason = %refusal.description.as_deref().unwrap_or(""), "refusing too many connections at once; dropping");
-                    });
-                    None
-                }
-            },
+        match self.slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                self.slot = Some(slot);
+                self.handshake = None;
+                None
+            }
+            Err(_) => Some(AmqpError::new(
+                Condition::ResourceLimitExceeded,
+                "connection limit reached",
+            )),
         }
     }
 }

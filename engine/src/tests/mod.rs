@@ -220,11 +220,14 @@ fn sasl_6_plain_username_is_client_id() {
 /// A verifier that takes the token `good` as ClientID `svc-a`.
 struct OneToken;
 impl crate::TokenVerifier for OneToken {
-    fn verify(&self, token: &str) -> Result<String, crate::AuthFailure> {
-        if token == "good" {
-            Ok("svc-a".into())
-        } else {
-            Err(crate::AuthFailure("signature is invalid".into()))
+    fn verify(&self, token: &str) -> Result<crate::VerifiedToken, crate::AuthFailure> {
+        match token {
+            "good" => Ok("svc-a".into()),
+            "short" => Ok(crate::VerifiedToken {
+                client_id: "svc-a".into(),
+                valid_for: Some(Duration::from_secs(4)),
+            }),
+            _ => Err(crate::AuthFailure("signature is invalid".into())),
         }
     }
 }
@@ -245,6 +248,43 @@ fn mechanisms_of(out: &[Out]) -> Vec<String> {
         .iter()
         .map(|s| s.as_str().to_string())
         .collect()
+}
+
+/// SASL-13: a connection whose token expires 4 s after it authenticated is closed then with
+/// `amqp:unauthorized-access`, and not before; the engine asks to be woken for it.
+#[test]
+fn sasl_13_connection_closed_when_its_token_expires() {
+    let mut c = Client::new(jwt_config());
+    c.raw(&HEADER_SASL);
+    let init = SaslInit {
+        mechanism: "PLAIN".into(),
+        initial_response: Some(ByteBuf::from(b"\0bob\0short".to_vec())),
+        hostname: None,
+    };
+    let authenticated_at = c.now;
+    c.raw(&sasl_frame(&init));
+    c.raw(&HEADER_AMQP);
+    c.frame(0, &open("container-13"));
+    c.frame(0, &begin());
+    let is_close = |o: &&Out| matches!(o, Out::Frame(_, Performative::Close(_)));
+    let out = c.advance(Duration::from_secs(3));
+    assert!(!out.iter().any(|o| is_close(&o)), "closed early: {out:?}");
+    assert_eq!(
+        c.conn.poll_timeout(),
+        Some(authenticated_at + Duration::from_secs(4)),
+        "the expiry is the next timer"
+    );
+    let out = c.advance(Duration::from_secs(1));
+    let close = out.iter().find(is_close);
+    assert_eq!(
+        close.and_then(condition_of).as_deref(),
+        Some("amqp:unauthorized-access"),
+        "{out:?}"
+    );
+    assert_eq!(
+        close.and_then(description_of).as_deref(),
+        Some("token expired")
+    );
 }
 
 /// SASL-1, SASL-3, SASL-5: with authentication on only PLAIN is offered; a good token opens

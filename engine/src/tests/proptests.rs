@@ -50,7 +50,7 @@ fn drive(bytes: &[u8], cuts: &[usize]) -> usize {
 /// Takes `good` as a JWT naming `fuzz`, and refuses anything else.
 struct FuzzTokens;
 impl crate::TokenVerifier for FuzzTokens {
-    fn verify(&self, token: &str) -> Result<String, crate::AuthFailure> {
+    fn verify(&self, token: &str) -> Result<crate::VerifiedToken, crate::AuthFailure> {
         if token == "good" {
             Ok("fuzz".into())
         } else {

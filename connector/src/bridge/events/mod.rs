@@ -31,6 +31,7 @@ use super::{
     ingress_or_refuse, label, run_out, settling, subscribe_refusal, subscription_ended, Pending,
     Serves, Settling, Target,
 };
+use crate::auth::Access;
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
@@ -70,10 +71,21 @@ struct Publisher {
     channel: String,
 }
 
+/// The identity a wildcard subscription reads as, each event checked against its own channel
+/// (AUTHZ-7).
+pub struct WildcardReader {
+    /// The policy.
+    pub access: Access,
+    /// The connection's ClientID.
+    pub client_id: String,
+}
+
 /// A consume link.
 struct Subscriber {
     pattern: Pattern,
     selector: Option<Selector>,
+    /// Set for a wildcard subscription under a policy.
+    reader: Option<WildcardReader>,
     /// Events-store messages waiting for credit, oldest first (ES-5, ES-6).
     buffer: VecDeque<EventReceive>,
     /// The durable identity this link holds while it lives, if durable (DUR-6).
@@ -129,6 +141,8 @@ pub struct ConsumeRequest<'a> {
     pub attach: &'a Attach,
     /// The connection's container-id as sent (DUR-2).
     pub container_id: &'a str,
+    /// For a wildcard subscription under a policy: who reads (AUTHZ-7).
+    pub reader: Option<WildcardReader>,
 }
 
 impl EventLinks {
@@ -212,6 +226,7 @@ impl EventLinks {
         let subscriber = Subscriber {
             pattern: req.pattern,
             selector,
+            reader: req.reader,
             buffer: VecDeque::new(),
             claim,
         };
@@ -465,6 +480,7 @@ impl EventLinks {
                             Subscriber {
                                 pattern: Pattern::EventsStore,
                                 selector: None,
+                                reader: None,
                                 buffer: VecDeque::new(),
                                 claim: None,
                             },
@@ -508,6 +524,13 @@ impl EventLinks {
             credit = conn.credit(link),
             "event"
         );
+        if let Some(r) = &s.reader {
+            // AUTHZ-7: a channel the identity may not read is withheld, like a selector's.
+            if !r.access.may_read(&r.client_id, s.pattern, &event.channel) {
+                tracing::debug!(link, channel = %event.channel, "event withheld: not authorized for its channel");
+                return;
+            }
+        }
         if let Some(selector) = &s.selector {
             // SEL-7, EV-10: withheld silently, not a drop.
             if !selector.matches(&EnvelopeOperands::new(&event.metadata)) {

@@ -577,6 +577,12 @@ impl<B: Backend> QueuesHandler<B> {
                 channel: &channel,
                 attach: a,
                 container_id: &self.container_id,
+                reader: (channel.contains(['*', '>']) && self.bridge.access.is_enforced()).then(
+                    || super::events::WildcardReader {
+                        access: self.bridge.access.clone(),
+                        client_id: self.client_id.clone(),
+                    },
+                ),
             },
             &self.backend,
             &self.bridge.events,
@@ -1187,7 +1193,7 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::Embedded;
-    use crate::engine::{peer, Transport, HEADER_AMQP};
+    use crate::engine::{peer, AdmitAll, Transport, HEADER_AMQP};
     use crate::store::Store;
 
     /// A handler on a fresh connection whose consume links on channel `q` talk to `commands`
@@ -1222,7 +1228,7 @@ mod tests {
             let handler = bridge.new_handler(([127, 0, 0, 1], 5672).into());
             let cfg = Arc::new(settings.engine_config_no_auth());
             Rig {
-                conn: Connection::new(cfg, Transport::Plain, None, Instant::now()),
+                conn: Connection::new(cfg, Transport::Plain, AdmitAll, Instant::now()),
                 handler,
                 commands,
                 input: BytesMut::new(),
