@@ -139,6 +139,15 @@ async fn bind(settings: &Settings) -> Result<Listeners, ExitCode> {
         let l = tcp(settings.tls_port, "AMQP 1.0 over TLS").await?;
         tracing::info!(mode, "TLS listener uses TLS 1.2 and 1.3");
         listeners.tls = Some((l, Arc::new(source)));
+        if settings.port != 0 {
+            // TLS-7: configuring TLS does not close the plain port, where PLAIN passwords (JWTs
+            // with authentication on) travel in cleartext; say so once, at start.
+            tracing::warn!(
+                port = settings.port,
+                authentication = settings.authentication,
+                "the plain AMQP listener stays open beside TLS: clients on it send their SASL PLAIN passwords (JWTs) in cleartext; set Port to 0 to serve TLS only"
+            );
+        }
     }
     Ok(listeners)
 }

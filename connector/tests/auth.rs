@@ -290,6 +290,72 @@ fn authz_7_wildcard_subscriptions_get_only_readable_channels() {
     );
 }
 
+/// One SASL PLAIN login with `token` on a raw socket; how long the server took to answer it
+/// and close the connection.
+fn failed_login(port: u16, token: &str) -> Duration {
+    use std::io::{Read, Write};
+    let started = Instant::now();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&connector::engine::HEADER_SASL).unwrap();
+    let mut response = b"\0someone\0".to_vec();
+    response.extend_from_slice(token.as_bytes());
+    s.write_all(&connector::engine::peer::sasl_frame(
+        &fe2o3_amqp_types::sasl::SaslInit {
+            mechanism: "PLAIN".into(),
+            initial_response: Some(serde_bytes::ByteBuf::from(response)),
+            hostname: None,
+        },
+    ))
+    .unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    started.elapsed()
+}
+
+/// AUD-5: one source that keeps failing to log in: its first five failures in ten seconds are
+/// answered at once and audited one by one; from the sixth on each outcome waits a second and
+/// the failures are audited as one line a second with a count; a good login from the same
+/// source still succeeds.
+#[test]
+fn aud_5_repeated_failed_logins_are_slowed_and_summed_up() {
+    let c = Secured::start(None);
+    let forged = token("app", "not-the-key", 300);
+    for i in 0..5 {
+        let took = failed_login(c.port, &forged);
+        assert!(
+            took < Duration::from_millis(900),
+            "failure {i} waited {took:?}"
+        );
+    }
+    for i in 5..8 {
+        let took = failed_login(c.port, &forged);
+        assert!(
+            took >= Duration::from_millis(900),
+            "failure {i} answered after {took:?}"
+        );
+    }
+    let summary = audited(
+        &c,
+        "auth.failure",
+        "Error",
+        "repeated failed logins; outcomes delayed",
+    );
+    assert!(
+        summary["Metadata.count"].as_u64().unwrap() >= 1,
+        "{summary}"
+    );
+    let one_by_one = c
+        .audit()
+        .iter()
+        .filter(|v| {
+            v["fields"]["event"] == "auth.failure" && v["fields"]["Metadata.count"].is_null()
+        })
+        .count();
+    assert_eq!(one_by_one, 5, "{:?}", c.audit());
+    c.python("send", &["app", &token("app", SECRET, 300), "orders"]);
+}
+
 /// AUTHZ-5: dynamic reply nodes are private to their connection and not checked: a client the
 /// policy gives no right on them receives what its anonymous sender sends to its own node.
 #[test]

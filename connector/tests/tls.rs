@@ -102,6 +102,49 @@ fn tls_1_listener_only_when_configured() {
     let _ = c.wait();
 }
 
+/// TLS-7: with TLS configured and the plain port open, the start-up log warns that PLAIN
+/// passwords travel in cleartext there; with `Port` 0 it does not.
+#[test]
+fn tls_7_a_plain_port_beside_tls_is_warned_about() {
+    let pki = Pki::new("test CA");
+    pki.issue("server", "127.0.0.1", 10, false, false);
+    for (port, warned) in [(free_port(), true), (0, false)] {
+        let tls_port = free_port();
+        let data = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
+            .args(["--port", &port.to_string(), "--http-address", "off"])
+            .args(["--bind-address", "127.0.0.1"])
+            .args(["--tls-port", &tls_port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(pki.path("server.pem"))
+            .arg("--tls-key-file")
+            .arg(pki.path("server.key"))
+            .arg("--data-dir")
+            .arg(data.path())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_listening(tls_port);
+        // The start-up lines follow the bind.
+        std::thread::sleep(Duration::from_millis(300));
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(text.contains("TLS listener uses TLS 1.2 and 1.3"), "{text}");
+        assert_eq!(
+            text.contains("plain AMQP listener stays open beside TLS"),
+            warned,
+            "Port {port}: {text}"
+        );
+    }
+}
+
 /// TLS-3, TLS-5: in tls mode python-qpid-proton and rhea send and receive over TLS (server
 /// certificate verified, with its host name), and the AMQP header is answered inside TLS.
 #[test]

@@ -217,7 +217,7 @@ impl AuthPolicy {
             Mechanism::Plain => match parse_plain(response) {
                 Err(e) => Err(e),
                 Ok(plain) => {
-                    attempt.username = Some(plain.authcid.to_string());
+                    attempt.username = Some(recorded_username(plain.authcid));
                     self.plain(&plain)
                 }
             },
@@ -251,6 +251,28 @@ impl AuthPolicy {
             }
         }
     }
+}
+
+/// Longest username recorded (AUD-4).
+const MAX_RECORDED_USERNAME: usize = 256;
+
+/// PLAIN's username as the audit log records it (AUD-4): a client that puts its JWT in the
+/// username slot as well (or instead) must not have it written to the log, so a username shaped
+/// like a JWT (three base64url parts, the first the start of a JSON object) is recorded as
+/// `[token]`; any other is cut to 256 characters.
+pub fn recorded_username(username: &str) -> String {
+    let parts: Vec<&str> = username.split('.').collect();
+    let base64url = |p: &&str| {
+        p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'=')
+    };
+    let jwt_shaped = parts.len() == 3
+        && parts.first().is_some_and(|h| h.starts_with("eyJ"))
+        && parts.iter().all(base64url);
+    if jwt_shaped {
+        return "[token]".into();
+    }
+    username.chars().take(MAX_RECORDED_USERNAME).collect()
 }
 
 /// EXTERNAL (SASL-7): the certificate's CN is the identity. The initial response, if any, is an
@@ -413,6 +435,21 @@ mod tests {
             .authenticate(None, "PLAIN", b"\0bob\0blank")
             .result
             .is_err());
+    }
+
+    /// AUD-4: a username shaped like a JWT is recorded as `[token]`, a long one cut to 256
+    /// characters; an ordinary one as it is.
+    #[test]
+    fn aud_4_a_token_in_the_username_is_not_recorded() {
+        let token = "eyJhbGciOiJIUzI1NiJ9.eyJDbGllbnRJRCI6ImEifQ.c2lnbmF0dXJl";
+        let mut response = b"\0".to_vec();
+        response.extend_from_slice(token.as_bytes());
+        response.extend_from_slice(b"\0good");
+        let a = jwt().authenticate(None, "PLAIN", &response);
+        assert_eq!(a.username.as_deref(), Some("[token]"));
+        assert_eq!(recorded_username(&"x".repeat(1000)).len(), 256);
+        assert_eq!(recorded_username("alice.b"), "alice.b");
+        assert_eq!(recorded_username("svc.orders.eu"), "svc.orders.eu");
     }
 
     /// SASL-5: ANONYMOUS is refused with authentication on (not offered); SASL-10: nothing else.

@@ -41,6 +41,21 @@ pub fn authenticated(source: IpAddr, report: &SaslReport) {
     }
 }
 
+/// `auth.failure` for `count` failed logins from `source` not written one by one, because the
+/// source failed too often (AUD-5).
+pub fn failures_summarized(source: IpAddr, count: u64) {
+    tracing::warn!(
+        target: "audit",
+        event = "auth.failure",
+        "ClientID" = "",
+        "Transport" = TRANSPORT,
+        "SourceIP" = %source,
+        "Error" = "repeated failed logins; outcomes delayed",
+        "Metadata.count" = count,
+        "auth.failure"
+    );
+}
+
 /// `authz.denied`: `client_id` may not do `action` on `channel` of `pattern`.
 pub fn denied(client_id: &str, pattern: Pattern, channel: &str, action: Action) {
     tracing::warn!(

@@ -5,6 +5,7 @@
 pub mod audit;
 pub mod jwt;
 pub mod policy;
+pub mod throttle;
 
 use std::sync::Arc;
 

@@ -18,8 +18,9 @@ use tokio_stream::StreamExt;
 
 use super::Handler;
 use crate::auth::audit;
+use crate::auth::throttle::LoginThrottle;
 use crate::detail::{self, Membership, Registry};
-use crate::engine::{Admission, Connection, EngineConfig, Event, Transport};
+use crate::engine::{Admission, Connection, EngineConfig, Event, SaslResult, Transport};
 
 /// Reading stops while this much output waits for the client, so a client that does not read
 /// cannot make the server buffer without bound.
@@ -103,6 +104,8 @@ pub struct Surroundings {
     pub shutdown: watch::Receiver<bool>,
     /// The broker's readiness; turning false closes the connection like `shutdown`.
     pub broker_ready: Option<watch::Receiver<bool>>,
+    /// Failed logins by source, which slow a source down (AUD-5).
+    pub logins: Arc<LoginThrottle>,
     /// Where the connection is listed once open (OBS-2, OBS-3).
     pub registry: Arc<Registry>,
 }
@@ -119,6 +122,7 @@ pub async fn run_connection<S: Wire, H: Handler>(
         shutdown,
         mut broker_ready,
         registry,
+        logins,
     } = around;
     let Accepted {
         stream,
@@ -158,7 +162,21 @@ pub async fn run_connection<S: Wire, H: Handler>(
     loop {
         while let Some(ev) = engine.poll_event() {
             match &ev {
-                Event::Authenticated(report) => audit::authenticated(peer.ip(), report),
+                Event::Authenticated(report) => {
+                    if matches!(report.outcome, SaslResult::Failure { .. }) {
+                        let verdict = logins.failed(peer.ip(), Instant::now().into_std());
+                        if verdict.logged {
+                            audit::authenticated(peer.ip(), report);
+                        }
+                        if let Some(count) = verdict.summary {
+                            audit::failures_summarized(peer.ip(), count);
+                        }
+                        // AUD-5: the outcome (already in the engine's output) waits.
+                        tokio::time::sleep(verdict.delay).await;
+                    } else {
+                        audit::authenticated(peer.ip(), report);
+                    }
+                }
                 Event::Opened {
                     client_id,
                     container_id,

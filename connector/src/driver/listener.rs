@@ -25,6 +25,7 @@ use tracing::Instrument;
 use super::connection::Wire;
 use super::tls::TlsSource;
 use super::{run_connection, Accepted, HandlerFactory, Surroundings};
+use crate::auth::throttle::LoginThrottle;
 use crate::detail::Registry;
 use crate::engine::{Admission, AmqpError, Condition, EngineConfig};
 
@@ -79,6 +80,8 @@ struct Shared<F> {
     slots: Arc<Semaphore>,
     /// Handshakes dropped to make room, for a rate-limited warning.
     dropped: RateLimited,
+    /// Failed logins by source (AUD-5).
+    logins: Arc<LoginThrottle>,
     cfg: Arc<EngineConfig>,
     factory: Arc<F>,
     stop: watch::Receiver<bool>,
@@ -105,6 +108,7 @@ pub async fn serve<F: HandlerFactory>(
         handshakes: Held::new(handshake_pool(opts.max_connections)),
         slots: Arc::new(Semaphore::new(slots)),
         dropped: RateLimited::default(),
+        logins: Arc::default(),
         cfg,
         factory,
         stop: stop_rx,
@@ -271,6 +275,7 @@ fn spawn<F, S, O, Fut>(
                     shutdown: shared.stop.clone(),
                     broker_ready: shared.ready.clone(),
                     registry: shared.registry.clone(),
+                    logins: shared.logins.clone(),
                 };
                 run_connection(socket, around, shared.factory.new_handler(peer)).await;
                 tracing::debug!("finished");
