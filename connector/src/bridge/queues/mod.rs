@@ -683,14 +683,23 @@ impl<B: Backend> QueuesHandler<B> {
     }
 
     /// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7) and within what
-    /// its session's window takes plus [`WINDOW_SLACK`]: a client that grants credit but no
-    /// session window gets no more messages taken off the queue than the wire can carry.
+    /// its session's window takes (plus [`WINDOW_SLACK`] for a link whose deliveries are
+    /// settled by the client): a client that grants credit but no session window gets no more
+    /// messages taken off the queue than the wire can carry, and a pre-settled one none.
     fn demand(&self, conn: &Connection, link: LinkId) -> u32 {
         let room = (self.bridge.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
         let session = conn.session_room(link);
+        let presettled = matches!(
+            self.links.get(&link),
+            Some(LinkKind::Consume {
+                presettled: true,
+                ..
+            })
+        );
+        let slack = if presettled { 0 } else { WINDOW_SLACK };
         let wire = session
             .window
-            .saturating_add(WINDOW_SLACK)
+            .saturating_add(slack)
             .saturating_sub(session.waiting) as usize;
         (conn.credit(link) as usize).min(room).min(wire) as u32
     }
@@ -889,10 +898,10 @@ impl<B: Backend> Handler for QueuesHandler<B> {
     }
 }
 
-/// Transfer frames a consume link may have waiting for its session's window (so at most this many
-/// messages are taken for it beyond what the window takes): enough to have the next ones ready
-/// when the client's FLOW opens the window, few enough that a pre-settled consumer whose window
-/// stays shut takes next to nothing off the queue.
+/// Transfer frames a consume link of unsettled deliveries may have waiting for its session's
+/// window (so at most this many messages are locked for it beyond what the window takes): enough
+/// to have the next ones ready when the client's FLOW opens the window. A pre-settled link gets
+/// none: a message taken for it is gone from the queue, and one that cannot be sent would be lost.
 const WINDOW_SLACK: u32 = 4;
 
 /// Accepts `link`; `false` when it is gone — the client detached it in the same write as its
