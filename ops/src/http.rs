@@ -98,7 +98,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            connections: 256,
+            connections: 1024,
             header_read: Duration::from_secs(5),
             life: Duration::from_secs(60),
         }
