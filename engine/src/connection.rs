@@ -693,6 +693,8 @@ impl Connection {
         self.write_close(Some(err.clone()));
         self.state = State::CloseSent;
         self.close_deadline = Some(self.now + self.cfg.close_timeout);
+        self.events
+            .push_back(Event::OpenRefused { error: err.clone() });
         self.emit_closed(Some(err));
     }
 

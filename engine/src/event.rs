@@ -101,6 +101,13 @@ pub enum Event {
         /// The error that ended it, if any (the client's or ours).
         error: Option<AmqpError>,
     },
+    /// OPEN was refused by the admission (CONN-15): the refusal is in the output, and `Closed`
+    /// follows. The driver may hold the output back, so that a client reconnecting at once
+    /// does not spin.
+    OpenRefused {
+        /// The reason sent in CLOSE.
+        error: AmqpError,
+    },
     /// The connection ended; no further events follow.
     Closed {
         /// Our error or the client's, if any.

@@ -146,7 +146,7 @@ fn conn_15_max_connections() {
 }
 
 /// CONN-15 / CONN-16: while the broker does not answer, a connection gets OPEN then CLOSE
-/// `amqp:not-allowed` `broker not ready`; once it answers, connections are admitted; when it is
+/// `amqp:not-allowed` `broker not ready`, a second after its OPEN; once it answers, connections are admitted; when it is
 /// lost, the open ones are closed with `amqp:connection:forced` and new ones are refused again.
 /// The connector here is the production set-up over gRPC (backend::readiness feeding the
 /// listener), with KubeMQ played by the store's façade, started late on the address the
@@ -195,8 +195,15 @@ fn conn_15_16_broker_readiness() {
     );
     let mut p = RawPeer::connect(server.addr);
     p.write(&HEADER_AMQP);
+    let asked = Instant::now();
     p.frame(0, &open("early"), &[]);
     let got = expect(&mut p, "amqp:not-allowed");
+    // The refusal waits a second, so a client that reconnects at once does not spin.
+    assert!(
+        asked.elapsed() >= Duration::from_millis(900),
+        "refused after {:?}",
+        asked.elapsed()
+    );
     assert!(
         got.iter().any(
             |r| matches!(r, Received::Frame(0, Performative::Open(o)) if o.container_id == "KubeMQ")

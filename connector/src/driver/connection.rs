@@ -32,6 +32,8 @@ const READ_CHUNK: usize = 256 * 1024;
 const EAGER_WRITE: usize = 64 * 1024;
 /// Turns whose output may gather before it is written even when more input is ready.
 const EAGER_TURNS: u32 = 16;
+/// How long a refusal at OPEN waits before it is written (CONN-15).
+const REFUSAL_PAUSE: Duration = Duration::from_secs(1);
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
@@ -176,6 +178,13 @@ pub async fn run_connection<S: Wire, H: Handler>(
                     } else {
                         audit::authenticated(peer.ip(), report);
                     }
+                }
+                Event::OpenRefused { error } => {
+                    tracing::debug!(%error, "connection refused at open");
+                    // CONN-15: the refusal (already in the engine's output) waits, so that a
+                    // client reconnecting at once asks about once a second, not thousands of
+                    // times, while the broker is away or the slots are full.
+                    tokio::time::sleep(REFUSAL_PAUSE).await;
                 }
                 Event::Opened {
                     client_id,

@@ -607,7 +607,8 @@ fn conn_13_second_open() {
     );
 }
 
-/// CONN-15: a refused admission is written as OPEN then CLOSE with the error.
+/// CONN-15: a refused admission is written as OPEN then CLOSE with the error, and reported as
+/// `OpenRefused` before `Closed`.
 #[test]
 fn conn_15_admission_refused() {
     let err = AmqpError::new(Condition::ResourceLimitExceeded, "connection limit reached");
@@ -621,6 +622,16 @@ fn conn_15_admission_refused() {
     assert_eq!(
         condition_of(&out[1]).as_deref(),
         Some("amqp:resource-limit-exceeded")
+    );
+    // The driver learns of the refusal, to pace it, before the connection's end.
+    let evs = c.take_events();
+    let refused = evs
+        .iter()
+        .position(|e| matches!(e, Event::OpenRefused { error } if error.description.as_deref() == Some("connection limit reached")));
+    let closed = evs.iter().position(|e| matches!(e, Event::Closed { .. }));
+    assert!(
+        matches!((refused, closed), (Some(r), Some(c)) if r < c),
+        "{evs:?}"
     );
 }
 

@@ -914,8 +914,8 @@ fn accept_or_gone(conn: &mut Connection, link: LinkId, credit_window: u32) -> bo
 impl<B: Backend> QueuesHandler<B> {
     fn handle_event(&mut self, conn: &mut Connection, event: Event) {
         match event {
-            // The driver writes the audit event.
-            Event::Authenticated(_) => {}
+            // The driver writes the audit event and paces refusals.
+            Event::Authenticated(_) | Event::OpenRefused { .. } => {}
             Event::Opened {
                 client_id,
                 credential,
