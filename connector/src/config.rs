@@ -158,10 +158,13 @@ settings! {
     /// The JWT verification key itself, instead of `JwtKeyFile`; never printed.
     JwtKey(secret) => jwt_key: Option<String> = None, parse::optional_text;
     /// KubeMQ's access control list (JSON, or base64 of it) deciding Read and Write per
-    /// ClientID and channel; needs `Authentication`. Unset: every authenticated client may do
-    /// everything.
+    /// ClientID and channel; with `Authentication`, this or `AuthorizeEveryClient` is required.
     AuthorizationPolicyFile => authorization_policy_file: Option<PathBuf> = None,
         parse::optional_path;
+    /// With `Authentication` and no `AuthorizationPolicyFile`: every authenticated client may
+    /// read and write every channel. Must be said explicitly, because KubeMQ community v2.4.0
+    /// enforces no authorization of its own.
+    AuthorizeEveryClient => authorize_every_client: bool = false, parse::boolean;
 }
 
 /// Whether the TLS listener asks clients for a certificate (TLS-3, TLS-4).
@@ -481,6 +484,19 @@ impl Settings {
                 }
                 _ => {}
             }
+            // AUTHZ-8: who may use which channel never rests on the backend.
+            match (&self.authorization_policy_file, self.authorize_every_client) {
+                (None, false) => errors.push(
+                    "Authentication needs AuthorizationPolicyFile, or AuthorizeEveryClient true \
+                     to let every authenticated client use every channel"
+                        .into(),
+                ),
+                (Some(_), true) => errors.push(
+                    "AuthorizationPolicyFile and AuthorizeEveryClient are both set; give one"
+                        .into(),
+                ),
+                _ => {}
+            }
         } else {
             for (set, name) in [
                 (self.jwt_signature_type.is_some(), "JwtSignatureType"),
@@ -489,6 +505,7 @@ impl Settings {
                     self.authorization_policy_file.is_some(),
                     "AuthorizationPolicyFile",
                 ),
+                (self.authorize_every_client, "AuthorizeEveryClient"),
             ] {
                 if set {
                     errors.push(format!("{name} is only used with Authentication true"));
@@ -740,6 +757,7 @@ mod tests {
             jwt_key_file: Some(PathBuf::from("/jwt/key.pem")),
             jwt_key: None,
             authorization_policy_file: Some(PathBuf::from("/policy/acl.json")),
+            authorize_every_client: false,
         }
     }
 
@@ -810,27 +828,30 @@ mod tests {
             serve_kubemq_grpc: Some(SocketAddr::from(([127, 0, 0, 1], 50000))),
             ..all_changed()
         };
-        // The JWT key given inline instead of from a file.
+        // The JWT key given inline instead of from a file, and no policy.
         let inline_key = Settings {
             jwt_key: Some("hmac-secret".into()),
             jwt_key_file: None,
+            authorization_policy_file: None,
+            authorize_every_client: true,
             ..all_changed()
         };
         let a = round_trip(&over_kubemq);
         let b = round_trip(&embedded);
-        round_trip(&inline_key);
+        let c = round_trip(&inline_key);
         let defaults = printed(&Settings::default());
         // Enable: false drops every other setting; cfg_18_disabled_skips_validation reads it.
         for (k, v) in defaults.iter().filter(|(k, _)| *k != "Enable") {
             assert!(
-                a[k] != *v || b[k] != *v,
+                a[k] != *v || b[k] != *v || c[k] != *v,
                 "{k} is left at its default: not tested"
             );
         }
     }
 
-    /// SASL-3, AUTHZ-1: authentication needs a signature type and exactly one key; the JWT and
-    /// policy settings are refused without it.
+    /// SASL-3, AUTHZ-1, AUTHZ-8: authentication needs a signature type, exactly one key and
+    /// either a policy or `AuthorizeEveryClient`; the JWT and policy settings are refused
+    /// without it.
     #[test]
     fn sasl_3_authentication_settings() {
         let on = |extra: &[(&str, &str)]| {
@@ -838,8 +859,34 @@ mod tests {
             raw.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
             Settings::resolve(&[raw])
         };
-        let s = on(&[("JwtSignatureType", "hs256"), ("JwtKey", "k")]).unwrap();
+        let s = on(&[
+            ("JwtSignatureType", "hs256"),
+            ("JwtKey", "k"),
+            ("AuthorizeEveryClient", "true"),
+        ])
+        .unwrap();
         assert_eq!(s.jwt_signature_type, Some(SignatureType::HS256));
+        // AUTHZ-8: who may use which channel is said explicitly.
+        let e = on(&[("JwtSignatureType", "HS256"), ("JwtKey", "k")])
+            .unwrap_err()
+            .0;
+        assert_eq!(
+            e,
+            ["Authentication needs AuthorizationPolicyFile, or AuthorizeEveryClient true to let \
+              every authenticated client use every channel"]
+        );
+        let e = on(&[
+            ("JwtSignatureType", "HS256"),
+            ("JwtKey", "k"),
+            ("AuthorizationPolicyFile", "/acl.json"),
+            ("AuthorizeEveryClient", "true"),
+        ])
+        .unwrap_err()
+        .0;
+        assert_eq!(
+            e,
+            ["AuthorizationPolicyFile and AuthorizeEveryClient are both set; give one"]
+        );
         let e = on(&[]).unwrap_err().0;
         assert!(
             e.contains(&"Authentication needs JwtSignatureType".to_string()),
@@ -853,13 +900,18 @@ mod tests {
             ("JwtSignatureType", "HS256"),
             ("JwtKey", "k"),
             ("JwtKeyFile", "/k"),
+            ("AuthorizeEveryClient", "true"),
         ])
         .unwrap_err()
         .0;
         assert_eq!(e, ["JwtKey and JwtKeyFile are both set; give one"]);
-        let e = on(&[("JwtSignatureType", "ES512"), ("JwtKey", "k")])
-            .unwrap_err()
-            .0;
+        let e = on(&[
+            ("JwtSignatureType", "ES512"),
+            ("JwtKey", "k"),
+            ("AuthorizeEveryClient", "true"),
+        ])
+        .unwrap_err()
+        .0;
         assert!(
             e[0].starts_with("JwtSignatureType ES512 is not supported"),
             "{e:?}"
@@ -870,13 +922,15 @@ mod tests {
                 "AuthorizationPolicyFile".to_string(),
                 "/acl.json".to_string(),
             ),
+            ("AuthorizeEveryClient".to_string(), "true".to_string()),
         ]);
         let e = Settings::resolve(&[off]).unwrap_err().0;
         assert_eq!(
             e,
             [
                 "JwtSignatureType is only used with Authentication true",
-                "AuthorizationPolicyFile is only used with Authentication true"
+                "AuthorizationPolicyFile is only used with Authentication true",
+                "AuthorizeEveryClient is only used with Authentication true"
             ]
         );
     }

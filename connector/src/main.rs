@@ -73,6 +73,7 @@ async fn run(settings: Settings) -> ExitCode {
         tracing::info!(
             signature = ?settings.jwt_signature_type,
             policy = settings.authorization_policy_file.is_some(),
+            every_client_everywhere = settings.authorize_every_client,
             "clients authenticate with KubeMQ JWTs (SASL PLAIN) or client certificates (EXTERNAL)"
         );
     }

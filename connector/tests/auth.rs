@@ -225,6 +225,7 @@ fn sasl_3_plain_with_kubemq_jwts() {
     }
     let printed = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
         .args(["--authentication", "true", "--jwt-signature-type", "HS256"])
+        .args(["--authorize-every-client", "true"])
         .args(["--jwt-key", SECRET, "--print-config"])
         .output()
         .unwrap();
@@ -442,6 +443,8 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
             "HS256".into(),
             "--jwt-key-file".into(),
             key_file,
+            "--authorize-every-client".into(),
+            "true".into(),
         ]
     };
     let grpc = free_port();

@@ -537,6 +537,8 @@ fn start_authenticated(dir: &std::path::Path, port: u16, args: &[&str]) -> std::
         "HS256",
         "--jwt-key-file",
         &key,
+        "--authorize-every-client",
+        "true",
     ];
     all.extend_from_slice(args);
     start_connector(dir, port, &all)

@@ -52,6 +52,7 @@ fn exercise_a_secured_connector() {
         .args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"])
         .args(["--http-address", &http.to_string(), "--log-format", "json"])
         .args(["--authentication", "true", "--jwt-signature-type", "HS256"])
+        .args(["--authorize-every-client", "true"])
         .arg("--jwt-key-file")
         .arg(dir.path().join("jwt.key"))
         .arg("--data-dir")

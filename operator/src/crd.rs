@@ -354,7 +354,9 @@ pub enum TlsVersion {
 #[x_kube(
     validation = Rule::new("'PLAIN' in self.mechanisms").message("spec.sasl.mechanisms must include PLAIN (the connector always offers it)"),
     validation = Rule::new("('ANONYMOUS' in self.mechanisms) != has(self.jwt)").message("spec.sasl.jwt is needed exactly when ANONYMOUS is not offered: without ANONYMOUS clients must authenticate with a KubeMQ JWT"),
-    validation = Rule::new("!has(self.authorization) || has(self.jwt)").message("spec.sasl.authorization needs spec.sasl.jwt (authorization applies to authenticated clients)")
+    validation = Rule::new("!has(self.authorization) || has(self.jwt)").message("spec.sasl.authorization needs spec.sasl.jwt (authorization applies to authenticated clients)"),
+    validation = Rule::new("!has(self.jwt) || has(self.authorization) != (has(self.authorizeEveryClient) && self.authorizeEveryClient)").message("with spec.sasl.jwt, give exactly one of spec.sasl.authorization or authorizeEveryClient: true (KubeMQ v2.4.0 enforces no authorization of its own)"),
+    validation = Rule::new("has(self.jwt) || !has(self.authorizeEveryClient) || !self.authorizeEveryClient").message("spec.sasl.authorizeEveryClient needs spec.sasl.jwt (authorization applies to authenticated clients)")
 )]
 pub struct Sasl {
     /// Mechanisms offered: PLAIN always; ANONYMOUS means authentication is off; EXTERNAL
@@ -365,9 +367,14 @@ pub struct Sasl {
     /// `authentication.jwtConfig`. Required unless ANONYMOUS is offered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub jwt: Option<JwtVerification>,
-    /// KubeMQ's access control list, deciding Read and Write per ClientID and channel.
+    /// KubeMQ's access control list, deciding Read and Write per ClientID and channel. With
+    /// `jwt`, this or `authorizeEveryClient: true` is required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Authorization>,
+    /// With `jwt` and no `authorization`: every authenticated client may read and write every
+    /// channel (KubeMQ v2.4.0 enforces no authorization of its own).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub authorize_every_client: bool,
 }
 
 /// The JWT verification key, from a Secret the operator mounts and never reads.

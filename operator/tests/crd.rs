@@ -172,14 +172,14 @@ fn cel_external_needs_required_client_auth() {
     rule_case(cases::rule("external-without-required-client-auth"));
     let mut ok = serde_json::to_value(example()).expect("to JSON");
     ok["spec"]["sasl"] = serde_json::json!({"mechanisms": ["EXTERNAL", "PLAIN"],
-        "jwt": {"secretName": "k", "signatureType": "HS256"}});
+        "jwt": {"secretName": "k", "signatureType": "HS256"}, "authorizeEveryClient": true});
     ok["spec"]["tls"] = serde_json::json!({"secretName": "t", "clientAuth": "Required", "clientCa": {"secretName": "ca"}});
     let ok: AmqpConnector = serde_json::from_value(ok).expect("type");
     assert!(validate_cel(&ok).is_ok(), "{:?}", validate_cel(&ok));
 }
 
-/// SASL-3, AUTHZ-1: PLAIN is always listed; a JWT key exactly when ANONYMOUS is not offered;
-/// authorization only with it, from one source.
+/// SASL-3, AUTHZ-1, AUTHZ-8: PLAIN is always listed; a JWT key exactly when ANONYMOUS is not
+/// offered; with it, either an access control list from one source or `authorizeEveryClient`.
 #[test]
 fn cel_sasl_authentication_needs_a_jwt_key() {
     for name in [
@@ -188,6 +188,9 @@ fn cel_sasl_authentication_needs_a_jwt_key() {
         "sasl-authentication-without-jwt",
         "sasl-authorization-without-jwt",
         "sasl-authorization-two-sources",
+        "sasl-authentication-without-authorization",
+        "sasl-authorization-and-every-client",
+        "sasl-every-client-without-jwt",
     ] {
         rule_case(cases::rule(name));
     }
@@ -195,6 +198,9 @@ fn cel_sasl_authentication_needs_a_jwt_key() {
         serde_json::json!({"mechanisms": ["PLAIN", "ANONYMOUS"]}),
         serde_json::json!({"mechanisms": ["PLAIN"], "jwt": {"secretName": "k", "signatureType": "RS256"},
             "authorization": {"secretName": "acl", "key": "acl.json"}}),
+        serde_json::json!({"mechanisms": ["PLAIN"], "jwt": {"secretName": "k", "signatureType": "RS256"},
+            "authorizeEveryClient": true}),
+        serde_json::json!({"mechanisms": ["PLAIN", "ANONYMOUS"], "authorizeEveryClient": false}),
     ] {
         let mut ok = serde_json::to_value(example()).expect("to JSON");
         ok["spec"]["sasl"] = sasl;

@@ -376,6 +376,21 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
     );
     assert_secret_volume(pod_spec(&d), "policy", "orders-acl");
 
+    // AUTHZ-8: no list, every authenticated client everywhere, said explicitly.
+    let sasl = cr.spec.sasl.as_mut().expect("sasl");
+    sasl.authorization = None;
+    sasl.authorize_every_client = true;
+    let d = desired(&cr).expect("renders");
+    let s = connector_settings(&d);
+    assert!(s.authorize_every_client);
+    assert_eq!(s.authorization_policy_file, None);
+    assert!(!pod_spec(&d)
+        .volumes
+        .as_ref()
+        .expect("volumes")
+        .iter()
+        .any(|v| v.name == "policy"));
+
     // ANONYMOUS offered: authentication stays off, nothing is mounted for it.
     cr.spec.sasl = Some(
         serde_json::from_value(serde_json::json!({"mechanisms": ["PLAIN", "ANONYMOUS"]}))

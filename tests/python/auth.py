@@ -145,6 +145,34 @@ def main():
                 unauthorized(e, subscription)
         reader.close()
         writer.close()
+    elif scenario == "isolated":
+        # AUTHZ-8: alice may use queue a, bob queue b; neither reaches the other's, whatever the
+        # backend enforces.
+        alice, bob = args
+        owner = connect(port, "alice", alice)
+        sender = owner.create_sender("queues/a")
+        for i in range(3):
+            sender.send(Message(body=f"alice-{i}"))
+        intruder = connect(port, "bob", bob)
+        for make in (
+            lambda: intruder.create_receiver("queues/a", credit=10),
+            lambda: intruder.create_sender("queues/a"),
+        ):
+            try:
+                make()
+                raise AssertionError("bob attached to alice's queue")
+            except LinkDetached as e:
+                unauthorized(e, "a")
+        round_trip(intruder, "b", "bob's own")
+        intruder.close()
+        receiver = owner.create_receiver("queues/a", credit=10)
+        got = []
+        for _ in range(3):
+            message = receiver.receive(timeout=TIMEOUT)
+            got.append(message.body)
+            receiver.accept()
+        check(got == [f"alice-{i}" for i in range(3)], f"alice received {got}")
+        owner.close()
     elif scenario == "dynamic":
         user, token = args
         conn = connect(port, user, token)

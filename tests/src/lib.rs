@@ -443,19 +443,19 @@ impl TestConnector {
         listener: tokio::net::TcpListener,
         stop: tokio::sync::oneshot::Receiver<()>,
     ) {
-        let cfg = Arc::new(settings.engine_config_no_auth());
+        // Authentication and authorization as the settings say, as the binary does.
+        let security = connector::auth::Security::load(&settings)
+            .await
+            .expect("the test's authentication settings load");
+        let cfg = Arc::new(settings.engine_config(security.auth));
         let opts = ServeOptions {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
             broker_ready: None,
             registry: Default::default(),
         };
-        let bridge = connector::bridge::queues::Queues::new(
-            backend,
-            &settings,
-            metrics,
-            connector::auth::Access::open(),
-        );
+        let bridge =
+            connector::bridge::queues::Queues::new(backend, &settings, metrics, security.access);
         serve(listener, cfg, opts, Arc::new(bridge), async {
             let _ = stop.await;
         })

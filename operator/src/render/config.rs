@@ -90,6 +90,9 @@ pub fn connector_config(spec: &AmqpConnectorSpec) -> Result<ConnectorConfig, Ren
                 Value::from(format!("{POLICY_DIR}/{}", policy.key)),
             );
         }
+        if spec.sasl.as_ref().is_some_and(|s| s.authorize_every_client) {
+            m.insert("AuthorizeEveryClient".into(), Value::from(true));
+        }
     }
     // Probes need /livez and /readyz even when nobody scrapes /metrics.
     m.insert(

@@ -92,7 +92,7 @@ pub const RULES: &[RuleCase] = &[
         name: "external-without-required-client-auth",
         change: |s| {
             s["sasl"] = json!({"mechanisms": ["PLAIN", "EXTERNAL"],
-                "jwt": {"secretName": "k", "signatureType": "HS256"}})
+                "jwt": {"secretName": "k", "signatureType": "HS256"}, "authorizeEveryClient": true})
         },
         message: "SASL EXTERNAL needs",
     },
@@ -130,6 +130,30 @@ pub const RULES: &[RuleCase] = &[
                 "authorization": {"configMapName": "acl", "secretName": "acl"}})
         },
         message: "names either configMapName or secretName",
+    },
+    RuleCase {
+        name: "sasl-authentication-without-authorization",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN"],
+                "jwt": {"secretName": "k", "signatureType": "HS256"}})
+        },
+        message: "give exactly one of spec.sasl.authorization or authorizeEveryClient: true",
+    },
+    RuleCase {
+        name: "sasl-authorization-and-every-client",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN"],
+                "jwt": {"secretName": "k", "signatureType": "HS256"},
+                "authorization": {"configMapName": "acl"}, "authorizeEveryClient": true})
+        },
+        message: "give exactly one of spec.sasl.authorization or authorizeEveryClient: true",
+    },
+    RuleCase {
+        name: "sasl-every-client-without-jwt",
+        change: |s| {
+            s["sasl"] = json!({"mechanisms": ["PLAIN", "ANONYMOUS"], "authorizeEveryClient": true})
+        },
+        message: "spec.sasl.authorizeEveryClient needs spec.sasl.jwt",
     },
     RuleCase {
         name: "node-ports-on-cluster-ip",
