@@ -128,9 +128,14 @@ settings! {
     /// transfers waiting for the client's window, dynamic-node mailboxes).
     MaxConnectionMemory => max_connection_memory: u64 = 256 * 1024 * 1024,
         |v| parse::int(v, 1, parse::I64);
-    /// Bytes all connections together may hold beyond each one's guaranteed 256 KiB.
-    MaxProcessMemory => max_process_memory: u64 = 1024 * 1024 * 1024,
-        |v| parse::int(v, 0, parse::I64);
+    /// Bytes all connections together may hold beyond each one's guaranteed 256 KiB, with 16
+    /// KiB for each live link; unset: half the container's memory limit, or 1 GiB without one.
+    MaxProcessMemory => max_process_memory: Option<u64> = None,
+        |v| if v.is_empty() {
+            Ok(None)
+        } else {
+            parse::int(v, i128::from(MIN_PROCESS_MEMORY), parse::I64).map(Some)
+        };
     /// Seconds from accept until the client's OPEN (SASL included); a slower client is dropped.
     HandshakeTimeoutSeconds => handshake_timeout_seconds: u32 = 5, |v| parse::int(v, 1, 3600);
     /// Log line format: text or json.
@@ -166,6 +171,21 @@ settings! {
     /// enforces no authorization of its own.
     AuthorizeEveryClient => authorize_every_client: bool = false, parse::boolean;
 }
+
+/// The smallest `MaxProcessMemory`: room for 1,024 links' state.
+pub const MIN_PROCESS_MEMORY: u64 = 16 * 1024 * 1024;
+
+/// The process budget without `MaxProcessMemory`: half the container's memory `limit`, leaving
+/// the other half for the process's baseline, the allocator and what budgets do not count; 1 GiB
+/// without a limit.
+pub fn default_process_memory(limit: Option<u64>) -> u64 {
+    limit.map_or(1 << 30, |l| (l / 2).max(MIN_PROCESS_MEMORY))
+}
+
+/// What one live link makes the connector keep, reserved in `MaxProcessMemory` while it lives:
+/// the engine's and the bridge's state for it and the Get loop of a queue of its own (about
+/// 14 KiB measured, BENCHMARKS.md "Hostile clients").
+pub const LINK_STATE_BYTES: u64 = 16 * 1024;
 
 /// Whether the TLS listener asks clients for a certificate (TLS-3, TLS-4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -549,8 +569,16 @@ impl Settings {
             close_timeout: Duration::from_secs(2),
             auth,
             connection_memory: self.max_connection_memory,
-            process_memory: ProcessBudget::new(self.max_process_memory),
+            process_memory: ProcessBudget::new(self.process_memory()),
+            link_state_bytes: LINK_STATE_BYTES,
         }
+    }
+
+    /// The process memory budget: `MaxProcessMemory`, else what the container's memory limit
+    /// allows.
+    pub fn process_memory(&self) -> u64 {
+        self.max_process_memory
+            .unwrap_or_else(|| default_process_memory(crate::cgroup::memory_limit()))
     }
 
     /// The engine's limits with authentication disabled.
@@ -745,7 +773,7 @@ mod tests {
             serve_kubemq_grpc: None,
             http_address: None,
             max_connection_memory: 5000,
-            max_process_memory: 0,
+            max_process_memory: Some(MIN_PROCESS_MEMORY),
             handshake_timeout_seconds: 2,
             log_format: LogFormat::Json,
             tls_cert_file: Some(PathBuf::from("/tls/tls.crt")),
@@ -1119,11 +1147,15 @@ mod tests {
                 d.handshake_timeout_seconds,
                 d.log_format
             ),
-            (256 << 20, 1 << 30, 5, LogFormat::Text)
+            (256 << 20, None, 5, LogFormat::Text)
         );
+        // Unset, the budget follows the container's memory limit.
+        assert_eq!(default_process_memory(None), 1 << 30);
+        assert_eq!(default_process_memory(Some(512 << 20)), 256 << 20);
+        assert_eq!(default_process_memory(Some(8 << 20)), MIN_PROCESS_MEMORY);
         let env: BTreeMap<&str, &str> = [
             ("CONNECTORS_AMQP10_MAX_CONNECTION_MEMORY", "2000"),
-            ("CONNECTORS_AMQP10_MAX_PROCESS_MEMORY", "0"),
+            ("CONNECTORS_AMQP10_MAX_PROCESS_MEMORY", "16777216"),
             ("CONNECTORS_AMQP10_MAX_MESSAGE_SIZE", "2000"),
             ("CONNECTORS_AMQP10_HANDSHAKE_TIMEOUT_SECONDS", "2"),
             ("CONNECTORS_AMQP10_LOG_FORMAT", "json"),
@@ -1138,7 +1170,7 @@ mod tests {
                 s.handshake_timeout_seconds,
                 s.log_format
             ),
-            (2000, 0, 2, LogFormat::Json)
+            (2000, Some(16 << 20), 2, LogFormat::Json)
         );
         let e = Settings::resolve(&[raw(&[
             ("MaxConnectionMemory", "1000"),

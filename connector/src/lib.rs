@@ -7,6 +7,7 @@
 pub mod auth;
 pub mod backend;
 pub mod bridge;
+pub mod cgroup;
 pub mod config;
 pub mod detail;
 pub mod driver;

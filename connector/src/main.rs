@@ -77,6 +77,17 @@ async fn run(settings: Settings) -> ExitCode {
             "clients authenticate with KubeMQ JWTs (SASL PLAIN) or client certificates (EXTERNAL)"
         );
     }
+    tracing::info!(
+        bytes = settings.process_memory(),
+        from = if settings.max_process_memory.is_some() {
+            "MaxProcessMemory"
+        } else if connector::cgroup::memory_limit().is_some() {
+            "half the container's memory limit"
+        } else {
+            "default"
+        },
+        "process memory budget"
+    );
     let listener = match bind(&settings).await {
         Ok(l) => l,
         Err(code) => return code,

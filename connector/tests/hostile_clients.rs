@@ -775,3 +775,110 @@ fn refused_sessions_and_links_hold_no_memory() {
     let _ = server.kill();
     let _ = server.wait();
 }
+
+/// Consumer links on ever new queue names, as many as a client may open, in rounds on new
+/// connections: each live link reserves its state in the process budget, so past it the
+/// ATTACHes are refused with `amqp:resource-limit-exceeded` (`connector memory budget`), the
+/// process's memory stays within 1.25 × the budget + 64 MiB, and links closed with their
+/// connection give their places to the next round.
+#[test]
+fn links_on_new_queue_names_stay_within_the_process_budget() {
+    const BUDGET: u64 = 32 * MIB;
+    const SESSIONS: u16 = 16;
+    const LINKS: u32 = 256;
+    let dir = tempfile::tempdir().expect("dir");
+    let port = free_port();
+    let mut server = start_connector(
+        dir.path(),
+        port,
+        &["--max-process-memory", &BUDGET.to_string()],
+    );
+    let pid = server.id();
+    let baseline = settled_rss(pid);
+    let watch = RssWatch::start(pid);
+    for round in 0..3 {
+        let mut c = common::connect(port);
+        let mut begins = Vec::new();
+        for ch in 1..SESSIONS {
+            begins.extend(peer::frame(ch, &peer::begin(), &[]));
+        }
+        c.write(&begins);
+        let got = read_until(&mut c, Duration::from_secs(10), |g| {
+            g.iter()
+                .filter(|p| matches!(p, Performative::Begin(_)))
+                .count()
+                >= usize::from(SESSIONS)
+        });
+        assert!(
+            got.iter()
+                .all(|p| matches!(p, Performative::Begin(_) | Performative::Open(_))),
+            "{got:?}"
+        );
+        let (mut accepted, mut refused) = (0, 0);
+        for ch in 0..SESSIONS {
+            let mut bytes = Vec::new();
+            for handle in 0..LINKS {
+                let address = format!("queues/names-{round}-{ch}-{handle}");
+                let name = format!("rx-{ch}-{handle}");
+                bytes.extend(peer::frame(
+                    ch,
+                    &peer::attach_receiver(&name, handle, &address),
+                    &[],
+                ));
+                bytes.extend(peer::frame(ch, &peer::link_flow(handle, 0, 1, false), &[]));
+            }
+            c.write(&bytes);
+            let got = read_until(&mut c, Duration::from_secs(20), |g| {
+                g.iter()
+                    .filter(|p| matches!(p, Performative::Attach(_)))
+                    .count()
+                    >= LINKS as usize
+            });
+            for p in &got {
+                match p {
+                    Performative::Attach(_) => accepted += 1,
+                    Performative::Detach(d) => {
+                        let e = d.error.as_ref().expect("a refusal says why");
+                        assert_eq!(peer::error_symbol(e), "amqp:resource-limit-exceeded");
+                        assert_eq!(
+                            e.description.as_deref(),
+                            Some(
+                                format!("connector memory budget of {BUDGET} bytes exceeded")
+                                    .as_str()
+                            )
+                        );
+                        refused += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        // Every ATTACH is answered; those refused are answered ATTACH then DETACH.
+        accepted -= refused;
+        let places = BUDGET / connector::config::LINK_STATE_BYTES;
+        eprintln!("round {round}: {accepted} links live, {refused} refused");
+        assert!(
+            refused > 0 && accepted as u64 <= places && accepted as u64 >= places / 2,
+            "round {round}: {accepted} live, {refused} refused, {places} places"
+        );
+        drop(c);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let peak = watch.peak();
+    drop(watch);
+    let growth = peak.saturating_sub(baseline);
+    eprintln!(
+        "resident memory: baseline {} MiB, peak {} MiB",
+        baseline / MIB,
+        peak / MIB
+    );
+    assert!(
+        peak <= BUDGET + BUDGET / 4 + 64 * MIB,
+        "resident memory peaked at {} MiB (grew by {} MiB) with a {} MiB budget",
+        peak / MIB,
+        growth / MIB,
+        BUDGET / MIB
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+}

@@ -47,6 +47,31 @@ impl ProcessBudget {
     fn give_back(&self, n: u64) {
         self.used.fetch_sub(n, Ordering::AcqRel);
     }
+
+    /// Takes `n` bytes straight from the process budget (state kept for a live link, not a
+    /// connection's buffers), or says it does not fit.
+    pub fn reserve(self: &Arc<Self>, n: u64) -> Result<Reserved, BudgetExceeded> {
+        if !self.try_take(n) {
+            return Err(BudgetExceeded::Process { limit: self.limit });
+        }
+        Ok(Reserved {
+            process: self.clone(),
+            bytes: n,
+        })
+    }
+}
+
+/// Bytes reserved in the process budget by [`ProcessBudget::reserve`], given back when dropped.
+#[derive(Debug)]
+pub struct Reserved {
+    process: Arc<ProcessBudget>,
+    bytes: u64,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.process.give_back(self.bytes);
+    }
 }
 
 /// Which budget a charge did not fit.

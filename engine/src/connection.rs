@@ -69,6 +69,9 @@ pub struct EngineConfig {
     pub connection_memory: u64,
     /// The budget all connections share beyond their guaranteed share.
     pub process_memory: Arc<ProcessBudget>,
+    /// Bytes the application keeps for each live link (its own state and the backend's),
+    /// reserved in `process_memory` from ATTACH to DETACH: past it, a link is refused.
+    pub link_state_bytes: u64,
 }
 
 impl std::fmt::Debug for EngineConfig {

@@ -9,7 +9,7 @@ use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, TargetArchetype};
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
 
-use super::budget::{BudgetExceeded, Charge};
+use super::budget::{BudgetExceeded, Charge, Reserved};
 use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame, TransferHead};
 use super::connection::{wire_to_error, Connection};
 use super::error::{AmqpError, Condition};
@@ -191,6 +191,9 @@ pub(super) struct Link {
     dynamic: bool,
     /// What the application says the link serves, once it told (OBS-3).
     label: Option<Box<LinkLabel>>,
+    /// `EngineConfig::link_state_bytes` reserved in the process budget while the link lives
+    /// (none for a link refused at once).
+    state: Option<Reserved>,
 }
 
 impl Link {
@@ -333,6 +336,7 @@ impl Connection {
             request: None,
             dynamic: false,
             label: None,
+            state: None,
         };
         let refusal = match frame {
             AttachFrame::Head {
@@ -365,7 +369,14 @@ impl Connection {
                         "link re-attach not supported",
                     ))
                 } else {
-                    None
+                    // The state the link makes the connector keep, within the process budget.
+                    match self.cfg.process_memory.reserve(self.cfg.link_state_bytes) {
+                        Ok(r) => {
+                            link.state = Some(r);
+                            None
+                        }
+                        Err(e) => Some(e.to_error()),
+                    }
                 };
                 link.dynamic = if is_sender(&role) {
                     matches!(a.target.as_deref(), Some(TargetArchetype::Target(t)) if t.dynamic)
@@ -569,6 +580,9 @@ impl Connection {
                 Vec::new()
             }
         };
+        // The state it was charged for goes with it (the application drops its part on
+        // `LinkClosed`).
+        link.state = None;
         link.phase = Phase::DetachSent;
         // Only the handle matters until the client's DETACH: the name (up to a whole frame) is
         // not kept for it.

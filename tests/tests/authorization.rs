@@ -2,8 +2,6 @@
 //! included: KubeMQ community v2.4.0 enforces neither, so what a client may do must never rest
 //! on the broker (python-qpid-proton, tests/python/auth.py).
 
-use std::path::PathBuf;
-
 use connector::auth::jwt::SignatureType;
 use connector::config::Settings;
 use interop_tests::{run_client_script, TestConnector};
@@ -50,7 +48,7 @@ fn secured(dir: &std::path::Path) -> Settings {
         authentication: true,
         jwt_signature_type: Some(SignatureType::HS256),
         jwt_key_file: Some(key),
-        authorization_policy_file: Some(PathBuf::from(acl)),
+        authorization_policy_file: Some(acl),
         ..Settings::default()
     }
 }

@@ -34,6 +34,10 @@ const EAGER_WRITE: usize = 64 * 1024;
 const EAGER_TURNS: u32 = 16;
 /// How long a refusal at OPEN waits before it is written (CONN-15).
 const REFUSAL_PAUSE: Duration = Duration::from_secs(1);
+/// Refused connections waiting out [`REFUSAL_PAUSE`] at a time, in the whole process: they no
+/// longer hold a handshake place, so this bounds the sockets they keep.
+const MAX_PACED: usize = 256;
+static PACED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PACED);
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
@@ -183,8 +187,11 @@ pub async fn run_connection<S: Wire, H: Handler>(
                     tracing::debug!(%error, "connection refused at open");
                     // CONN-15: the refusal (already in the engine's output) waits, so that a
                     // client reconnecting at once asks about once a second, not thousands of
-                    // times, while the broker is away or the slots are full.
-                    tokio::time::sleep(REFUSAL_PAUSE).await;
+                    // times, while the broker is away or the slots are full. At most
+                    // MAX_PACED wait at a time; past that a refusal goes at once.
+                    if let Ok(_paced) = PACED.try_acquire() {
+                        tokio::time::sleep(REFUSAL_PAUSE).await;
+                    }
                 }
                 Event::Opened {
                     client_id,

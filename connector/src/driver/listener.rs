@@ -305,13 +305,15 @@ struct SlotAtOpen {
 
 impl Admission for SlotAtOpen {
     fn at_open(&mut self) -> Option<AmqpError> {
+        // Decided either way: the handshake place goes, so a refusal held back for its pause
+        // (CONN-15) cannot be dropped as the oldest handshake instead of being told why.
+        self.handshake = None;
         if !self.ready.as_ref().is_none_or(|r| *r.borrow()) {
             return Some(AmqpError::new(Condition::NotAllowed, "broker not ready"));
         }
         match self.slots.clone().try_acquire_owned() {
             Ok(slot) => {
                 self.slot = Some(slot);
-                self.handshake = None;
                 None
             }
             Err(_) => Some(AmqpError::new(

@@ -60,6 +60,8 @@ pub fn config() -> EngineConfig {
         auth: AuthPolicy::Disabled,
         connection_memory: 268_435_456,
         process_memory: crate::ProcessBudget::new(1 << 30),
+        // The budget tests count deliveries only; link state has its own test.
+        link_state_bytes: 0,
     }
 }
 

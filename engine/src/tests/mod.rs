@@ -635,6 +635,41 @@ fn conn_15_admission_refused() {
     );
 }
 
+/// Each live link reserves `link_state_bytes` in the process budget: past it an ATTACH is
+/// refused with `amqp:resource-limit-exceeded`, and a detached link gives its place back.
+#[test]
+fn link_state_is_reserved_in_the_process_budget() {
+    let mut cfg = config();
+    cfg.process_memory = super::ProcessBudget::new(256 * 1024);
+    cfg.link_state_bytes = 100 * 1024;
+    let process = cfg.process_memory.clone();
+    let mut c = Client::new(cfg);
+    c.open_session();
+    consumer(&mut c, "a", 0);
+    consumer(&mut c, "b", 1);
+    assert_eq!(process.used(), 200 * 1024);
+    let out = c.frame(0, &attach_receiver("c", 2, "queues/a"));
+    assert_eq!(conditions(&out), ["amqp:resource-limit-exceeded"]);
+    assert_eq!(
+        description_of(out.last().expect("a DETACH")).as_deref(),
+        Some("connector memory budget of 262144 bytes exceeded")
+    );
+    assert!(
+        c.take_events().is_empty(),
+        "the application never hears of it"
+    );
+    c.frame(0, &detach(2));
+    c.frame(0, &detach(0));
+    c.take_events();
+    assert_eq!(
+        process.used(),
+        100 * 1024,
+        "the detached link gave its place back"
+    );
+    consumer(&mut c, "c", 0);
+    assert_eq!(process.used(), 200 * 1024);
+}
+
 /// CONN-16 / Q-32: shutdown sends CLOSE `amqp:connection:forced` and reports every unsettled
 /// delivery of every link exactly once.
 #[test]

@@ -111,9 +111,52 @@ pub struct FetchLimits {
     pub idle_exit: std::time::Duration,
 }
 
-/// Every running loop, by channel and credential: a loop is started and joined under this lock,
-/// and retires under it, so a consumer can never join a loop that is ending.
-pub type Registry = Arc<std::sync::Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>>;
+/// Loops without consumers kept waiting for one; past this many, a loop whose last consumer
+/// leaves ends at once, so that consumers on ever new queue names leave nothing behind.
+pub const MAX_IDLE_LOOPS: usize = 256;
+
+/// Every running loop, by channel and credential, and how many of them are idle.
+pub type Registry = Arc<Loops>;
+
+/// The running loops: a loop is started and joined under the lock, and retires under it, so a
+/// consumer can never join a loop that is ending.
+#[derive(Debug, Default)]
+pub struct Loops {
+    map: std::sync::Mutex<HashMap<LoopKey, mpsc::UnboundedSender<Command>>>,
+    idle: std::sync::atomic::AtomicUsize,
+}
+
+impl Loops {
+    /// The loops by key, locked.
+    pub fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<LoopKey, mpsc::UnboundedSender<Command>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts one more idle loop; `kept` says whether it may wait for a consumer.
+    fn idle(self: &Arc<Self>) -> Idle {
+        let n = self.idle.fetch_add(1, std::sync::atomic::Ordering::AcqRel) + 1;
+        Idle {
+            loops: self.clone(),
+            kept: n <= MAX_IDLE_LOOPS,
+        }
+    }
+}
+
+/// One loop's place among the idle ones, given back when dropped.
+struct Idle {
+    loops: Arc<Loops>,
+    kept: bool,
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        self.loops
+            .idle
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
 
 /// What a Get loop serves: a channel, for the consumers presenting one credential to KubeMQ
 /// (`None`: the connector's own), so no consumer takes messages under another's token.
@@ -145,7 +188,7 @@ pub fn join<B: Backend>(
     key: ConsumerKey,
     to: mpsc::UnboundedSender<ToConsumer>,
 ) -> mpsc::UnboundedSender<Command> {
-    let mut map = registry.lock().unwrap_or_else(|e| e.into_inner());
+    let mut map = registry.lock();
     if let Some(tx) = map.get(&loop_key) {
         if tx.send(Command::Join(key, to.clone())).is_ok() {
             return tx.clone();
@@ -291,11 +334,22 @@ impl<B: Backend> Fetcher<B> {
             self.hand_out();
             self.finish_drains(false);
             if !self.settle.is_empty() {
-                self.flush().await;
+                // Boxed here and below: the loop's own future stays small while it waits, and
+                // a loop is kept for every queue with consumers (and some idle ones).
+                Box::pin(self.flush()).await;
             }
             if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
-                // Everyone left and nothing is held: wait for a new consumer, or retire.
-                match tokio::time::timeout(self.limits.idle_exit, rx.recv()).await {
+                // Everyone left and nothing is held: wait for a new consumer, or retire (at
+                // once when enough loops wait already).
+                let idle = self.registry.idle();
+                let wait = if idle.kept {
+                    self.limits.idle_exit
+                } else {
+                    std::time::Duration::ZERO
+                };
+                let next = tokio::time::timeout(wait, rx.recv()).await;
+                drop(idle);
+                match next {
                     Ok(Some(cmd)) => self.apply(cmd),
                     Ok(None) => return,
                     Err(_) if self.retire(&mut rx) => return,
@@ -352,7 +406,7 @@ impl<B: Backend> Fetcher<B> {
             }
             let (sid, mut d) = match self.lend_session() {
                 Some(lent) => lent,
-                None => match self.backend.open_downstream().await {
+                None => match Box::pin(self.backend.open_downstream()).await {
                     Ok(d) => {
                         self.next_session += 1;
                         self.sessions.push(Session {
@@ -384,8 +438,7 @@ impl<B: Backend> Fetcher<B> {
             let channel = self.key.channel.clone();
             let asked = tokio::time::Instant::now();
             let got = {
-                let get = d.get(&channel, self.limits.client_id, want as i32, 1000);
-                tokio::pin!(get);
+                let mut get = Box::pin(d.get(&channel, self.limits.client_id, want as i32, 1000));
                 let grace = tokio::time::sleep(DRAIN_GRACE);
                 tokio::pin!(grace);
                 let mut graced = false;
@@ -398,7 +451,7 @@ impl<B: Backend> Fetcher<B> {
                                 // Settlements of other sessions' transactions go now: on a
                                 // real KubeMQ, what they free may be held until they are sent.
                                 if !self.settle.is_empty() {
-                                    self.flush().await;
+                                    Box::pin(self.flush()).await;
                                 }
                                 // A drain that arrives once the Get has outlived the grace has
                                 // nothing immediately available either.
@@ -626,7 +679,7 @@ impl<B: Backend> Fetcher<B> {
     /// take), so no consumer can join a loop that is ending. Dropping the sessions returns
     /// whatever they still had locked.
     fn retire(&mut self, rx: &mut mpsc::UnboundedReceiver<Command>) -> bool {
-        let mut map = self.registry.lock().unwrap_or_else(|e| e.into_inner());
+        let mut map = self.registry.lock();
         match rx.try_recv() {
             Ok(cmd) => {
                 drop(map);
@@ -932,6 +985,49 @@ mod tests {
         }
     }
 
+    /// Consumers on ever new queue names leave at most `MAX_IDLE_LOOPS` loops behind:
+    /// past that many, a loop whose last consumer leaves ends at once.
+    #[tokio::test]
+    async fn idle_loops_are_bounded() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        let backend = Arc::new(Embedded::new(store.clone()));
+        let registry: Registry = Arc::default();
+        let limits = FetchLimits {
+            max_batch: 10,
+            client_id: "test",
+            idle_exit: std::time::Duration::from_secs(600),
+        };
+        let names = MAX_IDLE_LOOPS + 200;
+        let (to, mut from) = mpsc::unbounded_channel();
+        for i in 0..names {
+            let tx = join(
+                &registry,
+                &backend,
+                LoopKey::shared(&format!("name-{i}")),
+                limits,
+                (1, i as u64),
+                to.clone(),
+            );
+            let _ = tx.send(Command::Leave((1, i as u64)));
+        }
+        for _ in 0..names {
+            let left = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
+            assert!(matches!(left, Ok(Some(ToConsumer::Left(_)))), "{left:?}");
+        }
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while registry.lock().len() > MAX_IDLE_LOOPS {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} loops still run with no consumer",
+                registry.lock().len()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // The kept ones still serve a consumer that comes back.
+        assert!(registry.lock().len() >= MAX_IDLE_LOOPS / 2);
+    }
+
     /// A loop with no consumer ends after `idle_exit` and leaves the registry; the next consumer
     /// starts a fresh loop that delivers.
     #[tokio::test]
@@ -961,11 +1057,7 @@ mod tests {
             "the loop confirms the Leave"
         );
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        while registry
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains_key(&LoopKey::shared("idle"))
-        {
+        while registry.lock().contains_key(&LoopKey::shared("idle")) {
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the idle loop never retired"

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
@@ -90,7 +90,7 @@ impl<B: Backend> Queues<B> {
                 idle_exit: FETCH_IDLE_EXIT,
             },
             default_pattern: Pattern::from_setting(&settings.default_pattern),
-            fetchers: Arc::new(Mutex::new(HashMap::new())),
+            fetchers: fetcher::Registry::default(),
             next_connection: AtomicU64::new(1),
             next_lane: AtomicU64::new(0),
             metrics,
@@ -1229,11 +1229,7 @@ mod tests {
                 Access::open(),
             );
             let (tx, commands) = mpsc::unbounded_channel();
-            bridge
-                .fetchers
-                .lock()
-                .expect("registry")
-                .insert(LoopKey::shared("q"), tx);
+            bridge.fetchers.lock().insert(LoopKey::shared("q"), tx);
             let handler = bridge.new_handler(([127, 0, 0, 1], 5672).into());
             let cfg = Arc::new(settings.engine_config_no_auth());
             Rig {
