@@ -74,11 +74,18 @@ KUBEMQ_BROKER_ADDRESS=127.0.0.1:5672 "$BURNIN" -run -config "$RUN/burnin-config.
   >"$RUN/burnin.out" 2>"$RUN/burnin.err" &
 BURNIN_PID=$!
 
+case "$LENGTH" in
+  *h) length_s=$(( ${LENGTH%h} * 3600 )) ;;
+  *m) length_s=$(( ${LENGTH%m} * 60 )) ;;
+  *s) length_s=${LENGTH%s} ;;
+  *) length_s=$LENGTH ;;
+esac
 next=$EVERY
 start=$SECONDS
 while kill -0 "$BURNIN_PID" 2>/dev/null; do
   sleep 5
-  if [ "$FAULT" != none ] && (( SECONDS - start >= next )); then
+  # Faults within the run only, none as it ends.
+  if [ "$FAULT" != none ] && (( SECONDS - start >= next && next < length_s )); then
     next=$((next + EVERY))
     counters "before the fault at $((SECONDS - start)) s"
     case "$FAULT" in
