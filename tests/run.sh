@@ -111,6 +111,7 @@ tier() { # label env-var cached-file record
   fi
 }
 tier "real KubeMQ" KUBEMQ_BINARY kubemq-community real-kubemq
+tier "KubeMQ that authorizes" KUBEMQ_ENFORCING_BINARY kubemq-community-enforcing enforcing-kubemq
 tier "burn-in harness" BURNIN_BINARY burnin burnin
 # One closing line with the totals of every test binary (the last binary run is often the empty
 # doc-test pass, which would otherwise be the closing line).

@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use connector::engine::codec::{
-    decode_performative, encode_transfer, write_amqp, DeliveryOutcome, Performative, TransferHead,
+    decode_performative, encode_transfer, write_amqp, Performative, TransferHead,
 };
 use connector::engine::frame::{split_frame, write_frame, TYPE_AMQP, TYPE_SASL};
 use connector::engine::message::{data_sections, walk};
 use connector::engine::peer;
 use connector::engine::serial;
+use connector::engine::DeliveryOutcome;
 use fe2o3_amqp::types::definitions::{Role, SenderSettleMode};
 use fe2o3_amqp::types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp::types::performatives::{Close, Disposition, End, Flow};

@@ -11,8 +11,8 @@
 
 use connector::auth::jwt::{JwtVerifier, KeySource, SignatureType};
 use connector::auth::policy::{Action, Policy};
-use connector::bridge::address::Pattern;
 use connector::engine::TokenVerifier;
+use connector::pattern::Pattern;
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use jsonwebtoken::{encode, Algorithm, EncodingKey, Header};
 

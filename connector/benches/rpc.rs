@@ -16,12 +16,12 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use connector::bridge::address::Pattern;
 use connector::bridge::envelope::{ingress, Stored};
 use connector::bridge::rpc::requester::{reply, request, Asked};
 use connector::bridge::rpc::responder::{delivered, Tokens};
 use connector::engine::message::walk;
 use connector::kubemq::{Request, Response};
+use connector::pattern::Pattern;
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
 use fe2o3_amqp_types::messaging::message::__private::Serializable;
 use fe2o3_amqp_types::messaging::{Data, Message, MessageId, Properties};
@@ -68,6 +68,7 @@ fn reply_message() -> Bytes {
 /// the fixed RequestID).
 fn asked_and_request(stored: Stored) -> (Asked, Request) {
     let asked = Asked {
+        call: 0,
         pattern: Pattern::Queries,
         reply_to: stored.reply_to.clone().unwrap(),
         correlation: stored.correlation.clone(),

@@ -187,6 +187,11 @@ pub fn default_process_memory(limit: Option<u64>) -> u64 {
 /// 14 KiB measured, BENCHMARKS.md "Hostile clients").
 pub const LINK_STATE_BYTES: u64 = 16 * 1024;
 
+/// What one live session makes the connector keep beyond its links, reserved in
+/// `MaxProcessMemory` while it lives (its state is about 0.2 KiB; its maps grow with its links,
+/// which reserve their own).
+pub const SESSION_STATE_BYTES: u64 = 1024;
+
 /// Whether the TLS listener asks clients for a certificate (TLS-3, TLS-4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -571,6 +576,7 @@ impl Settings {
             connection_memory: self.max_connection_memory,
             process_memory: ProcessBudget::new(self.process_memory()),
             link_state_bytes: LINK_STATE_BYTES,
+            session_state_bytes: SESSION_STATE_BYTES,
         }
     }
 

@@ -15,4 +15,5 @@ pub use engine;
 pub mod http;
 pub mod kubemq;
 pub mod metrics;
+pub mod pattern;
 pub mod store;

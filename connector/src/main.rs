@@ -96,10 +96,7 @@ async fn run(settings: Settings) -> ExitCode {
     let Some(kubemq) = settings.kubemq_address.clone() else {
         return run_embedded(listener, settings, security).await;
     };
-    let opts = GrpcOptions {
-        token: settings.kubemq_token.clone(),
-        ..GrpcOptions::default()
-    };
+    let opts = GrpcOptions::from_settings(&settings);
     let backend = match KubemqGrpc::connect(&kubemq, opts) {
         Ok(b) => b,
         Err(e) => {
@@ -124,7 +121,7 @@ async fn run(settings: Settings) -> ExitCode {
 async fn bind(settings: &Settings) -> Result<Listeners, ExitCode> {
     let tcp = |port: u16, what: &'static str| async move {
         let addr = SocketAddr::new(settings.bind_address, port);
-        match tokio::net::TcpListener::bind(addr).await {
+        match ops::listen::listen(addr) {
             Ok(l) => {
                 tracing::info!(%addr, "{what} listener ready");
                 Ok(l)
@@ -221,7 +218,7 @@ async fn serve_amqp<B: Backend + Clone>(
     let ready = readiness::watch(Arc::new(backend.clone())).await;
     let registry = Arc::new(connector::detail::Registry::default());
     if let Some(addr) = settings.http_address {
-        match tokio::net::TcpListener::bind(addr).await {
+        match ops::listen::listen(addr) {
             Ok(l) => {
                 tracing::info!(%addr, "serving /metrics, /livez, /readyz and /api/amqp10/{{connections,links}}");
                 tokio::spawn(connector::http::serve(

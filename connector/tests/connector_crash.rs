@@ -18,8 +18,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::free_port;
-use connector::engine::codec::{DeliveryOutcome, Performative};
+use connector::engine::codec::Performative;
 use connector::engine::peer;
+use connector::engine::DeliveryOutcome;
 use fe2o3_amqp_types::messaging::Data;
 use serde_bytes::ByteBuf;
 

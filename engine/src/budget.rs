@@ -235,6 +235,13 @@ impl Charge {
         self.bytes -= n;
     }
 
+    /// Whether an eighth of the process budget or more is in use: from there, memory the
+    /// allocator keeps for a while after a free could push the process past its budget.
+    pub fn process_pressed(&self) -> bool {
+        let process = &self.pool.process;
+        process.used().saturating_mul(8) >= process.limit
+    }
+
     /// The bytes it holds.
     pub fn bytes(&self) -> u64 {
         self.bytes

@@ -31,6 +31,10 @@ use super::LinkId;
 pub const MIN_MAX_FRAME_SIZE: u32 = 512;
 /// The container-id the server announces (CONN-7).
 pub const SERVER_CONTAINER_ID: &str = "KubeMQ";
+/// Output the transport has not taken yet beyond which transfers wait in their session, charged
+/// to the budget, as if the client's window were shut: a client that does not read cannot make
+/// the connector encode deliveries for it without bound.
+pub const MAX_UNWRITTEN: usize = 4 * 1024 * 1024;
 /// Largest SASL frame read; a bigger initial response than 16 KiB fails authentication (SASL-8)
 /// as long as its frame fits here, and anything larger drops the connection.
 pub const MAX_SASL_FRAME: u32 = 64 * 1024;
@@ -72,6 +76,8 @@ pub struct EngineConfig {
     /// Bytes the application keeps for each live link (its own state and the backend's),
     /// reserved in `process_memory` from ATTACH to DETACH: past it, a link is refused.
     pub link_state_bytes: u64,
+    /// The same for each live session, reserved from BEGIN to END: past it, a BEGIN is refused.
+    pub session_state_bytes: u64,
 }
 
 impl std::fmt::Debug for EngineConfig {
@@ -181,6 +187,18 @@ pub struct Connection {
     /// A receiver link's credit was not topped up because the budget was half used; credit is
     /// granted again once it falls below half.
     pub(super) credit_withheld: bool,
+    /// Output handed to the transport and not yet written by it ([`Connection::set_unwritten`]).
+    pub(super) unwritten: usize,
+    /// The transport was full since senders last heard it had room: transfers may wait in
+    /// their sessions and senders may have seen every window shut. Once it has taken half, the
+    /// transfers go and senders hear so.
+    pub(super) held_for_transport: bool,
+}
+
+/// Whether transfers wait for the transport with `pending` bytes unwritten: from
+/// [`MAX_UNWRITTEN`] up, and, once they waited, until it has taken half.
+pub(super) fn transport_full(pending: usize, held: bool) -> bool {
+    pending >= MAX_UNWRITTEN || (held && pending >= MAX_UNWRITTEN / 2)
 }
 
 /// Longest OPEN `product` or `version` kept (CONN-14): enough for any real client's.
@@ -224,6 +242,8 @@ impl Connection {
             now,
             max_frame: MIN_MAX_FRAME_SIZE,
             channel_max: 0,
+            unwritten: 0,
+            held_for_transport: false,
             identity: None,
             sasl_report: None,
             sessions: Default::default(),
@@ -289,9 +309,12 @@ impl Connection {
         &self.budget
     }
 
-    /// Appends everything the engine wants to send to `buf`.
+    /// Appends everything the engine wants to send to `buf`, the transport's unwritten output
+    /// (so its length is what [`Connection::set_unwritten`] would be told).
     pub fn poll_transmit(&mut self, buf: &mut BytesMut) {
         self.flush_disposition();
+        self.unwritten = buf.len() + self.out.len();
+        self.held_for_transport |= self.unwritten >= MAX_UNWRITTEN;
         if self.out.is_empty() {
             return;
         }
@@ -304,9 +327,37 @@ impl Connection {
         }
     }
 
+    /// How much output the transport still holds unwritten: past [`MAX_UNWRITTEN`] transfers
+    /// wait in their sessions; once it is below half, they go on and
+    /// [`Event::WindowOpened`] tells senders they may send again.
+    pub fn set_unwritten(&mut self, bytes: usize) {
+        self.unwritten = bytes;
+        self.held_for_transport |= self.transport_full();
+        if self.held_for_transport && self.out.len() + bytes < MAX_UNWRITTEN / 2 {
+            self.held_for_transport = false;
+            let channels: Vec<u16> = self.sessions.keys().copied().collect();
+            for ch in channels {
+                self.flush_blocked(ch);
+            }
+            if !self.held_for_transport {
+                self.events.push_back(Event::WindowOpened);
+            }
+        }
+    }
+
+    /// Whether the transport holds so much unwritten output that transfers wait.
+    pub(super) fn transport_full(&self) -> bool {
+        transport_full(self.out.len() + self.unwritten, self.held_for_transport)
+    }
+
     /// Whether output is waiting.
     pub fn has_output(&self) -> bool {
         !self.out.is_empty() || self.pending_disposition_exists()
+    }
+
+    /// Whether events wait for [`Connection::poll_event`].
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// The next event for the application.

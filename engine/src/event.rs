@@ -4,8 +4,8 @@ use bytes::Bytes;
 use fe2o3_amqp_types::performatives::Attach;
 
 use super::auth::Credential;
-use super::codec::DeliveryOutcome;
 use super::error::AmqpError;
+use super::outcome::DeliveryOutcome;
 
 /// Identifies a link for the lifetime of its connection; never reused, unlike AMQP handles.
 pub type LinkId = u64;
@@ -77,8 +77,9 @@ pub enum Event {
         /// Whether the client asked to drain.
         drain: bool,
     },
-    /// The client's incoming window on a session, used up, opened again: server-sender links
-    /// there may take more than [`super::Connection::session_room`] said before.
+    /// The client's incoming window on a session, used up, opened again, or a transport that was
+    /// full has taken half of what it held: server-sender links may take more than
+    /// [`super::Connection::session_room`] and [`super::Connection::has_room`] said before.
     WindowOpened,
     /// A complete (reassembled) message arrived on a server-receiver link. The application must
     /// call `settle` exactly once for it, also when it arrived pre-settled.

@@ -4,11 +4,12 @@
 //! depends on none of them, so the compiler keeps it that way. Read in the order a frame travels:
 //! [`frame`] cuts frames, [`validate`] checks their structure, [`codec`] decodes performatives,
 //! [`Connection`] (with `session.rs` and `link.rs`) runs the state machines, [`Event`] is what the
-//! application sees, and `budget.rs` counts what a connection makes its application hold.
+//! application sees, `reassembly.rs` holds a message arriving in several frames, and `budget.rs`
+//! counts what a connection makes its application hold.
 //!
 //! Public on purpose: [`frame`], [`validate`], [`codec`] and [`message`] (what tools and the
-//! connector's envelope read messages with), [`peer`] (the client's side, for tests and load
-//! tools), and the types re-exported here.
+//! connector's envelope read messages with), `peer` (the client's side, for tests and load
+//! tools, behind the `peer` feature), and the types re-exported here.
 
 mod admission;
 mod auth;
@@ -20,8 +21,11 @@ mod event;
 pub mod frame;
 mod link;
 pub mod message;
+mod outcome;
+#[cfg(any(test, feature = "peer"))]
 pub mod peer;
 mod quick_decode;
+mod reassembly;
 pub mod serial;
 mod session;
 pub mod validate;
@@ -32,14 +36,14 @@ pub use auth::{
     Identity, Mechanism, TokenVerifier, VerifiedToken, MAX_INITIAL_RESPONSE,
 };
 pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
-pub use codec::DeliveryOutcome;
 pub use connection::{
     Connection, EngineConfig, ErrorCounts, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS,
-    MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
+    MAX_UNWRITTEN, MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId, SaslReport, SaslResult};
 pub use link::{LinkAccept, LinkLabel, LinkView, ServerRole, SessionRoom};
+pub use outcome::DeliveryOutcome;
 pub use session::SESSION_WINDOW;
 
 /// The hash map of the message path: foldhash (seeded per process) instead of SipHash, which

@@ -9,12 +9,14 @@ use fe2o3_amqp_types::definitions::{ReceiverSettleMode, Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, TargetArchetype};
 use fe2o3_amqp_types::performatives::{Attach, Detach, Flow, Transfer};
 
-use super::budget::{BudgetExceeded, Charge, Reserved};
-use super::codec::{self, AttachFrame, DeliveryOutcome, DispositionFrame, TransferHead};
-use super::connection::{wire_to_error, Connection};
+use super::budget::{Charge, Reserved};
+use super::codec::{self, AttachFrame, TransferHead};
+use super::connection::{wire_to_error, Connection, MAX_UNWRITTEN};
 use super::error::{AmqpError, Condition};
 use super::event::{CommandError, Delivery, Event};
 use super::frame::{write_frame, HEADER_LEN, TYPE_AMQP};
+use super::outcome::{DeliveryOutcome, DispositionFrame};
+use super::reassembly::Reassembly;
 use super::serial;
 use super::session::LinkFlow;
 use super::LinkId;
@@ -70,7 +72,7 @@ impl ReceiverState {
     /// Drops the delivery being reassembled and gives its bytes back.
     fn discard_partial(&mut self) {
         if let Some(p) = self.partial.take() {
-            self.charge.shrink(p.charged);
+            self.charge.shrink(p.body.charged());
         }
     }
 }
@@ -89,67 +91,20 @@ struct Partial {
     id: u32,
     tag: Bytes,
     settled: bool,
-    buf: BytesMut,
-    first: Option<Bytes>,
-    /// The bytes held for `first` and `buf`'s capacity, in the link's charge.
-    charged: u64,
+    body: Reassembly,
 }
 
 impl Partial {
-    /// Appends one frame's payload, charging what the reassembly will hold to `charge` before
-    /// it grows: a single-frame payload is kept as it is, and the buffer grows by doubling
-    /// (capped at `max` once it would pass it) so that its capacity, which is what it costs, is
-    /// known.
-    fn append(
-        &mut self,
-        payload: Bytes,
-        max: u64,
-        charge: &mut Charge,
-    ) -> Result<(), BudgetExceeded> {
-        let held = self.first.as_ref().map_or(0, Bytes::len) + self.buf.len();
-        if self.first.is_none() && self.buf.is_empty() {
-            charge.grow(payload.len() as u64)?;
-            self.charged += payload.len() as u64;
-            self.first = Some(payload);
-            return Ok(());
-        }
-        let needed = held + payload.len();
-        if needed > self.buf.capacity() {
-            let target = needed.max((held * 2).min(max as usize));
-            let more = (target as u64).saturating_sub(self.charged);
-            charge.grow(more)?;
-            self.charged += more;
-            // A fresh buffer of exactly `target` bytes (growing in place could round up to
-            // twice the old capacity, past what was charged).
-            let mut grown = BytesMut::with_capacity(target);
-            match self.first.take() {
-                Some(f) => grown.extend_from_slice(&f),
-                None => grown.extend_from_slice(&self.buf),
-            }
-            self.buf = grown;
-            let real = self.buf.capacity() as u64;
-            if real > target as u64 {
-                charge.grow_anyway(real - target as u64);
-                self.charged += real - target as u64;
-            }
-        }
-        self.buf.extend_from_slice(&payload);
-        Ok(())
-    }
-
     /// The reassembled message and the bytes it keeps charged (the tag moves, not copied).
     fn finish(self) -> (Delivered, u64) {
-        let payload = match self.first {
-            Some(f) => f,
-            None => self.buf.freeze(),
-        };
+        let (payload, charged) = self.body.finish();
         let d = Delivered {
             id: self.id,
             tag: self.tag,
             settled: self.settled,
             payload,
         };
-        (d, self.charged)
+        (d, charged)
     }
 }
 
@@ -789,9 +744,25 @@ impl Connection {
             .get(&id)
             .and_then(|l| self.sessions.get(&l.channel))
             .map_or(SessionRoom::default(), |s| SessionRoom {
-                window: s.remote_incoming_window,
+                // A transport that has not taken what was sent shuts every window.
+                window: if self.transport_full() {
+                    0
+                } else {
+                    s.remote_incoming_window
+                },
                 waiting: s.blocked.len().min(u32::MAX as usize) as u32,
             })
+    }
+
+    /// Whether a transfer sent on `id` now would go out, or wait in its session behind less than
+    /// [`MAX_UNWRITTEN`] bytes (the client's window shut, or the transport full). Senders that can
+    /// hold or drop what they have stop there; [`Event::WindowOpened`] says when the waiting
+    /// frames went.
+    pub fn has_room(&self, id: LinkId) -> bool {
+        self.links
+            .get(&id)
+            .and_then(|l| self.sessions.get(&l.channel))
+            .is_some_and(|s| s.blocked.bytes() < MAX_UNWRITTEN as u64)
     }
 
     /// Deliveries sent on a server-sender link that the client has not settled (FLOW-7).
@@ -885,8 +856,11 @@ impl Connection {
         }
     }
 
-    /// One TRANSFER frame, sent now if the client's incoming window allows, queued otherwise.
+    /// One TRANSFER frame, sent now if the client's incoming window allows and the transport
+    /// has room, queued in its session otherwise.
     fn write_transfer_frame(&mut self, ch: u16, head: &TransferHead<'_>, chunk: &[u8]) {
+        let transport_full = self.transport_full();
+        self.held_for_transport |= transport_full;
         let Some(s) = self.sessions.get_mut(&ch) else {
             return;
         };
@@ -894,7 +868,7 @@ impl Connection {
             codec::encode_transfer(b, head);
             b.extend_from_slice(chunk);
         };
-        if s.remote_incoming_window > 0 && s.blocked.is_empty() {
+        if s.remote_incoming_window > 0 && s.blocked.is_empty() && !transport_full {
             s.remote_incoming_window -= 1;
             s.next_outgoing_id = s.next_outgoing_id.wrapping_add(1);
             write_frame(&mut self.out, TYPE_AMQP, ch, write);
@@ -963,9 +937,7 @@ impl Connection {
                                 id: did,
                                 tag: Bytes::copy_from_slice(tag),
                                 settled: t.settled.unwrap_or(false),
-                                buf: BytesMut::new(),
-                                first: None,
-                                charged: 0,
+                                body: Reassembly::new(),
                             });
                             None
                         }
@@ -1007,7 +979,7 @@ impl Connection {
             link.delivery_count = link.delivery_count.wrapping_add(1);
             return;
         }
-        let held = p.first.as_ref().map_or(0, |f| f.len()) + p.buf.len();
+        let held = p.body.len();
         let refusal = if (held as u64).saturating_add(payload.len() as u64) > max_message_size {
             // XFER-2.
             Some(AmqpError::new(
@@ -1015,9 +987,9 @@ impl Connection {
                 format!("message exceeds max-message-size {max_message_size}"),
             ))
         } else {
-            p.append(payload, max_message_size, &mut r.charge)
+            p.body
+                .append(payload, max_message_size, &mut r.charge)
                 .err()
-                .map(BudgetExceeded::to_error)
         };
         if let Some(err) = refusal {
             // The client learns of the failed send, then the link is detached: the rest of the

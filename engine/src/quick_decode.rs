@@ -18,7 +18,7 @@ use serde_amqp::primitives::{Symbol, Timestamp};
 use serde_amqp::Value;
 use serde_bytes::ByteBuf;
 
-use super::codec::{DeliveryOutcome, DispositionFrame};
+use super::outcome::{DeliveryOutcome, DispositionFrame};
 
 /// The fields of a described list, read one by one; a field past the list's count is absent.
 struct Fields<'a> {

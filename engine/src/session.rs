@@ -11,10 +11,10 @@ use fe2o3_amqp_types::definitions::Role;
 use fe2o3_amqp_types::messaging::DeliveryState;
 use fe2o3_amqp_types::performatives::{Begin, Disposition, End, Flow};
 
-use super::budget::{Charge, ConnectionBudget};
+use super::budget::{Charge, ConnectionBudget, Reserved};
 use super::codec;
 use super::connection::Connection;
-use super::connection::{wire_to_error, State};
+use super::connection::{transport_full, wire_to_error, State};
 use super::error::{AmqpError, Condition};
 use super::event::Event;
 use super::LinkId;
@@ -40,6 +40,8 @@ pub(super) struct Session {
     pub out_unsettled: BTreeMap<u32, LinkId>,
     /// Encoded TRANSFER frames waiting for the client's incoming window to open.
     pub blocked: Blocked,
+    /// `EngineConfig::session_state_bytes` reserved in the process budget while it lives.
+    _state: Reserved,
 }
 
 /// TRANSFER frames waiting for the client's incoming window, counted against the connection's
@@ -65,6 +67,11 @@ impl Blocked {
 
     pub(super) fn len(&self) -> usize {
         self.frames.len()
+    }
+
+    /// The bytes of the frames waiting.
+    pub(super) fn bytes(&self) -> u64 {
+        self.charge.bytes()
     }
 
     pub(super) fn push(&mut self, frame: Bytes) {
@@ -135,6 +142,18 @@ pub(super) struct PendingDisposition {
 }
 
 impl Connection {
+    /// Answers a BEGIN with BEGIN + END carrying `error` (SESS-2), remembering the channel by
+    /// one bit until the client's END.
+    fn refuse_begin(&mut self, ch: u16, reply: Begin, error: AmqpError) {
+        self.write_perf(ch, &reply);
+        self.errors_sent.session += 1;
+        let end = End {
+            error: Some(error.to_wire()),
+        };
+        self.write_perf(ch, &end);
+        self.refused.insert(ch);
+    }
+
     pub(super) fn on_begin(&mut self, ch: u16, begin: Begin) {
         if begin.remote_channel.is_some() {
             // We never send BEGIN first, so this answers nothing.
@@ -170,19 +189,20 @@ impl Connection {
         // past SessionMax live sessions: refused with BEGIN + END (SESS-2), remembered by one bit
         // until the client's END.
         if ch > self.channel_max() {
-            self.write_perf(ch, &reply);
-            self.errors_sent.session += 1;
-            let end = End {
-                error: Some(
-                    AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached")
-                        .to_wire(),
-                ),
-            };
-            self.write_perf(ch, &end);
-            self.refused.insert(ch);
-            return;
+            let full = AmqpError::new(Condition::ResourceLimitExceeded, "session limit reached");
+            return self.refuse_begin(ch, reply, full);
         }
+        // The state the session makes the connector keep, within the process budget.
+        let state = match self
+            .cfg
+            .process_memory
+            .reserve(self.cfg.session_state_bytes)
+        {
+            Ok(r) => r,
+            Err(e) => return self.refuse_begin(ch, reply, e.to_error()),
+        };
         let session = Session {
+            _state: state,
             ending: false,
             next_incoming_id: begin.next_outgoing_id,
             incoming_window: SESSION_WINDOW,
@@ -341,7 +361,11 @@ impl Connection {
         let Some(s) = self.sessions.get_mut(&ch) else {
             return;
         };
-        while s.remote_incoming_window > 0 {
+        while s.remote_incoming_window > 0 && !s.blocked.is_empty() {
+            if transport_full(self.out.len() + self.unwritten, self.held_for_transport) {
+                self.held_for_transport = true;
+                break;
+            }
             let Some(frame) = s.blocked.pop() else {
                 break;
             };

@@ -73,7 +73,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let listener = match tokio::net::TcpListener::bind(args.http_address).await {
+    let listener = match ops::listen::listen(args.http_address) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(address = %args.http_address, error = %e, "cannot serve /livez, /readyz, /metrics");

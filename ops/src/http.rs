@@ -114,17 +114,17 @@ where
     let held = Held::new(limits.connections);
     let mut backoff = AcceptBackoff::new("HTTP");
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => {
                 backoff.succeeded();
-                stream
+                accepted
             }
             Err(e) => {
                 backoff.failed(&e).await;
                 continue;
             }
         };
-        let admitted = held.admit();
+        let admitted = held.admit(peer.ip());
         let hold = Arc::new(admitted.hold);
         let mut evicted = admitted.evicted;
         let answer = answer.clone();

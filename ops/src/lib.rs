@@ -7,4 +7,5 @@
 pub mod accept;
 pub mod held;
 pub mod http;
+pub mod listen;
 pub mod logs;

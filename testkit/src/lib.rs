@@ -9,10 +9,39 @@ pub mod tls;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Loopback with port 0: binding it takes an ephemeral port (no race with other tests).
 pub const ANY_LOOPBACK_PORT: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0));
+
+/// `N` distinct ports nobody listens on right now, outside the system's ephemeral range (below
+/// 32768, where Linux's range starts): for a server that also takes ephemeral ports of its own
+/// while it starts (KubeMQ), which could otherwise be handed a port chosen here before the
+/// server binds it.
+pub fn free_fixed_ports<const N: usize>() -> [u16; N] {
+    // Each process starts at its own place in 20000..32000 (neighbouring process ids land 997
+    // ports apart), and every call in the process moves on past the ports an earlier call
+    // returned: a port found free here is only bound later by the child, so two tests of one
+    // binary probing the same place at once would both be handed it.
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const SPAN: u32 = 12_000;
+    let start = (std::process::id().wrapping_mul(997)) % SPAN;
+    let mut found = [0u16; N];
+    let mut taken = 0;
+    while taken < N {
+        let i = NEXT.fetch_add(1, Ordering::SeqCst);
+        assert!(i < SPAN, "no free port left below the ephemeral range");
+        let port = (20_000 + (start + i) % SPAN) as u16;
+        if TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
+            && TcpListener::bind(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)).is_ok()
+        {
+            found[taken] = port;
+            taken += 1;
+        }
+    }
+    found
+}
 
 /// A loopback port nobody listens on right now, for a child process to bind (prefer binding
 /// [`ANY_LOOPBACK_PORT`] where the test binds the socket itself).
@@ -59,5 +88,25 @@ pub fn eventually(what: &str, within: Duration, done: impl Fn() -> bool) {
     while !done() {
         assert!(Instant::now() < deadline, "never happened: {what}");
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_callers_are_handed_different_fixed_ports() {
+        let threads: Vec<_> = (0..8)
+            .map(|_| std::thread::spawn(free_fixed_ports::<3>))
+            .collect();
+        let mut ports: Vec<u16> = threads
+            .into_iter()
+            .flat_map(|t| t.join().expect("a thread"))
+            .collect();
+        assert!(ports.iter().all(|p| (20_000..32_000).contains(p)));
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), 24, "a port was handed out twice");
     }
 }

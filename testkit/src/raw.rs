@@ -35,7 +35,26 @@ pub struct RawPeer {
 impl RawPeer {
     /// Connects to `addr`; nothing is written.
     pub fn connect(addr: SocketAddr) -> RawPeer {
-        let stream = TcpStream::connect(addr).expect("connect");
+        RawPeer::from_stream(TcpStream::connect(addr).expect("connect"))
+    }
+
+    /// Connects to `addr` from the local address `from` (on loopback, any of 127.0.0.0/8: a
+    /// client that looks like another host); nothing is written.
+    pub fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> RawPeer {
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(addr),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )
+        .expect("socket");
+        socket
+            .bind(&SocketAddr::new(from, 0).into())
+            .expect("bind the source address");
+        socket.connect(&addr.into()).expect("connect");
+        RawPeer::from_stream(socket.into())
+    }
+
+    fn from_stream(stream: TcpStream) -> RawPeer {
         // Short, so that reads with a small window return on time.
         stream
             .set_read_timeout(Some(Duration::from_millis(10)))

@@ -11,6 +11,11 @@ Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
   kubemq-refuses USER TOKEN CHANNEL: the connector accepts the token but KubeMQ refuses it:
               a message to queues/CHANNEL is rejected and a receiver on it is detached, both
               amqp:unauthorized-access
+  kubemq-authorizes TOKEN: alice's token; the connector lets every client use every channel
+              and KubeMQ's own policy lets alice use channel a only: on queues, events and
+              events-store (also durable) alice sends and receives on a; a response is
+              refused by KubeMQ; on b every send is rejected and every receiver detached,
+              amqp:unauthorized-access
   dynamic     USER TOKEN: a dynamic reply node is not subject to the policy: a message sent to
               it through an anonymous sender arrives
   refused     USER TOKEN: the SASL exchange fails (the connect fails), nothing else happens
@@ -19,7 +24,8 @@ Usage: auth.py SCENARIO PORT [args]. Prints PASS SCENARIO.
               receives on queues/CHANNEL"""
 import sys
 
-from proton import Disposition, Message, SSLDomain, Timeout
+from proton import Disposition, Message, SSLDomain, Terminus, Timeout
+from proton.reactor import LinkOption
 from proton.utils import BlockingConnection, LinkDetached, SendException
 
 TIMEOUT = 10
@@ -65,6 +71,78 @@ def unauthorized(exc, channel):
     text = str(exc)
     check("amqp:unauthorized-access" in text, text)
     check(f"not authorized for {channel}" in text, text)
+
+
+class Durable(LinkOption):
+    """What a JMS durable consumer sends: expiry-policy never, durable deliveries."""
+
+    def apply(self, link):
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+
+
+def denied_by_kubemq(error):
+    text = str(error)
+    check("amqp:unauthorized-access" in text and "KubeMQ refused" in text, text)
+
+
+def kubemq_authorizes(port, token):
+    """AUTHZ-9: every call made for alice carries her ClientID, so KubeMQ's policy decides."""
+    conn = connect(port, "alice", token, container_id="alice-app")
+    # Queues: her sends are stored and her Gets served; channel b refuses both.
+    sender = conn.create_sender("queues/a")
+    for i in range(3):
+        sender.send(Message(body=f"q{i}"))
+    receiver = conn.create_receiver("queues/a", credit=10)
+    got = []
+    for _ in range(3):
+        got.append(receiver.receive(timeout=TIMEOUT).body)
+        receiver.accept()
+    check(got == ["q0", "q1", "q2"], f"queues/a gave {got}")
+    receiver.close()
+    # Events and events-store, plain and durable, on her channel.
+    events = conn.create_receiver("events/a", credit=10)
+    stored = conn.create_receiver("events-store/a", credit=10)
+    durable = conn.create_receiver(
+        "events-store/a", credit=10, name="alice-durable", options=Durable()
+    )
+    conn.create_sender("events/a").send(Message(body="event"))
+    conn.create_sender("events-store/a").send(Message(body="stored"))
+    check(events.receive(timeout=TIMEOUT).body == "event", "events/a")
+    check(stored.receive(timeout=TIMEOUT).body == "stored", "events-store/a")
+    check(durable.receive(timeout=TIMEOUT).body == "stored", "durable events-store/a")
+    for link in (events, stored, durable):
+        link.close()
+    # Commands on her channel reach her responder, but such a KubeMQ authorizes a response as
+    # resource "responses", which no rule can name: it refuses every response, so the answer
+    # is rejected and the requester gets KubeMQ's timeout.
+    responder = conn.create_receiver("commands/a", credit=10)
+    answers = conn.create_sender(None)
+    replies = conn.create_receiver(None, dynamic=True, credit=10)
+    reply_to = replies.link.remote_source.address
+    conn.create_sender("commands/a").send(Message(body="cmd", reply_to=reply_to, ttl=2))
+    request = responder.receive(timeout=TIMEOUT)
+    responder.accept()
+    check(request.body == "cmd", f"commands/a gave {request.body!r}")
+    answer = Message(properties={"x-opt-kubemq-executed": True})
+    answer.address = request.reply_to
+    outcome = answers.send(answer, error_states=[])
+    check(outcome.remote_state == Disposition.REJECTED, f"answer: outcome {outcome.remote_state}")
+    denied_by_kubemq(outcome.remote.condition)
+    reply = replies.receive(timeout=TIMEOUT)
+    check(reply.properties.get("x-opt-kubemq-executed") is False, f"reply {reply.properties}")
+    # Channel b: nothing accepted that KubeMQ refuses, every receiver detached.
+    for address in ("queues/b", "events/b", "events-store/b"):
+        outcome = conn.create_sender(address).send(Message(body="refused"), error_states=[])
+        check(outcome.remote_state == Disposition.REJECTED, f"{address}: {outcome.remote_state}")
+        denied_by_kubemq(outcome.remote.condition)
+        try:
+            # The detach may come before the attach is answered, or after.
+            conn.create_receiver(address, credit=1).receive(timeout=TIMEOUT)
+            raise AssertionError(f"a message arrived from {address}")
+        except LinkDetached as e:
+            denied_by_kubemq(e)
+    conn.close()
 
 
 def main():
@@ -116,6 +194,8 @@ def main():
             check("amqp:unauthorized-access" in str(e), str(e))
             check("KubeMQ refused" in str(e), str(e))
         conn.close()
+    elif scenario == "kubemq-authorizes":
+        kubemq_authorizes(port, *args)
     elif scenario == "wildcard":
         # AUTHZ-7: alice may read events on sub.<one token> only; app may write sub.anything.
         alice, app = args

@@ -394,9 +394,10 @@ impl TestConnector {
         let server = ServerThread::spawn(
             testkit::ANY_LOOPBACK_PORT,
             move |listener, stop| async move {
+                // The options the connector's main takes from the same settings.
+                let options = connector::backend::grpc::GrpcOptions::from_settings(&settings);
                 let backend =
-                    connector::backend::grpc::KubemqGrpc::connect(&addr, Default::default())
-                        .expect("client");
+                    connector::backend::grpc::KubemqGrpc::connect(&addr, options).expect("client");
                 Self::run(settings, backend, m, listener, stop).await;
             },
         );

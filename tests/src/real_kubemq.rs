@@ -20,6 +20,14 @@ pub fn binary() -> Option<PathBuf> {
     named_or_cached("KUBEMQ_BINARY", "kubemq-community")
 }
 
+/// A KubeMQ build that enforces its own authentication and authorization
+/// (`KUBEMQ_ENFORCING_BINARY`, else `$HOME/.cache/kubemq-amqp/kubemq-community-enforcing`), if
+/// there is one: community v2.4.0 reads those settings but enforces neither, the commit before
+/// it (e0aeae1) still does.
+pub fn enforcing_binary() -> Option<PathBuf> {
+    named_or_cached("KUBEMQ_ENFORCING_BINARY", "kubemq-community-enforcing")
+}
+
 /// The burn-in harness binary (`BURNIN_BINARY`, else `$HOME/.cache/kubemq-amqp/burnin`), if
 /// there is one.
 pub fn burnin_binary() -> Option<PathBuf> {
@@ -75,6 +83,7 @@ pub struct RealKubemq {
     binary: PathBuf,
     group: Child,
     dir: tempfile::TempDir,
+    settings: Vec<(String, String)>,
 }
 
 /// A killed server's folder and gRPC port.
@@ -82,30 +91,44 @@ pub struct KilledKubemq {
     binary: PathBuf,
     grpc: SocketAddr,
     dir: tempfile::TempDir,
+    settings: Vec<(String, String)>,
 }
 
 impl KilledKubemq {
     /// Starts the server again on the same folder and gRPC port, as a restarted broker.
     pub fn start_again(self) -> RealKubemq {
-        RealKubemq::start_in(&self.binary, self.dir, Some(self.grpc))
+        RealKubemq::start_in(&self.binary, self.dir, Some(self.grpc), self.settings)
     }
 }
 
 impl RealKubemq {
     /// Starts the server from `binary` and waits until its gRPC port answers.
     pub fn start(binary: &std::path::Path) -> RealKubemq {
+        Self::start_with(binary, &[])
+    }
+
+    /// Starts the server from `binary` with `settings` added to its environment (KubeMQ reads
+    /// every setting from a variable, e.g. `AUTHORIZATION_ENABLE`).
+    pub fn start_with(binary: &std::path::Path, settings: &[(&str, &str)]) -> RealKubemq {
         let dir = tempfile::tempdir().expect("scratch folder");
-        Self::start_in(binary, dir, None)
+        let settings = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Self::start_in(binary, dir, None, settings)
     }
 
     fn start_in(
         binary: &std::path::Path,
         dir: tempfile::TempDir,
         grpc: Option<SocketAddr>,
+        settings: Vec<(String, String)>,
     ) -> RealKubemq {
-        let grpc = grpc.unwrap_or_else(|| loopback(testkit::free_port()));
-        let rest = loopback(testkit::free_port());
-        let api = testkit::free_port();
+        // Below the ephemeral range: KubeMQ takes ephemeral ports of its own while it starts,
+        // and one of them could be a port chosen here that it has not bound yet.
+        let [grpc_port, rest, api] = testkit::free_fixed_ports();
+        let grpc = grpc.unwrap_or_else(|| loopback(grpc_port));
+        let rest = loopback(rest);
         // A port nobody listens on: the usage report's HTTPS proxy, so the report fails at once.
         let closed = testkit::free_port();
         let log = std::fs::OpenOptions::new()
@@ -131,6 +154,7 @@ impl RealKubemq {
             .env("HTTP_PROXY", format!("http://127.0.0.1:{closed}"))
             .env_remove("NO_PROXY")
             .env_remove("no_proxy")
+            .envs(settings.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
@@ -142,6 +166,7 @@ impl RealKubemq {
             binary: binary.to_path_buf(),
             group,
             dir,
+            settings,
         };
         server.wait_ready();
         server
@@ -174,6 +199,7 @@ impl RealKubemq {
             binary: self.binary.clone(),
             grpc: self.grpc,
             dir: std::mem::replace(&mut self.dir, placeholder),
+            settings: std::mem::take(&mut self.settings),
         }
     }
 

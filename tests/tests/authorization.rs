@@ -87,3 +87,61 @@ fn authz_7_wildcard_subscriptions_follow_the_policy_on_every_backend() {
         );
     });
 }
+
+/// KubeMQ's own policy for the enforcing build: alice may use channel `a` on every pattern,
+/// under her ClientID or one that begins with it and a dash (events-store subscriptions).
+const KUBEMQ_POLICY: &str = r#"[
+  {"Queues": true, "Events": true, "EventsStore": true, "Commands": true, "Queries": true,
+   "ClientID": "^alice($|-)", "Channel": "^a$", "Read": true, "Write": true}
+]"#;
+
+/// AUTHZ-9: where KubeMQ authorizes (the build before community v2.4.0), every call made for a
+/// client carries that client's ClientID, so KubeMQ's policy decides: alice uses channel `a` on
+/// queues, events and events-store (durable too), and on channel `b`, which only the connector
+/// would allow, every send is rejected and every receiver detached with
+/// `amqp:unauthorized-access`; no event is accepted that KubeMQ then refuses.
+#[test]
+fn authz_9_a_kubemq_that_authorizes_decides_by_the_clients_own_client_id() {
+    let Some(binary) = interop_tests::real_kubemq::enforcing_binary() else {
+        eprintln!("no KubeMQ build that authorizes on this machine: tier not run");
+        return;
+    };
+    interop_tests::real_kubemq::record_use("enforcing-kubemq");
+    testkit::logs::used_secret(SECRET);
+    let kubemq = interop_tests::real_kubemq::RealKubemq::start_with(
+        &binary,
+        &[
+            ("AUTHENTICATION_ENABLE", "true"),
+            ("AUTHENTICATION_JWT_CONFIG_KEY", SECRET),
+            ("AUTHENTICATION_JWT_CONFIG_SIGNATURE_TYPE", "HS256"),
+            ("AUTHORIZATION_ENABLE", "true"),
+            ("AUTHORIZATION_POLICY_DATA", KUBEMQ_POLICY),
+        ],
+    );
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = dir.path().join("jwt.key");
+    std::fs::write(&key, SECRET).expect("key file");
+    let settings = Settings {
+        authentication: true,
+        jwt_signature_type: Some(SignatureType::HS256),
+        jwt_key_file: Some(key),
+        authorize_every_client: true,
+        kubemq_token: Some(token("kubemq-amqp-connector")),
+        ..Settings::default()
+    };
+    let c = TestConnector::start_over_kubemq(settings, &kubemq);
+    let alice = token("alice");
+    let run = std::panic::catch_unwind(|| {
+        run_client_script(
+            "python3",
+            DIR,
+            &["auth.py", "kubemq-authorizes", "{port}", &alice],
+            "kubemq-authorizes",
+            c.addr,
+        )
+    });
+    if let Err(panic) = run {
+        eprintln!("KubeMQ's log:\n{}", kubemq.log());
+        std::panic::resume_unwind(panic);
+    }
+}

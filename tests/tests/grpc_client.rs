@@ -28,6 +28,7 @@ fn client(f: &TestFacade) -> KubemqGrpc {
         GrpcOptions {
             deadline: Duration::from_secs(5),
             token: Some("test-token".into()),
+            ..GrpcOptions::default()
         },
     )
     .unwrap()
@@ -120,7 +121,7 @@ fn every_method() {
         // A refused Get is an in-band Rejected.
         let e = ds.get("a b", "grpc-test", 1, 1000).await.unwrap_err();
         assert!(
-            matches!(e, BackendError::Rejected(ref t) if t.starts_with("Error 120")),
+            matches!(e, BackendError::Invalid(ref t) if t.starts_with("Error 120")),
             "{e:?}"
         );
         // A failed settlement is only logged (KubeMQ never answers success); the session goes on.
@@ -303,6 +304,7 @@ fn server_restart_reconnects_and_loses_nothing() {
             GrpcOptions {
                 deadline: Duration::from_millis(500),
                 token: None,
+                ..GrpcOptions::default()
             },
         )
         .unwrap();
@@ -648,5 +650,42 @@ fn a_send_kubemq_never_answers_is_unknown_once_a_later_one_is_answered() {
             .unwrap();
         assert!(matches!(first, Err(BackendError::Unknown(_))), "{first:?}");
         assert_eq!(f.store.ready_count("kmq19"), 3, "every one is stored");
+    });
+}
+
+/// AUTHZ-9: where clients authenticate, the first event per ClientID and channel waits for
+/// KubeMQ's verdict, so one KubeMQ refuses is refused, not taken; without authentication events
+/// are done once on the stream (a late refusal is only logged), so no connection's events wait
+/// behind another's unary call.
+#[test]
+fn the_first_event_waits_for_kubemqs_verdict_only_where_clients_authenticate() {
+    let f = TestFacade::start();
+    let connect = |clients_authenticate| {
+        KubemqGrpc::connect(
+            &f.addr.to_string(),
+            GrpcOptions {
+                clients_authenticate,
+                ..GrpcOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let event = |channel: &str| connector::kubemq::Event {
+        client_id: "alice".into(),
+        channel: channel.into(),
+        body: b"x".to_vec().into(),
+        ..Default::default()
+    };
+    rt().block_on(async {
+        let (open, authenticating) = (connect(false), connect(true));
+        // A channel with a wildcard: KubeMQ refuses the send (Error 107).
+        assert!(open.send_event(event("e.*")).await.is_ok());
+        assert!(matches!(
+            authenticating.send_event(event("e.*")).await,
+            Err(BackendError::Invalid(t)) if t.starts_with("Error 107")
+        ));
+        for _ in 0..2 {
+            assert!(authenticating.send_event(event("e")).await.is_ok());
+        }
     });
 }

@@ -7,8 +7,9 @@
 use std::time::Duration;
 
 use connector::config::Settings;
-use connector::engine::codec::{DeliveryOutcome, Performative};
+use connector::engine::codec::Performative;
 use connector::engine::peer::{self, begin, link_flow, open};
+use connector::engine::DeliveryOutcome;
 use connector::engine::HEADER_AMQP;
 use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
 use fe2o3_amqp_types::messaging::{

@@ -6,9 +6,11 @@
 //! server's OPEN is reported as percentiles, with the refusals and the connections that got no
 //! answer.
 //!
-//! Usage: `handshake-siege ADDR HOSTILE PROBES [TOKEN]`.
+//! Usage: `handshake-siege ADDR HOSTILE PROBES [TOKEN]`. With `SIEGE_PROBE_FROM` set to a local
+//! address (on loopback, e.g. 127.0.0.2), the client connects from there: a client on another
+//! host than the hostile sockets, as the server sees it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use connector::engine::codec::{decode_performative, Performative};
 use connector::engine::frame::{split_frame, TYPE_AMQP};
 use connector::engine::{peer, HEADER_AMQP, HEADER_SASL};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// One hostile socket: the header, then silence until dropped; again and again.
 async fn hostile(addr: SocketAddr, header: [u8; 8], reopened: Arc<AtomicU64>) {
@@ -60,10 +62,24 @@ fn opening(token: Option<&str>) -> Vec<u8> {
     out
 }
 
+/// A connection to `addr`, from `from` when given.
+async fn connect(addr: SocketAddr, from: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(from) = from else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(addr).await
+}
+
 /// One client: opens, waits for the server's OPEN and whatever CLOSE follows it.
-async fn probe(addr: SocketAddr, bytes: &[u8]) -> Probe {
+async fn probe(addr: SocketAddr, from: Option<IpAddr>, bytes: &[u8]) -> Probe {
     let started = Instant::now();
-    let Ok(mut s) = TcpStream::connect(addr).await else {
+    let Ok(mut s) = connect(addr, from).await else {
         return Probe::Unanswered;
     };
     if s.write_all(bytes).await.is_err() {
@@ -136,10 +152,13 @@ async fn main() {
         tokio::spawn(hostile(addr, header, reopened.clone()));
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
+    let from = std::env::var("SIEGE_PROBE_FROM")
+        .ok()
+        .and_then(|a| a.parse::<IpAddr>().ok());
     let bytes = opening(token.as_deref());
     let (mut took, mut refused, mut unanswered) = (Vec::new(), Vec::new(), 0);
     for _ in 0..probes {
-        match probe(addr, &bytes).await {
+        match probe(addr, from, &bytes).await {
             Probe::Opened(d) => took.push(d),
             Probe::Refused(why) => refused.push(why),
             Probe::Unanswered => unanswered += 1,
@@ -153,8 +172,9 @@ async fn main() {
             .unwrap_or_else(|| "-".into())
     };
     println!(
-        "{n} header-only sockets, {probes} {} clients: {} opened (p50 {} p99 {} max {}), {} refused {:?}, {unanswered} unanswered; hostile sockets reopened {} times",
+        "{n} header-only sockets, {probes} {} clients{}: {} opened (p50 {} p99 {} max {}), {} refused {:?}, {unanswered} unanswered; hostile sockets reopened {} times",
         if token.is_some() { "authenticated" } else { "plain" },
+        from.map(|a| format!(" from {a}")).unwrap_or_default(),
         took.len(),
         at(0.5),
         at(0.99),

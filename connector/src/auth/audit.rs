@@ -4,8 +4,8 @@
 
 use std::net::IpAddr;
 
-use crate::bridge::address::Pattern;
 use crate::engine::{SaslReport, SaslResult};
+use crate::pattern::Pattern;
 
 use super::policy::{resource, Action};
 

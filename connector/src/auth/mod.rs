@@ -9,9 +9,9 @@ pub mod throttle;
 
 use std::sync::Arc;
 
-use crate::bridge::address::Pattern;
 use crate::config::Settings;
 use crate::engine::{AmqpError, AuthPolicy, Condition};
+use crate::pattern::Pattern;
 
 use self::jwt::{JwtConfigError, JwtVerifier, KeySource};
 use self::policy::{Action, Policy, PolicyError};
@@ -80,7 +80,7 @@ impl Security {
 pub fn refused_by_kubemq() -> AmqpError {
     AmqpError::new(
         Condition::UnauthorizedAccess,
-        "KubeMQ refused the connection's credentials",
+        "KubeMQ refused the connection's credentials or its access",
     )
 }
 

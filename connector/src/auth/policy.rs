@@ -19,7 +19,7 @@ use casbin::rhai::Dynamic;
 use casbin::{CoreApi, DefaultModel, Enforcer, MemoryAdapter, MgmtApi};
 use lru::LruCache;
 
-use crate::bridge::address::Pattern;
+use crate::pattern::Pattern;
 
 /// KubeMQ's Casbin model.
 const MODEL: &str = "\

@@ -58,7 +58,7 @@ impl Downstream for EmbeddedDownstream {
 
     async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
         match self.0.handle(req).await {
-            Some(r) if r.is_error => Err(BackendError::Rejected(r.error)),
+            Some(r) if r.is_error => Err(BackendError::refusal(r.error)),
             _ => Ok(()),
         }
     }
@@ -104,14 +104,14 @@ impl Backend for Embedded {
         self.store
             .send_event(event)
             .await
-            .map_err(BackendError::Rejected)
+            .map_err(BackendError::refusal)
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
         let subscribed = self
             .store
             .subscribe_events(&request)
-            .map_err(|e| BackendError::Rejected(e.into()))?;
+            .map_err(|e| BackendError::refusal(e.into()))?;
         let mut events = subscribed.events;
         // An events-store subscription that replays stored events counts as open once the first
         // is read, as it does over gRPC (KubeMQ's answer comes with the first event): a drain
@@ -133,21 +133,21 @@ impl Backend for Embedded {
             .requests()
             .send(request)
             .await
-            .map_err(|e| BackendError::Rejected(e.into()))
+            .map_err(|e| BackendError::refusal(e.into()))
     }
 
     async fn subscribe_requests(&self, request: Subscribe) -> Result<RequestStream, BackendError> {
         self.store
             .subscribe_requests(&request)
             .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as RequestStream)
-            .map_err(|e| BackendError::Rejected(e.into()))
+            .map_err(|e| BackendError::refusal(e.into()))
     }
 
     async fn send_response(&self, response: Response) -> Result<(), BackendError> {
         self.store
             .requests()
             .respond(response)
-            .map_err(|e| BackendError::Rejected(e.into()))
+            .map_err(|e| BackendError::refusal(e.into()))
     }
 
     async fn forget_cursor(&self, client_id: &str) -> Result<bool, BackendError> {

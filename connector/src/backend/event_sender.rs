@@ -2,10 +2,15 @@
 //! the order they were sent (concurrent unary SendEvent calls would not), and costs one message
 //! per event instead of one call. KubeMQ answers every events-store event (`Store = true`) with
 //! a Result, matched here by EventID, and an event (`Store = false`) only when it failed: such a
-//! send is done once it is on the stream, and a late failure is logged.
+//! send is done once it is on the stream, and a late failure is logged. Where clients
+//! authenticate, a KubeMQ that authorizes decides by ClientID and channel, so the first event of
+//! each ClientID and channel goes alone as a unary call and is done with KubeMQ's verdict
+//! (AUTHZ-9): an event KubeMQ refuses is never accepted first. Without authentication no event
+//! waits: a unary call would hold every connection's events behind it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
@@ -20,6 +25,10 @@ use crate::kubemq::{new_id, Event};
 /// Events waiting to be written to the stream at most.
 const STREAM_QUEUE: usize = 1024;
 
+/// ClientID and channel pairs whose first event KubeMQ took, remembered at most; past this the
+/// memory starts again (each pair then costs one more unary call).
+const MAX_VERIFIED: usize = 4096;
+
 /// One send: the event and where its outcome goes.
 pub struct EventSend {
     /// The event.
@@ -30,21 +39,35 @@ pub struct EventSend {
 
 type Waiting = Arc<Mutex<HashMap<String, oneshot::Sender<Result<String, BackendError>>>>>;
 
-/// Starts the sender; sends queued on the returned channel go out in order.
+/// Starts the sender; sends queued on the returned channel go out in order. With `verify`, the
+/// first event per ClientID and channel waits for KubeMQ's verdict; a unary call that is not
+/// answered within `deadline` leaves its event's fate unknown.
 pub fn spawn(
     client: KubemqClient<Channel>,
     token: Option<MetadataValue<Ascii>>,
+    deadline: Duration,
+    verify: bool,
 ) -> mpsc::UnboundedSender<EventSend> {
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(client, token, rx));
+    tokio::spawn(run(client, token, deadline, verify, rx));
     tx
+}
+
+/// The ClientID and channel of an event: what a KubeMQ that authorizes decides by.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Sender {
+    client_id: String,
+    channel: String,
 }
 
 async fn run(
     client: KubemqClient<Channel>,
     token: Option<MetadataValue<Ascii>>,
+    deadline: Duration,
+    verify: bool,
     mut sends: mpsc::UnboundedReceiver<EventSend>,
 ) {
+    let mut verified: HashSet<Sender> = HashSet::new();
     let mut next = sends.recv().await;
     while next.is_some() {
         // A stream, opened for the first send after the last one was lost.
@@ -60,6 +83,23 @@ async fn run(
                 s.event.event_id = new_id();
             }
             let id = s.event.event_id.clone();
+            let sender = Sender {
+                client_id: s.event.client_id.clone(),
+                channel: s.event.channel.clone(),
+            };
+            if verify && !s.event.store && !verified.contains(&sender) {
+                // Later sends wait behind this one, so that one sender's events stay in order.
+                let verdict = unary(&client, &token, deadline, s.event).await;
+                if verdict.is_ok() {
+                    if verified.len() >= MAX_VERIFIED {
+                        verified.clear();
+                    }
+                    verified.insert(sender);
+                }
+                let _ = s.done.send(verdict);
+                next = sends.recv().await;
+                continue;
+            }
             // An events-store send waits for its Result; an event's is done once it is written.
             let done_now = if s.event.store {
                 lock(&waiting).insert(id.clone(), s.done);
@@ -87,6 +127,33 @@ async fn run(
     }
 }
 
+/// Sends `event` by itself and returns KubeMQ's verdict on it.
+async fn unary(
+    client: &KubemqClient<Channel>,
+    token: &Option<MetadataValue<Ascii>>,
+    deadline: Duration,
+    event: Event,
+) -> Result<String, BackendError> {
+    let mut request = tonic::Request::new(event);
+    if let Some(t) = token {
+        request.metadata_mut().insert("authorization", t.clone());
+    }
+    let mut client = client.clone();
+    match tokio::time::timeout(deadline, client.send_event(request)).await {
+        Ok(Ok(r)) => {
+            let r = r.into_inner();
+            if r.sent {
+                Ok(r.event_id)
+            } else {
+                Err(BackendError::refusal(r.error))
+            }
+        }
+        Ok(Err(status)) => Err(super::status::failure(&status)),
+        // It may have been delivered: its outcome is not known (ERR-10).
+        Err(_) => Err(BackendError::Unknown("no answer from KubeMQ".into())),
+    }
+}
+
 /// Reads KubeMQ's Results until the stream ends, completing the sends they answer.
 async fn read_results(
     mut client: KubemqClient<Channel>,
@@ -108,7 +175,7 @@ async fn read_results(
                 let _ = done.send(Ok(r.event_id));
             }
             Some(done) => {
-                let _ = done.send(Err(BackendError::Rejected(r.error)));
+                let _ = done.send(Err(BackendError::refusal(r.error)));
             }
             None if !r.sent => {
                 tracing::warn!(event_id = %r.event_id, error = %r.error, "KubeMQ refused an event");

@@ -23,9 +23,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::ready_estimate::ReadyEstimate;
+use super::status::{credential_refused, failure, refused, retryable, unavailable};
 use super::SEND_STALL;
 use super::{
     batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
@@ -66,6 +67,9 @@ pub struct GrpcOptions {
     pub deadline: Duration,
     /// Token sent as `authorization` metadata, if any.
     pub token: Option<String>,
+    /// Clients authenticate (AUTHZ-9): each sender's first event per ClientID and channel then
+    /// waits for KubeMQ's verdict. Connections presenting their own token always do.
+    pub clients_authenticate: bool,
 }
 
 impl Default for GrpcOptions {
@@ -73,6 +77,19 @@ impl Default for GrpcOptions {
         GrpcOptions {
             deadline: Duration::from_secs(10),
             token: None,
+            clients_authenticate: false,
+        }
+    }
+}
+
+impl GrpcOptions {
+    /// The options the connector's settings give: its own token, and whether clients
+    /// authenticate.
+    pub fn from_settings(settings: &crate::config::Settings) -> GrpcOptions {
+        GrpcOptions {
+            token: settings.kubemq_token.clone(),
+            clients_authenticate: settings.authentication,
+            ..GrpcOptions::default()
         }
     }
 }
@@ -81,6 +98,8 @@ struct Shared {
     client: KubemqClient<Channel>,
     token: Option<MetadataValue<tonic::metadata::Ascii>>,
     deadline: Duration,
+    /// Whether events wait for KubeMQ's verdict on their first per ClientID and channel.
+    verify_first_events: bool,
 }
 
 impl Shared {
@@ -91,39 +110,6 @@ impl Shared {
         }
         r
     }
-}
-
-fn unavailable(s: &Status) -> BackendError {
-    BackendError::Unavailable(format!("{}: {}", s.code(), s.message()))
-}
-
-/// Whether KubeMQ refused the call's token (its authentication interceptor answers
-/// `Unauthenticated`).
-fn credential_refused(s: &Status) -> bool {
-    matches!(s.code(), Code::Unauthenticated | Code::PermissionDenied)
-}
-
-/// A call KubeMQ answered with an error that is not transient: a refused credential is
-/// told apart from every other refusal.
-fn refused(s: &Status) -> BackendError {
-    if credential_refused(s) {
-        BackendError::Unauthorized(s.message().to_string())
-    } else {
-        BackendError::Rejected(s.message().to_string())
-    }
-}
-
-/// A call's failure: the server or the connection to it gone, or a refusal (see [`refused`]).
-fn failure(s: &Status) -> BackendError {
-    if retryable(s) {
-        unavailable(s)
-    } else {
-        refused(s)
-    }
-}
-
-fn retryable(s: &Status) -> bool {
-    matches!(s.code(), Code::Unavailable | Code::Unknown) && !s.message().starts_with("Error ")
 }
 
 /// One caller's messages, stored together with other callers' in one QueuesUpstream request.
@@ -197,6 +183,7 @@ impl KubemqGrpc {
                 client,
                 token,
                 deadline: opts.deadline,
+                verify_first_events: opts.clients_authenticate,
             },
             Arc::default(),
             Arc::new(watch::Sender::new(0)),
@@ -213,7 +200,12 @@ impl KubemqGrpc {
                 tx
             })
             .collect();
-        let events = super::event_sender::spawn(shared.client.clone(), shared.token.clone());
+        let events = super::event_sender::spawn(
+            shared.client.clone(),
+            shared.token.clone(),
+            shared.deadline,
+            shared.verify_first_events,
+        );
         KubemqGrpc {
             shared,
             upstream,
@@ -457,7 +449,7 @@ fn judge(
     match reply {
         Some(Ok(r)) if r.ref_request_id == request_id => {
             if r.is_error {
-                (Err(BackendError::Rejected(r.error)), true)
+                (Err(BackendError::refusal(r.error)), true)
             } else {
                 (Ok(r.results), true)
             }
@@ -794,6 +786,7 @@ impl Backend for KubemqGrpc {
                 client: self.shared.client.clone(),
                 token,
                 deadline: self.shared.deadline,
+                verify_first_events: true,
             },
             self.ready.clone(),
             self.answers.clone(),
@@ -984,28 +977,27 @@ mod tests {
         }
     }
 
-    /// A subscription lost with its connection (tonic reports the cut stream as Unknown or
-    /// Unavailable) is the broker being unavailable; KubeMQ's own refusals ("Error …") and a
-    /// refused credential stay refusals.
+    /// Where KubeMQ authorizes, a denied send is its Error 412 in the upstream result.
     #[test]
-    fn a_lost_subscription_is_unavailable_a_refusal_is_not() {
-        let lost = [
-            Status::unknown("h2 protocol error: error reading a body from connection"),
-            Status::unavailable("connection reset"),
-        ];
-        for s in lost {
-            assert!(matches!(failure(&s), BackendError::Unavailable(_)), "{s:?}");
-        }
-        let refusal = Status::unknown("Error 207: wrong subscribe type");
-        assert!(
-            matches!(failure(&refusal), BackendError::Rejected(t) if t.starts_with("Error 207"))
-        );
-        let internal = Status::internal("Error 301: timeout for request message");
-        assert!(matches!(failure(&internal), BackendError::Rejected(_)));
-        let credential = Status::unauthenticated("invalid token");
+    fn an_upstream_error_412_is_unauthorized() {
+        let reply = QueuesUpstreamResponse {
+            ref_request_id: "r".into(),
+            is_error: true,
+            error: "Error 412: access denied to resource".into(),
+            ..Default::default()
+        };
         assert!(matches!(
-            failure(&credential),
-            BackendError::Unauthorized(_)
+            judge(Some(Ok(reply)), "r").0,
+            Err(BackendError::Unauthorized(_))
+        ));
+        let get = crate::kubemq::QueuesDownstreamResponse {
+            is_error: true,
+            error: "Error 412: access denied to resource".into(),
+            ..Default::default()
+        };
+        assert!(matches!(
+            super::super::batch_from(get),
+            Err(BackendError::Unauthorized(_))
         ));
     }
 }

@@ -10,6 +10,7 @@ mod event_sender;
 pub mod grpc;
 pub mod readiness;
 pub mod ready_estimate;
+mod status;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,13 +47,48 @@ pub enum BackendError {
     /// left, or KubeMQ did not answer in time): whether it took effect is not known.
     #[error("outcome unknown: {0}")]
     Unknown(String),
-    /// KubeMQ refused the operation; the text is KubeMQ's (e.g. `Error 120: ...`).
+    /// KubeMQ found the request itself invalid (its validation, `Error 1xx`); the text is
+    /// KubeMQ's (e.g. `Error 120: ...`).
+    #[error("{0}")]
+    Invalid(String),
+    /// Another live subscription holds the ClientID (KubeMQ allows one per events-store
+    /// ClientID); the text is KubeMQ's.
+    #[error("{0}")]
+    ClientIdInUse(String),
+    /// KubeMQ refused the operation for a reason of its own (e.g. `Error 301: timeout for
+    /// request message`); the text is KubeMQ's.
     #[error("{0}")]
     Rejected(String),
     /// KubeMQ refused the credentials the call carried (gRPC `Unauthenticated` or
-    /// `PermissionDenied`); the text is KubeMQ's, for the log only.
+    /// `PermissionDenied`) or its access control refused the call (`Error 412: access denied to
+    /// resource`, where KubeMQ authorizes); the text is KubeMQ's, for the log only.
     #[error("refused by KubeMQ: {0}")]
     Unauthorized(String),
+}
+
+/// KubeMQ's code for a refused access (its access control, where it enforces one).
+const ACCESS_DENIED: u16 = 412;
+
+/// What KubeMQ (and the embedded store) say when a ClientID is subscribed already.
+const CLIENT_ID_IN_USE: &str = "clientID already registered";
+
+impl BackendError {
+    /// A refusal KubeMQ gave as text (a result's `Error`, a status message), read once here:
+    /// access denied, its validation (`Error 1xx`), a ClientID in use, or anything else.
+    pub fn refusal(text: String) -> BackendError {
+        match kubemq_code(&text) {
+            Some(ACCESS_DENIED) => BackendError::Unauthorized(text),
+            Some(100..=199) => BackendError::Invalid(text),
+            _ if text.contains(CLIENT_ID_IN_USE) => BackendError::ClientIdInUse(text),
+            _ => BackendError::Rejected(text),
+        }
+    }
+}
+
+/// The code of a KubeMQ error text (`Error NNN: ...`), if it has one.
+fn kubemq_code(text: &str) -> Option<u16> {
+    let digits = text.strip_prefix("Error ")?.split(':').next()?;
+    digits.trim().parse().ok()
 }
 
 /// Messages returned by one Get, owned by one transaction.
@@ -277,7 +313,7 @@ pub(crate) fn batch_from(
     r: crate::kubemq::QueuesDownstreamResponse,
 ) -> Result<Batch, BackendError> {
     if r.is_error {
-        return Err(BackendError::Rejected(r.error));
+        return Err(BackendError::refusal(r.error));
     }
     Ok(Batch {
         transaction_id: r.transaction_id,
@@ -300,5 +336,37 @@ pub(crate) fn get_request(
         max_items,
         wait_timeout: wait_ms,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// KubeMQ's refusal texts are read once, where they enter: access denied, validation, a
+    /// ClientID in use, anything else.
+    #[test]
+    fn a_refusal_is_classified_once_by_kubemq_code() {
+        let kind = |t: &str| match BackendError::refusal(t.into()) {
+            BackendError::Unauthorized(_) => "unauthorized",
+            BackendError::Invalid(_) => "invalid",
+            BackendError::ClientIdInUse(_) => "in use",
+            BackendError::Rejected(_) => "rejected",
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(kind("Error 412: access denied to resource"), "unauthorized");
+        assert_eq!(
+            kind("Error 101: invalid clientID value, cannot be empty"),
+            "invalid"
+        );
+        assert_eq!(
+            kind("Error 135: invalid queue message delay seconds"),
+            "invalid"
+        );
+        assert_eq!(kind("stan: clientID already registered"), "in use");
+        assert_eq!(kind("Error 301: timeout for request message"), "rejected");
+        assert_eq!(kind("Error 500: storage failure"), "rejected");
+        assert_eq!(kind("Error 1"), "rejected");
+        assert_eq!(kind("stan: invalid subject"), "rejected");
     }
 }

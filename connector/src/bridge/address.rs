@@ -1,55 +1,8 @@
 //! Address resolution (ADDR-*): a terminus address or a per-message `to` becomes a KubeMQ
 //! `(pattern, channel)`, an RPC reply token, or a refusal with `amqp:not-found`.
 
-use std::fmt;
-
 use crate::engine::{AmqpError, Condition};
-
-/// The five KubeMQ patterns (ADDR-2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Pattern {
-    /// `queues/`.
-    Queues,
-    /// `events/`.
-    Events,
-    /// `events-store/`.
-    EventsStore,
-    /// `commands/`.
-    Commands,
-    /// `queries/`.
-    Queries,
-}
-
-impl Pattern {
-    /// The pattern named by a DefaultPattern value (CFG-10); anything else degrades to queues
-    /// (ADDR-8; unreachable once configuration is validated).
-    pub fn from_setting(name: &str) -> Pattern {
-        match name {
-            "events" => Pattern::Events,
-            "events-store" => Pattern::EventsStore,
-            "commands" => Pattern::Commands,
-            "queries" => Pattern::Queries,
-            _ => Pattern::Queues,
-        }
-    }
-
-    /// The pattern's name as in addresses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Pattern::Queues => "queues",
-            Pattern::Events => "events",
-            Pattern::EventsStore => "events-store",
-            Pattern::Commands => "commands",
-            Pattern::Queries => "queries",
-        }
-    }
-}
-
-impl fmt::Display for Pattern {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+use crate::pattern::Pattern;
 
 /// What an address resolves to.
 #[derive(Debug, Clone, PartialEq, Eq)]

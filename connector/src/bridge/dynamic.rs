@@ -221,7 +221,8 @@ impl DynamicNodes {
         true
     }
 
-    /// Delivers the waiting messages of `address` within its consumer's credit.
+    /// Delivers the waiting messages of `address` within its consumer's credit, while the client
+    /// takes what is sent (they stay charged here otherwise).
     pub fn pump(&mut self, conn: &mut Connection, address: &str) {
         let Some(node) = self.nodes.get_mut(address) else {
             return;
@@ -229,7 +230,7 @@ impl DynamicNodes {
         let Some(Consumer { link, presettled }) = node.consumer else {
             return;
         };
-        while conn.credit(link) > 0 {
+        while conn.credit(link) > 0 && conn.has_room(link) {
             let Some(message) = node.waiting.pop_front() else {
                 break;
             };
@@ -307,6 +308,19 @@ impl DynamicNodes {
             }
         }
         Some(Role::sender)
+    }
+
+    /// Delivers what waits on every node with a consumer (the client takes more again).
+    pub fn pump_all(&mut self, conn: &mut Connection) {
+        let addresses: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.consumer.is_some() && !n.waiting.is_empty())
+            .map(|(a, _)| a.clone())
+            .collect();
+        for address in addresses {
+            self.pump(conn, &address);
+        }
     }
 
     /// Whether there are none.

@@ -3,6 +3,7 @@
 //! `events/` and `events-store/` to [`events`], whose selectors are [`selector`]'s.
 
 pub mod address;
+pub mod caller;
 pub mod dynamic;
 pub mod envelope;
 pub mod events;
@@ -15,6 +16,7 @@ use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, Released};
 use crate::backend::BackendError;
 use crate::engine::{AmqpError, Condition, Connection, Delivery, LinkId, LinkLabel};
 use crate::metrics::{self, Metrics};
+use crate::pattern::Pattern;
 
 /// A `rejected` outcome with `condition` and `text` (cut as ERR-3 says by [`AmqpError::new`]).
 pub(crate) fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
@@ -31,11 +33,11 @@ pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
             rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
         }
         BackendError::Unknown(_) => DeliveryState::Released(Released {}),
-        // KubeMQ's validation refusals (Error 1xx) are the message's; the rest the broker's.
-        BackendError::Rejected(t) if t.starts_with("Error 1") => {
-            rejected(Condition::InvalidField, t.clone())
+        // KubeMQ's validation refusals are the message's; the rest the broker's.
+        BackendError::Invalid(t) => rejected(Condition::InvalidField, t.clone()),
+        BackendError::Rejected(t) | BackendError::ClientIdInUse(t) => {
+            rejected(Condition::InternalError, t.clone())
         }
-        BackendError::Rejected(t) => rejected(Condition::InternalError, t.clone()),
         BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
             error: Some(crate::auth::refused_by_kubemq().to_wire()),
         }),
@@ -49,7 +51,9 @@ pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
         BackendError::Unavailable(t) | BackendError::Unknown(t) => {
             AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
         }
-        BackendError::Rejected(t) => AmqpError::new(Condition::InternalError, t.clone()),
+        BackendError::Invalid(t) | BackendError::Rejected(t) | BackendError::ClientIdInUse(t) => {
+            AmqpError::new(Condition::InternalError, t.clone())
+        }
     }
 }
 
@@ -96,7 +100,16 @@ impl Settling {
     pub(crate) fn settle(self, conn: &mut Connection, metrics: &Metrics) {
         let state = match &self.result {
             Ok(()) => DeliveryState::Accepted(fe2o3_amqp_types::messaging::Accepted {}),
-            Err(e) => send_failure(e),
+            Err(e) => {
+                let state = send_failure(e);
+                // Every refused send says why, where the client may see only the outcome.
+                let outcome = match state {
+                    DeliveryState::Released(_) => "released",
+                    _ => "rejected",
+                };
+                tracing::warn!(link = self.link, error = %e, "send failed; answered {outcome}");
+                state
+            }
         };
         settle_inbound(
             conn,
@@ -175,21 +188,12 @@ pub(crate) fn settle_inbound(
     let _ = conn.settle(link, delivery_id, state);
 }
 
-/// The node a message goes to: a pattern and a channel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// The pattern.
-    pub pattern: address::Pattern,
-    /// The channel.
-    pub channel: String,
-}
-
 /// What an accepted link serves, for the links endpoint (OBS-3).
 pub(crate) enum Serves<'a> {
     /// A node of a pattern.
     Node {
         /// Its pattern.
-        pattern: address::Pattern,
+        pattern: Pattern,
         /// Its channel.
         channel: &'a str,
         /// A durable events-store subscription (DUR-1).
@@ -207,7 +211,7 @@ impl<'a> Serves<'a> {
     /// A queue channel.
     pub(crate) fn queue(channel: &'a str) -> Self {
         Serves::Node {
-            pattern: address::Pattern::Queues,
+            pattern: Pattern::Queues,
             channel,
             durable: false,
         }

@@ -20,11 +20,10 @@ use super::Handler;
 use crate::auth::audit;
 use crate::auth::throttle::LoginThrottle;
 use crate::detail::{self, Membership, Registry};
-use crate::engine::{Admission, Connection, EngineConfig, Event, SaslResult, Transport};
+use crate::engine::{
+    Admission, Connection, EngineConfig, Event, SaslResult, Transport, MAX_UNWRITTEN,
+};
 
-/// Reading stops while this much output waits for the client, so a client that does not read
-/// cannot make the server buffer without bound.
-const MAX_PENDING_WRITE: usize = 4 * 1024 * 1024;
 /// Spare room kept in the read buffer before each read: a client's window of a hundred or two
 /// 1 KiB messages arrives as one read and one turn (only the touched part costs memory).
 const READ_CHUNK: usize = 256 * 1024;
@@ -228,11 +227,17 @@ pub async fn run_connection<S: Wire, H: Handler>(
             match Pin::new(&mut wr).poll_write(&mut Context::from_waker(Waker::noop()), &wbuf) {
                 Poll::Ready(Ok(n)) => {
                     wbuf.advance(n);
+                    engine.set_unwritten(wbuf.len());
                     unflushed = S::BUFFERS_WRITES;
                     turns_unwritten = 0;
                 }
                 Poll::Ready(Err(_)) => engine.transport_lost(),
                 Poll::Pending => {}
+            }
+            if engine.has_events() || engine.has_output() {
+                // The write made room: transfers held for it are output now, and senders may
+                // have heard they can go on.
+                continue;
             }
         }
         if engine.is_closed() {
@@ -248,7 +253,10 @@ pub async fn run_connection<S: Wire, H: Handler>(
             }
             armed = deadline;
         }
-        let may_read = wbuf.len() < MAX_PENDING_WRITE;
+        // A client that does not read cannot make the server buffer without bound: past
+        // MAX_UNWRITTEN the engine holds transfers back (counted in the budget) and reading
+        // stops.
+        let may_read = wbuf.len() < MAX_UNWRITTEN;
         let input = tokio::select! {
             biased;
             // Any input that is ready, in random order (fair among them)...
@@ -270,6 +278,7 @@ pub async fn run_connection<S: Wire, H: Handler>(
             Input::Read(Ok(_)) => engine.handle_input(Instant::now().into_std(), &mut rbuf),
             Input::Wrote(r) => {
                 turns_unwritten = 0;
+                engine.set_unwritten(wbuf.len());
                 match r {
                     Ok(Written::Some) => unflushed = S::BUFFERS_WRITES,
                     Ok(Written::Flushed) => unflushed = false,

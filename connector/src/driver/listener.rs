@@ -3,13 +3,16 @@
 //!
 //! Two bounds keep clients that never authenticate from keeping out those that do. Every socket
 //! is accepted at once into a pool of handshake places ([`handshake_pool`]); when the pool is
-//! full, the oldest handshake is dropped to make room, so a newcomer always gets a turn. A
-//! MaxConnections slot and the broker's readiness (CONN-15) are looked at only at the client's
-//! OPEN, which comes after SASL: a socket that sends nothing, or only a protocol header, never
-//! holds a slot.
+//! full, a handshake of the address holding the most places is dropped to make room (its oldest
+//! that has had a first turn), so a newcomer always gets a turn, a flood from one address pushes
+//! out only its own sockets, and a socket whose bytes are already there is looked at before it
+//! can go. A MaxConnections slot and the broker's readiness (CONN-15) are looked at only at the
+//! client's OPEN, which comes after SASL: a socket that sends nothing, or only a protocol header,
+//! never holds a slot.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -246,17 +249,22 @@ fn spawn<F, S, O, Fut>(
 {
     let at = Instant::now();
     let deadline = at + shared.cfg.handshake_timeout;
-    let place = shared.handshakes.admit();
+    let place = shared.handshakes.admit_waiting(peer.ip());
     let opening = open(deadline);
     let shared = shared.clone();
     tasks.spawn(
         async move {
+            // Its first turn: from now on it can be dropped as the oldest handshake, not before
+            // (a newcomer's bytes may all be there already, however many sockets followed it).
+            place.hold.started();
             let mut evicted = place.evicted;
+            let opened = Arc::new(AtomicBool::new(false));
             let admission = SlotAtOpen {
                 slots: shared.slots.clone(),
                 ready: shared.ready.clone(),
                 handshake: Some(place.hold),
                 slot: None,
+                opened: opened.clone(),
             };
             let run = async {
                 let Some(stream) = opening.await else {
@@ -280,13 +288,19 @@ fn spawn<F, S, O, Fut>(
                 run_connection(socket, around, shared.factory.new_handler(peer)).await;
                 tracing::debug!("finished");
             };
+            tokio::pin!(run);
             tokio::select! {
-                _ = run => {}
-                // Only a connection still in its handshake is told to go.
+                _ = &mut run => {}
+                // Only a connection still in its handshake is told to go: one told so in the
+                // turn it reached OPEN has left the handshakes already and runs on.
                 Ok(()) = &mut evicted => {
-                    shared.dropped.note(|n| {
-                        tracing::warn!(%peer, dropped = n, "handshake places full: dropping the oldest handshake");
-                    });
+                    if opened.load(Ordering::Acquire) {
+                        run.await;
+                    } else {
+                        shared.dropped.note(|n| {
+                            tracing::warn!(%peer, dropped = n, "handshake places full: dropping the oldest handshake");
+                        });
+                    }
                 }
             }
         }
@@ -301,6 +315,8 @@ struct SlotAtOpen {
     ready: Option<watch::Receiver<bool>>,
     handshake: Option<Hold>,
     slot: Option<OwnedSemaphorePermit>,
+    /// Set at OPEN: the connection is past its handshake, whatever the handshake places say.
+    opened: Arc<AtomicBool>,
 }
 
 impl Admission for SlotAtOpen {
@@ -308,6 +324,7 @@ impl Admission for SlotAtOpen {
         // Decided either way: the handshake place goes, so a refusal held back for its pause
         // (CONN-15) cannot be dropped as the oldest handshake instead of being told why.
         self.handshake = None;
+        self.opened.store(true, Ordering::Release);
         if !self.ready.as_ref().is_none_or(|r| *r.borrow()) {
             return Some(AmqpError::new(Condition::NotAllowed, "broker not ready"));
         }

@@ -2,6 +2,8 @@
 //! 5.1). Clients branch on the `Error NNN` code; where the reference's exact wording is not
 //! documented (133, 134, 135) the text is ours and says so in docs/decisions.md.
 
+use crate::kubemq::request::RequestType;
+
 /// Largest ExpirationSeconds and DelaySeconds (KMQ-9).
 pub const MAX_POLICY_SECONDS: i32 = 43_200;
 /// Largest MaxReceiveCount, and the value 0 is replaced with.
@@ -109,6 +111,26 @@ pub enum SubscribeKind {
     Requests,
 }
 
+/// Which of the two request patterns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Commands: the sender gets the outcome only.
+    Command,
+    /// Queries: the sender gets the responder's data.
+    Query,
+}
+
+impl RequestKind {
+    /// The kind a Request's type names, if it names one.
+    pub fn of(request_type: i32) -> Option<RequestKind> {
+        match RequestType::try_from(request_type) {
+            Ok(RequestType::Command) => Some(RequestKind::Command),
+            Ok(RequestType::Query) => Some(RequestKind::Query),
+            _ => None,
+        }
+    }
+}
+
 // Commands and queries (4.7). Only the numbers are documented for 109 … 206; the texts follow
 // the form of KubeMQ's other validation errors.
 /// `Error 109`: Timeout ≤ 0.
@@ -129,9 +151,7 @@ pub const REQUEST_TIMEOUT: &str = "Error 301: timeout for request message";
 
 /// Checks a request as KubeMQ does (4.7 step 2): ClientID, channel, Timeout, the empty-request
 /// rule, the cache fields, then the type.
-pub fn request_validation(
-    r: &crate::kubemq::Request,
-) -> Result<super::requests::RequestKind, &'static str> {
+pub fn request_validation(r: &crate::kubemq::Request) -> Result<RequestKind, &'static str> {
     if r.client_id.is_empty() {
         return Err(CLIENT_ID_EMPTY);
     }
@@ -145,7 +165,7 @@ pub fn request_validation(
     if !r.cache_key.is_empty() && r.cache_ttl <= 0 {
         return Err(REQUEST_CACHE_TTL);
     }
-    super::requests::RequestKind::of(r.request_type_data).ok_or(REQUEST_TYPE_INVALID)
+    RequestKind::of(r.request_type_data).ok_or(REQUEST_TYPE_INVALID)
 }
 
 /// Checks a response as KubeMQ does (4.7 step 4): ClientID, reply address, RequestID.

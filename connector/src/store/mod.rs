@@ -307,8 +307,8 @@ impl Store {
     ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::Request>, &'static str> {
         use crate::kubemq::subscribe::SubscribeType;
         let kind = match SubscribeType::try_from(request.subscribe_type_data) {
-            Ok(SubscribeType::Commands) => requests::RequestKind::Command,
-            Ok(SubscribeType::Queries) => requests::RequestKind::Query,
+            Ok(SubscribeType::Commands) => errors::RequestKind::Command,
+            Ok(SubscribeType::Queries) => errors::RequestKind::Query,
             _ => return Err(errors::SUBSCRIBE_TYPE_INVALID),
         };
         self.requests

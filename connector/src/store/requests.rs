@@ -9,11 +9,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::{
-    request_validation, response_validation, subscribe_channel, SubscribeKind, REQUEST_TIMEOUT,
+    request_validation, response_validation, subscribe_channel, RequestKind, SubscribeKind,
+    REQUEST_TIMEOUT,
 };
 use super::fanout::{Channeled, Fanout};
 use crate::engine::FastMap;
-use crate::kubemq::request::RequestType;
 use crate::kubemq::{Request, Response};
 
 /// Requests a responder subscription's buffer holds; past it a request is not delivered to that
@@ -22,15 +22,6 @@ pub const SUBSCRIPTION_BUFFER: usize = 1024;
 
 /// Prefix of the reply addresses requests carry to responders (KubeMQ's NATS inbox form).
 const INBOX_PREFIX: &str = "_INBOX.";
-
-/// Which of the two request patterns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestKind {
-    /// Commands: the sender gets the outcome only.
-    Command,
-    /// Queries: the sender gets the responder's data.
-    Query,
-}
 
 /// A request waiting for its first response.
 struct Waiting {
@@ -159,20 +150,10 @@ impl Channeled for Request {
     }
 }
 
-impl RequestKind {
-    /// The kind a Request's type names, if it names one.
-    pub fn of(request_type: i32) -> Option<RequestKind> {
-        match RequestType::try_from(request_type) {
-            Ok(RequestType::Command) => Some(RequestKind::Command),
-            Ok(RequestType::Query) => Some(RequestKind::Query),
-            _ => None,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kubemq::request::RequestType;
 
     fn request(kind: RequestType, channel: &str, timeout_ms: i32) -> Request {
         Request {

@@ -41,9 +41,6 @@ pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child
         .args(["--data-dir", dir.to_str().expect("utf-8 path")])
         .args(args)
         .env("RUST_LOG", "info")
-        // Freed memory goes back to the system at once instead of after mimalloc's delay, so the
-        // memory tests measure what the connector holds rather than the allocator's retention.
-        .env("MIMALLOC_PURGE_DELAY", "0")
         // Into the suite's logs, which the secrets check reads.
         .stdout(Stdio::from(log.try_clone().expect("the log file")))
         .stderr(Stdio::from(log))

@@ -62,6 +62,7 @@ pub fn config() -> EngineConfig {
         process_memory: crate::ProcessBudget::new(1 << 30),
         // The budget tests count deliveries only; link state has its own test.
         link_state_bytes: 0,
+        session_state_bytes: 0,
     }
 }
 

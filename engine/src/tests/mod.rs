@@ -670,6 +670,37 @@ fn link_state_is_reserved_in_the_process_budget() {
     assert_eq!(process.used(), 200 * 1024);
 }
 
+/// Each live session reserves `session_state_bytes` in the process budget: past it a BEGIN is
+/// answered with BEGIN + END `amqp:resource-limit-exceeded`, and an ended session gives its
+/// place back.
+#[test]
+fn session_state_is_reserved_in_the_process_budget() {
+    let mut cfg = config();
+    cfg.process_memory = super::ProcessBudget::new(256 * 1024);
+    cfg.session_state_bytes = 100 * 1024;
+    let process = cfg.process_memory.clone();
+    let mut c = Client::new(cfg);
+    c.open_session();
+    c.frame(1, &begin());
+    assert_eq!(process.used(), 200 * 1024);
+    let out = c.frame(2, &begin());
+    assert_eq!(conditions(&out), ["amqp:resource-limit-exceeded"]);
+    assert_eq!(
+        description_of(out.last().expect("an END")).as_deref(),
+        Some("connector memory budget of 262144 bytes exceeded")
+    );
+    c.frame(2, &fe2o3_amqp_types::performatives::End { error: None });
+    c.frame(1, &fe2o3_amqp_types::performatives::End { error: None });
+    assert_eq!(
+        process.used(),
+        100 * 1024,
+        "the ended session gave its place back"
+    );
+    let out = c.frame(2, &begin());
+    assert!(conditions(&out).is_empty(), "{out:?}");
+    assert_eq!(process.used(), 200 * 1024);
+}
+
 /// CONN-16 / Q-32: shutdown sends CLOSE `amqp:connection:forced` and reports every unsettled
 /// delivery of every link exactly once.
 #[test]
@@ -1731,12 +1762,16 @@ fn connections_share_the_process_budget_beyond_a_guaranteed_share() {
         matches!(&abuser.take_events()[..], [Event::LinkClosed { error: Some(e), .. }]
             if e.description.as_deref() == Some("connector memory budget of 262144 bytes exceeded")),
     );
-    // A second abuser link holds the process budget full (5 frames: a 512 KiB buffer, half of
-    // it in the guaranteed share); then the polite client sends.
+    // A second abuser link holds the process budget full (8 whole messages of 64 KiB that the
+    // application has not settled, half of them in the guaranteed share); then the polite
+    // client sends.
     producer(&mut abuser, "q", 1, 10);
-    abuser.transfer(0, &transfer(1, Some(1), Some(b"b"), false, true), &chunk);
-    for _ in 0..4 {
-        let out = abuser.transfer(0, &transfer(1, None, None, false, true), &chunk);
+    for id in 1..9u32 {
+        let out = abuser.transfer(
+            0,
+            &transfer(1, Some(id), Some(&id.to_be_bytes()), false, false),
+            &chunk,
+        );
         assert!(conditions(&out).is_empty(), "{out:?}");
     }
     assert_eq!(process.used(), 256 * 1024, "the process budget is full");
@@ -1861,6 +1896,54 @@ fn a_shut_session_window_is_reported_and_counted() {
         .take_events()
         .iter()
         .any(|e| matches!(e, Event::WindowOpened)));
+}
+
+/// A transport that does not take what it was given shuts every window: past
+/// `MAX_UNWRITTEN` unwritten bytes transfers wait in their session, counted in the budget, and
+/// the link's room says none more; once the transport has taken half, they go and senders hear
+/// so.
+#[test]
+fn an_unwritten_transport_shuts_the_windows() {
+    let mut c = Client::new(config());
+    c.open_session();
+    let rx = consumer(&mut c, "r", 0);
+    c.frame(0, &link_flow(0, 0, 1000, false));
+    c.collect();
+    c.take_events();
+    let body = [9u8; 64 * 1024];
+    let mut unwritten = bytes::BytesMut::new();
+    let mut sent = 0;
+    while c.conn.session_room(rx).window > 0 {
+        c.conn.send(rx, &[sent as u8], &body, true, 0).unwrap();
+        c.conn.poll_transmit(&mut unwritten);
+        sent += 1;
+        assert!(sent < 200, "the window never shut");
+    }
+    assert!(unwritten.len() >= super::MAX_UNWRITTEN);
+    assert!(unwritten.len() < super::MAX_UNWRITTEN + 2 * body.len());
+    // One more goes to its session, not to the transport.
+    c.conn.send(rx, b"x", &body, true, 0).unwrap();
+    let before = unwritten.len();
+    c.conn.poll_transmit(&mut unwritten);
+    assert_eq!(unwritten.len(), before, "nothing more for the transport");
+    assert!(c.conn.session_room(rx).waiting > 0);
+    assert!(
+        c.conn.budget().used() >= body.len() as u64,
+        "the waiting frames are counted"
+    );
+    // The transport takes a little: still more than half waits, nothing changes.
+    c.conn.set_unwritten(super::MAX_UNWRITTEN * 3 / 4);
+    assert!(c.conn.poll_event().is_none());
+    assert_eq!(c.conn.session_room(rx).window, 0);
+    // It takes everything: the waiting transfer goes, and senders hear the windows opened.
+    c.conn.set_unwritten(0);
+    assert!(matches!(c.conn.poll_event(), Some(Event::WindowOpened)));
+    assert!(c.conn.session_room(rx).window > 0);
+    assert_eq!(c.conn.session_room(rx).waiting, 0);
+    assert_eq!(c.conn.budget().used(), 0);
+    let mut rest = bytes::BytesMut::new();
+    c.conn.poll_transmit(&mut rest);
+    assert!(rest.len() > body.len(), "the waiting transfer was written");
 }
 
 /// XFER-3: outbound messages are fragmented to the negotiated frame size and reassemble exactly.

@@ -24,12 +24,12 @@ use tokio_stream::{Stream, StreamMap};
 
 use self::durable::Claim;
 use self::options::StartPosition;
-use super::address::Pattern;
+use super::caller::Caller;
 use super::envelope::{DeliveryInfo, Egress, Stored};
 use super::selector::{EnvelopeOperands, Selector};
 use super::{
     ingress_or_refuse, label, run_out, settling, subscribe_refusal, subscription_ended, Pending,
-    Serves, Settling, Target,
+    Serves, Settling,
 };
 use crate::auth::Access;
 use crate::backend::{Backend, BackendError, EventStream};
@@ -37,18 +37,16 @@ use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAcc
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
 use crate::metrics::{self, Counted, Direction, Metrics};
+use crate::pattern::{Pattern, Target};
 
 /// First and last pause before a durable subscription asks again for a ClientID its previous
 /// link still held (about 1.3 s in all).
 const RESUME_FIRST_WAIT: std::time::Duration = std::time::Duration::from_millis(10);
 const RESUME_LAST_WAIT: std::time::Duration = std::time::Duration::from_millis(640);
 
-/// What KubeMQ (and the embedded store) say when a ClientID is subscribed already.
-const CLIENT_ID_IN_USE: &str = "clientID already registered";
-
 /// Whether the backend refused a subscription because its ClientID is subscribed already.
 fn in_use<T>(r: &Result<T, BackendError>) -> bool {
-    matches!(r, Err(BackendError::Rejected(t)) if t.contains(CLIENT_ID_IN_USE))
+    matches!(r, Err(BackendError::ClientIdInUse(_)))
 }
 
 /// Most arrivals handled per turn, so one busy subscription cannot hold the connection's task.
@@ -141,6 +139,8 @@ pub struct ConsumeRequest<'a> {
     pub attach: &'a Attach,
     /// The connection's container-id as sent (DUR-2).
     pub container_id: &'a str,
+    /// Who the subscription is made as (AUTHZ-9).
+    pub caller: &'a Caller,
     /// For a wildcard subscription under a policy: who reads (AUTHZ-7).
     pub reader: Option<WildcardReader>,
 }
@@ -201,15 +201,17 @@ impl EventLinks {
             StartPosition::NEW_ONLY
         };
         let (client_id, claim) = if store && options::durable(source) {
-            let identity = durable::identity(req.container_id, &attach.name);
+            let identity = req
+                .caller
+                .durable_client_id(&durable::identity(req.container_id, &attach.name));
             let claim = shared.durable.claim(&identity).ok_or_else(|| {
                 AmqpError::new(Condition::NotAllowed, "durable subscription in use")
             })?;
             (identity, Some(claim))
         } else {
-            // A fresh ClientID per link: KubeMQ resumes a ClientID's cursor, and a non-durable
-            // subscription must start where it asks (OP-EV-6).
-            (format!("amqp10-{}", uuid::Uuid::new_v4().simple()), None)
+            // OP-EV-6: a non-durable events-store subscription must start where it asks, so it
+            // never takes a ClientID whose cursor KubeMQ would resume.
+            (req.caller.subscription_client_id(store), None)
         };
         let request = Subscribe {
             subscribe_type_data: if store {
@@ -539,7 +541,9 @@ impl EventLinks {
         }
         match s.pattern {
             Pattern::EventsStore => {
-                if s.buffer.len() >= shared.buffer.max(1) && conn.credit(link) == 0 {
+                if s.buffer.len() >= shared.buffer.max(1)
+                    && (conn.credit(link) == 0 || !conn.has_room(link))
+                {
                     // ES-7: the buffer and the newcomer are discarded and the link ends.
                     let dropped = s.buffer.len() as u64 + 1;
                     metrics.events_store_dropped_stalled.inc_by(dropped);
@@ -558,8 +562,9 @@ impl EventLinks {
                 self.pump(conn, link, metrics);
             }
             _ => {
-                if conn.credit(link) == 0 {
-                    // EV-6, GRP-4: dropped and counted, never kept for later credit.
+                if conn.credit(link) == 0 || !conn.has_room(link) {
+                    // EV-6, GRP-4: dropped and counted, never kept for later credit (nor for a
+                    // client that does not take what was sent).
                     metrics.events_dropped_no_credit.inc();
                     return;
                 }
@@ -568,9 +573,10 @@ impl EventLinks {
         }
     }
 
-    /// Sends what an events-store link's buffer holds, within credit (ES-6).
+    /// Sends what an events-store link's buffer holds, within credit (ES-6), while the client
+    /// takes what is sent.
     fn pump(&mut self, conn: &mut Connection, link: LinkId, metrics: &Metrics) {
-        while conn.credit(link) > 0 {
+        while conn.credit(link) > 0 && conn.has_room(link) {
             let Some(event) = self
                 .subscribers
                 .get_mut(&link)
@@ -611,6 +617,20 @@ impl EventLinks {
         }
     }
 
+    /// Sends what every events-store link's buffer holds, as far as each can take (the client
+    /// takes more again).
+    pub fn pump_all(&mut self, conn: &mut Connection, metrics: &Metrics) {
+        let links: Vec<LinkId> = self
+            .subscribers
+            .iter()
+            .filter(|(_, s)| !s.buffer.is_empty())
+            .map(|(l, _)| *l)
+            .collect();
+        for link in links {
+            self.pump(conn, link, metrics);
+        }
+    }
+
     /// Forgets a link that ends on the server's side.
     fn end(&mut self, link: LinkId) {
         self.streams.remove(&link);
@@ -624,7 +644,7 @@ impl EventLinks {
 fn subscribe_failure(e: &BackendError) -> AmqpError {
     match e {
         // A ClientID another node holds: the durable subscription is in use there (DUR-7).
-        BackendError::Rejected(t) if t.contains(CLIENT_ID_IN_USE) => {
+        BackendError::ClientIdInUse(_) => {
             AmqpError::new(Condition::NotAllowed, "durable subscription in use")
         }
         e => subscribe_refusal(e),
@@ -641,7 +661,7 @@ mod tests {
     /// a second attach here; ERR-9: send failures map to their conditions.
     #[test]
     fn dur_7_broker_side_uniqueness() {
-        let e = subscribe_failure(&BackendError::Rejected(
+        let e = subscribe_failure(&BackendError::refusal(
             "stan: clientID already registered".into(),
         ));
         assert_eq!(e.condition, Condition::NotAllowed);
@@ -655,7 +675,7 @@ mod tests {
         };
         let wire = |c: Condition| Some(AmqpError::bare(c).to_wire().condition);
         assert_eq!(
-            condition(BackendError::Rejected("Error 110: invalid message".into())),
+            condition(BackendError::refusal("Error 110: invalid message".into())),
             wire(Condition::InvalidField)
         );
         assert_eq!(

@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use super::get_gate::{GetGate, Moment};
 use super::refill_wait::RefillWait;
 use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
+use crate::bridge::caller::Caller;
 use crate::engine::{Credential, FastMap};
 use crate::kubemq::QueueMessage;
 
@@ -104,8 +105,6 @@ pub struct DemandReport {
 pub struct FetchLimits {
     /// Largest MaxItems per Get.
     pub max_batch: u32,
-    /// ClientID for Gets.
-    pub client_id: &'static str,
     /// How long a loop with no consumer and nothing held lives before it ends and closes its
     /// downstream session.
     pub idle_exit: std::time::Duration,
@@ -158,22 +157,26 @@ impl Drop for Idle {
     }
 }
 
-/// What a Get loop serves: a channel, for the consumers presenting one credential to KubeMQ
-/// (`None`: the connector's own), so no consumer takes messages under another's token.
+/// What a Get loop serves: a channel, for the consumers presenting one credential and one
+/// ClientID to KubeMQ (`None` and [`Caller::Connector`]: the connector's own), so no consumer
+/// takes messages under another's token or name (AUTHZ-9).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LoopKey {
     /// The queue.
     pub channel: String,
     /// The token its calls carry.
     pub credential: Option<Credential>,
+    /// Who its Gets are made as.
+    pub caller: Caller,
 }
 
 impl LoopKey {
-    /// The loop of `channel` for consumers whose calls carry the connector's own token.
+    /// The loop of `channel` for consumers whose calls carry the connector's own token and name.
     pub fn shared(channel: &str) -> LoopKey {
         LoopKey {
             channel: channel.to_string(),
             credential: None,
+            caller: Caller::Connector,
         }
     }
 }
@@ -436,9 +439,10 @@ impl<B: Backend> Fetcher<B> {
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (KMQ-5).
             let channel = self.key.channel.clone();
+            let caller = self.key.caller.clone();
             let asked = tokio::time::Instant::now();
             let got = {
-                let mut get = Box::pin(d.get(&channel, self.limits.client_id, want as i32, 1000));
+                let mut get = Box::pin(d.get(&channel, caller.get_client_id(), want as i32, 1000));
                 let grace = tokio::time::sleep(DRAIN_GRACE);
                 tokio::pin!(grace);
                 let mut graced = false;
@@ -937,7 +941,6 @@ mod tests {
         let (store, _) = Store::open(dir.path()).expect("store");
         let limits = FetchLimits {
             max_batch: 500,
-            client_id: "test",
             idle_exit: std::time::Duration::from_secs(60),
         };
         let size = |hint, draining| {
@@ -995,7 +998,6 @@ mod tests {
         let registry: Registry = Arc::default();
         let limits = FetchLimits {
             max_batch: 10,
-            client_id: "test",
             idle_exit: std::time::Duration::from_secs(600),
         };
         let names = MAX_IDLE_LOOPS + 200;
@@ -1038,7 +1040,6 @@ mod tests {
         let registry: Registry = Arc::default();
         let limits = FetchLimits {
             max_batch: 10,
-            client_id: "test",
             idle_exit: std::time::Duration::from_millis(50),
         };
         let (to, mut from) = mpsc::unbounded_channel();
@@ -1180,7 +1181,6 @@ mod tests {
         let backend = Arc::new(Watched::like_kubemq(store.clone()));
         let limits = FetchLimits {
             max_batch: 10,
-            client_id: "test",
             idle_exit: std::time::Duration::from_secs(60),
         };
         let (to, from) = mpsc::unbounded_channel();
@@ -1405,7 +1405,6 @@ mod tests {
         let registry: Registry = Arc::default();
         let limits = FetchLimits {
             max_batch: 1000,
-            client_id: "test",
             idle_exit: std::time::Duration::from_secs(60),
         };
         let mut clients = Vec::new();

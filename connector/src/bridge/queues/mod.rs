@@ -30,12 +30,13 @@ use self::fetcher::{
     ToConsumer,
 };
 use self::sender::{Done, Lane, ToStore};
-use super::address::{capability_hint, resolve, resolve_subscription, Pattern, Resolved};
+use super::address::{capability_hint, resolve, resolve_subscription, Resolved};
+use super::caller::Caller;
 use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
 use super::envelope::{DeliveryInfo, Egress};
 use super::events::{ConsumeRequest, EventLinks};
 use super::rpc::{Ctx as RpcCtx, ResponderRequest, RpcLinks};
-use super::{ingress_or_refuse, label, rejected, settle_inbound, Serves, Target};
+use super::{ingress_or_refuse, label, rejected, settle_inbound, Serves};
 use crate::auth::policy::Action;
 use crate::auth::Access;
 use crate::backend::Backend;
@@ -47,6 +48,7 @@ use crate::engine::{
 };
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Counted, Direction, Metrics};
+use crate::pattern::{Pattern, Target};
 
 /// A channel's Get loop ends after this long without consumers (and closes its session).
 const FETCH_IDLE_EXIT: std::time::Duration = std::time::Duration::from_secs(60);
@@ -65,6 +67,8 @@ pub struct Queues<B: Backend> {
     metrics: Arc<Metrics>,
     /// Who may read and write which channel (AUTHZ-1).
     access: Access,
+    /// Whether clients authenticate, so that their KubeMQ calls are made as them (AUTHZ-9).
+    authenticated: bool,
     /// The events and events-store bridge's process-wide part.
     events: super::events::Shared,
     /// The commands and queries bridge's settings.
@@ -86,7 +90,6 @@ impl<B: Backend> Queues<B> {
             max_unsettled: settings.max_unsettled_per_link.max(1),
             limits: FetchLimits {
                 max_batch: 1000.max(settings.get_batch_size),
-                client_id: "kubemq-amqp-connector",
                 idle_exit: FETCH_IDLE_EXIT,
             },
             default_pattern: Pattern::from_setting(&settings.default_pattern),
@@ -95,6 +98,7 @@ impl<B: Backend> Queues<B> {
             next_lane: AtomicU64::new(0),
             metrics,
             access,
+            authenticated: settings.authentication,
             events: super::events::Shared {
                 durable: Default::default(),
                 buffer: settings.max_unsettled_per_link.max(1) as usize,
@@ -131,6 +135,7 @@ impl<B: Backend> HandlerFactory for Arc<Queues<B>> {
             bridge: self.clone(),
             backend: self.backend.clone(),
             credential: None,
+            caller: Caller::Connector,
             connection: self.next_connection.fetch_add(1, Ordering::Relaxed),
             client_id: String::new(),
             container_id: String::new(),
@@ -245,6 +250,8 @@ pub struct QueuesHandler<B: Backend> {
     backend: Arc<B>,
     /// That token, when the backend presents it.
     credential: Option<Credential>,
+    /// Who this connection's KubeMQ calls are made as (AUTHZ-9).
+    caller: Caller,
     connection: u64,
     client_id: String,
     /// The OPEN container-id as sent: with a link's name, it names a durable subscription (DUR-2).
@@ -345,7 +352,12 @@ impl<B: Backend> QueuesHandler<B> {
         };
         if !client_sends && a.source.is_none() {
             // DUR-9: a receiver with no source names a durable subscription to delete.
-            let identity = super::events::durable::identity(&self.container_id, &a.name);
+            let identity = self
+                .caller
+                .durable_client_id(&super::events::durable::identity(
+                    &self.container_id,
+                    &a.name,
+                ));
             return self
                 .events
                 .forget_durable(link, identity, &self.backend, &self.bridge.events);
@@ -476,6 +488,7 @@ impl<B: Backend> QueuesHandler<B> {
         let loop_key = LoopKey {
             channel: channel.clone(),
             credential: self.credential.clone(),
+            caller: self.caller.clone(),
         };
         let fetcher = self
             .bridge
@@ -577,6 +590,7 @@ impl<B: Backend> QueuesHandler<B> {
                 channel: &channel,
                 attach: a,
                 container_id: &self.container_id,
+                caller: &self.caller,
                 reader: (channel.contains(['*', '>']) && self.bridge.access.is_enforced()).then(
                     || super::events::WildcardReader {
                         access: self.bridge.access.clone(),
@@ -922,6 +936,7 @@ impl<B: Backend> QueuesHandler<B> {
                 container_id,
                 ..
             } => {
+                self.caller = Caller::of(self.bridge.authenticated, &client_id);
                 self.client_id = client_id;
                 self.container_id = container_id;
                 if let Some(c) = credential {
@@ -978,12 +993,16 @@ impl<B: Backend> QueuesHandler<B> {
                 }
             }
             Event::WindowOpened => {
-                // Every consume link's demand may have been cut by its session's window.
+                // Every consume link's demand may have been cut by its session's window or a
+                // full transport, and the other senders may have stopped for it.
                 for (link, kind) in &self.links {
                     if matches!(kind, LinkKind::Consume { .. }) {
                         self.demand_changed.push(*link);
                     }
                 }
+                self.events.pump_all(conn, &self.bridge.metrics);
+                self.rpc.pump_all(conn, &self.bridge.rpc);
+                self.dynamic.pump_all(conn);
             }
             Event::Settled { link, token, state } => {
                 if DynamicNodes::owns_token(token) {

@@ -14,7 +14,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected, Released};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 #[cfg(test)]
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::refill_wait::RefillWait;
 use super::rejected;
 use crate::backend::{Backend, BackendError, SEND_STALL};
+use crate::bridge::send_failure;
 use crate::engine::{Condition, LinkId};
 use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 
@@ -247,7 +248,7 @@ pub(super) fn spawn_sender<B: Backend>(
     tx
 }
 
-/// Each message's outcome (ERR-9's mapping of produce failures).
+/// Each message's outcome (ERR-9, ERR-10: the bridge's one mapping of backend failures).
 fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Results) {
     // Every send that is not `accepted` is logged with why: once for a call that failed as a
     // whole, once per message KubeMQ refused.
@@ -268,22 +269,11 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
         let state = match &results {
             Ok(r) => match r.get(i) {
                 Some(r) if !r.is_error => DeliveryState::Accepted(Accepted {}),
-                Some(r) if r.error.starts_with("Error 500") => {
-                    rejected(Condition::InternalError, r.error.clone())
-                }
-                Some(r) => rejected(Condition::InvalidField, r.error.clone()),
+                // A message's own refusal reads like any other: one mapping for every pattern.
+                Some(r) => send_failure(&BackendError::refusal(r.error.clone())),
                 None => rejected(Condition::InternalError, "no result for the message"),
             },
-            Err(BackendError::Unavailable(e)) => {
-                rejected(Condition::NotAllowed, format!("broker not ready: {e}"))
-            }
-            // Stored or not, nobody knows: `rejected` would make the client drop or
-            // dead-letter a message the queue may hold (ERR-10).
-            Err(BackendError::Unknown(_)) => DeliveryState::Released(Released {}),
-            Err(BackendError::Rejected(e)) => rejected(Condition::InternalError, e.clone()),
-            Err(BackendError::Unauthorized(_)) => DeliveryState::Rejected(Rejected {
-                error: Some(crate::auth::refused_by_kubemq().to_wire()),
-            }),
+            Err(e) => send_failure(e),
         };
         done.push(Done {
             link,
@@ -449,6 +439,33 @@ mod tests {
         assert_eq!(
             r.error.and_then(|e| e.description).as_deref(),
             Some("Error 120: invalid channel")
+        );
+    }
+
+    /// ERR-9, AUTHZ-9: a message KubeMQ refused is mapped as any backend failure is — its
+    /// validation (`Error 1xx`) is the message's, `Error 500` the broker's, and `Error 412` (a
+    /// KubeMQ that authorizes denied it) `amqp:unauthorized-access`.
+    #[test]
+    fn a_refused_message_maps_as_every_backend_failure_does() {
+        let condition = |text: &str| {
+            let refused = SendQueueMessageResult {
+                is_error: true,
+                error: text.into(),
+                ..Default::default()
+            };
+            let mut done = Vec::new();
+            report(1, &mut done, vec![(7, false)], Ok(vec![refused]));
+            match done.pop().expect("an outcome").state {
+                DeliveryState::Rejected(r) => format!("{:?}", r.error.expect("an error").condition),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(
+            condition("Error 110: invalid message, cannot be empty").contains("amqp:invalid-field")
+        );
+        assert!(condition("Error 500: internal server error").contains("amqp:internal-error"));
+        assert!(
+            condition("Error 412: access denied to resource").contains("amqp:unauthorized-access")
         );
     }
 

@@ -8,7 +8,8 @@
 //! with a reply token, and a message sent to that token (`responses/<RequestID>`, through an
 //! anonymous sender or a fixed target) becomes the KubeMQ response ([`responder`]). Every table
 //! is bounded by `RpcMaxPending`: requests waiting for a response per connection, and tokens
-//! waiting for an answer (the pump pauses at the bound).
+//! waiting for an answer (the pump pauses at the bound). A request's bytes count against its
+//! requester's memory budget until its response or timeout.
 
 pub mod requester;
 pub mod responder;
@@ -28,18 +29,20 @@ use futures_util::stream::FuturesUnordered;
 
 use self::requester::Asked;
 use self::responder::{NoRequest, Tokens};
-use super::address::Pattern;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
 use super::{
     ingress_or_refuse, label, rejected, run_out, settle_inbound, settling, subscribe_refusal,
-    subscription_ended, Pending, Serves, Settling, Target,
+    subscription_ended, Pending, Serves, Settling,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
-use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
+use crate::engine::{
+    AmqpError, Charge, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId,
+};
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Request, Response, Subscribe};
 use crate::metrics::{self, Counted, Direction, Metrics};
+use crate::pattern::{Pattern, Target};
 
 /// Delivery tokens of delivered requests: a range of their own, apart from other links'.
 const FIRST_TOKEN: u64 = 1 << 61;
@@ -104,6 +107,10 @@ pub struct RpcLinks {
     fed: Vec<LinkId>,
     opening: FuturesUnordered<Pending<Opening>>,
     calls: FuturesUnordered<Pending<Answered>>,
+    /// Each call's request bytes in the connection's budget, by [`Asked::call`]: kept here,
+    /// not in the call, so that they are given back on the connection's task.
+    call_charges: FastMap<u64, Charge>,
+    next_call: u64,
     responses: FuturesUnordered<Pending<Settling>>,
     tokens: Tokens,
     /// Wakes the task when the next token expires (or earlier: it is not moved back).
@@ -164,6 +171,8 @@ impl RpcLinks {
             fed: Vec::new(),
             opening: FuturesUnordered::new(),
             calls: FuturesUnordered::new(),
+            call_charges: FastMap::default(),
+            next_call: 0,
             responses: FuturesUnordered::new(),
             tokens: Tokens::default(),
             expiry: None,
@@ -340,8 +349,22 @@ impl RpcLinks {
         target: Target,
         ctx: Ctx<'_, B>,
     ) {
-        let checked = self.check_request(&stored, ctx.dynamic, ctx.shared);
-        let reply_to = match checked {
+        let checked = self
+            .check_request(&stored, ctx.dynamic, ctx.shared)
+            .and_then(|reply_to| {
+                // The request's bytes count against the connection's budget until its answer
+                // or its timeout: wherever it waits (the backend, a responder that does not
+                // read), what requesters make the connector hold stays within the budgets.
+                let size = (stored.body.len() + stored.metadata.len()) as u64;
+                match conn.budget().charge(size) {
+                    Ok(charge) => Ok((reply_to, charge)),
+                    Err(e) => {
+                        ctx.dynamic.unreserve(&reply_to);
+                        Err(e.to_error())
+                    }
+                }
+            });
+        let (reply_to, charge) = match checked {
             Ok(r) => r,
             Err(e) => {
                 let state = DeliveryState::Rejected(Rejected {
@@ -363,7 +386,11 @@ impl RpcLinks {
         // MET-6.
         self.metrics.rpc_request(target.pattern.name());
         let timeout = requester::timeout(stored.ttl, ctx.shared.default_timeout);
+        let call = self.next_call;
+        self.next_call += 1;
+        self.call_charges.insert(call, charge);
         let asked = Asked {
+            call,
             pattern: target.pattern,
             reply_to,
             correlation: stored.correlation.clone(),
@@ -471,22 +498,24 @@ impl RpcLinks {
         true
     }
 
-    /// Delivers the requests `link` holds while it has credit and the token table room, then
-    /// sets how many more its subscription may give: as many as the link's credit and the
-    /// table's room left take (none while requests are still held).
+    /// Delivers the requests `link` holds while it has credit, the token table room and the
+    /// client takes what is sent, then sets how many more its subscription may give: as many as
+    /// the link's credit and the table's room left take (none while requests are still held).
     fn pump(&mut self, conn: &mut Connection, link: LinkId, shared: &Shared) {
         let Some(r) = self.responders.get_mut(&link) else {
             return;
         };
         let (pattern, presettled) = (r.pattern, r.presettled);
         let mut held = std::mem::take(&mut r.held);
-        // RPC-11: delivered within credit, paused while the token table is full.
-        while conn.credit(link) > 0 && self.tokens.len() < shared.max_pending {
+        // RPC-11: delivered within credit, paused while the token table is full, and while the
+        // client does not take what was sent (its window shut, or its transport full).
+        while conn.credit(link) > 0 && self.tokens.len() < shared.max_pending && conn.has_room(link)
+        {
             if !self.deliver(conn, link, (pattern, presettled), &mut held, shared) {
                 break;
             }
         }
-        let budget = if held.is_empty() {
+        let budget = if held.is_empty() && conn.has_room(link) {
             let room = shared.max_pending.saturating_sub(self.tokens.len());
             (conn.credit(link) as usize).min(room)
         } else {
@@ -534,7 +563,7 @@ impl RpcLinks {
     }
 
     /// Lets every responder go on as far as its credit and the token table allow.
-    fn pump_all(&mut self, conn: &mut Connection, shared: &Shared) {
+    pub fn pump_all(&mut self, conn: &mut Connection, shared: &Shared) {
         let links: Vec<LinkId> = self.responders.keys().copied().collect();
         for link in links {
             self.pump(conn, link, shared);
@@ -674,6 +703,7 @@ impl RpcLinks {
             }
         }
         for a in std::mem::take(&mut self.ready_answered) {
+            self.call_charges.remove(&a.asked.call);
             match requester::reply(&a.asked, &a.result) {
                 Some(reply) => {
                     if dynamic.put_reply(&a.asked.reply_to, reply.into()) {

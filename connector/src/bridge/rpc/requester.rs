@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use serde_amqp::Value;
 
-use super::super::address::Pattern;
 use super::super::envelope::{stamped_egress, DeliveryInfo, Stamps, Stored};
 use crate::backend::BackendError;
 use crate::engine::AmqpError;
 use crate::kubemq::request::RequestType;
 use crate::kubemq::{Request, Response};
+use crate::pattern::Pattern;
 
 /// Application-property of a command reply: whether the responder executed it (RPC-7).
 pub const EXECUTED: &str = "x-opt-kubemq-executed";
@@ -32,6 +32,8 @@ pub fn timeout(ttl_ms: Option<u32>, default: Duration) -> Duration {
 /// A request waiting for its response: where its reply goes and what it is correlated by.
 #[derive(Debug, Clone)]
 pub struct Asked {
+    /// The call's number on its connection.
+    pub call: u64,
     /// Commands or queries.
     pub pattern: Pattern,
     /// The requester's dynamic node (its `reply-to`).

@@ -7,12 +7,12 @@ use std::time::{Duration, Instant};
 
 use serde_amqp::Value;
 
-use super::super::address::Pattern;
 use super::super::envelope::{
     application_properties, stamped_egress, DeliveryInfo, Stamps, Stored,
 };
 use super::requester::{ERROR, EXECUTED};
 use crate::kubemq::{Request, Response};
+use crate::pattern::Pattern;
 
 /// How long a token outlives its request's timeout (RPC-14).
 pub const GRACE: Duration = Duration::from_secs(5);
