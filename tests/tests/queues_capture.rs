@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use connector::backend::grpc::KubemqGrpc;
-use connector::backend::Backend;
+use connector::backend::{Backend, Downstream};
 use connector::config::Settings;
 use connector::kubemq::QueueMessage;
 use fe2o3_amqp::connection::ConnectionHandle;
@@ -263,5 +263,98 @@ fn a_filled_queue_drains_without_stalls() {
                 c.backend()
             );
         });
+    });
+}
+
+/// under KMQ-20: another client of the broker takes a message and gives it back
+/// (CloseByClient) while a consumer holds a delivery of an open transaction; KubeMQ moves the
+/// message into that transaction, where no Get sees it. The consumer, still holding its
+/// delivery, asks for one more and gets the moved message within seconds — and nothing twice:
+/// the delivery it holds stays the one it settles.
+#[test]
+fn a_message_moved_into_a_held_transaction_reaches_its_waiting_consumer() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        // The move needs a second client of the broker; the embedded store has no other.
+        let Some(broker) = c.facade_addr().or_else(|| c.real_kubemq().map(|k| k.grpc)) else {
+            return;
+        };
+        let url = c.url();
+        let q = "cap-moved";
+        rt().block_on(async {
+            send_all(&url, q, ["held".to_string()]).await;
+            let mut conn = Connection::open("capture-holder", url.as_str())
+                .await
+                .unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut r = Receiver::builder()
+                .name("holder")
+                .source(format!("queues/{q}"))
+                .credit_mode(CreditMode::Manual)
+                .attach(&mut session)
+                .await
+                .unwrap();
+            r.set_credit(1).await.unwrap();
+            let held = tokio::time::timeout(WAIT, r.recv::<Body<Value>>())
+                .await
+                .expect("the first message")
+                .unwrap();
+            assert_eq!(text(held.body()), "held");
+
+            let other = KubemqGrpc::connect(&broker.to_string(), Default::default()).unwrap();
+            let sent = other
+                .send_queue(
+                    0,
+                    vec![QueueMessage {
+                        client_id: "other-client".into(),
+                        channel: q.into(),
+                        body: b"moved".to_vec().into(),
+                        ..Default::default()
+                    }],
+                )
+                .await
+                .unwrap();
+            assert!(sent.iter().all(|r| !r.is_error));
+            let mut d = other.open_downstream().await.unwrap();
+            let taken = d.get(q, "other-client", 1, 1000).await.unwrap();
+            assert_eq!(taken.messages.len(), 1, "the other client takes it");
+            d.close(&taken.transaction_id).await.unwrap();
+            // KubeMQ redelivers a moved message 100 ms after the close, to the member with the
+            // fewest outstanding messages that has room, else to the first: with no Get waiting
+            // by then, that is the consumer's held transaction.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            r.set_credit(1).await.unwrap();
+            let moved = tokio::time::timeout(Duration::from_secs(15), r.recv::<Body<Value>>())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "the moved message stayed hidden while the consumer held another ({})",
+                        c.backend()
+                    )
+                })
+                .unwrap();
+            assert_eq!(text(moved.body()), "moved");
+            r.set_credit(5).await.unwrap();
+            let again = tokio::time::timeout(Duration::from_secs(4), r.recv::<Body<Value>>()).await;
+            assert!(
+                again.is_err(),
+                "a message came twice: {:?} ({})",
+                again.map(|d| d.map(|d| text(d.body()))),
+                c.backend()
+            );
+            r.accept(&held).await.unwrap();
+            r.accept(&moved).await.unwrap();
+            r.close().await.unwrap();
+            conn.close().await.unwrap();
+        });
+        // Both settlements reached the broker: nothing is left to deliver.
+        let deadline = std::time::Instant::now() + WAIT;
+        while c.queue_depth(q) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "settled messages are still queued ({})",
+                c.backend()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     });
 }

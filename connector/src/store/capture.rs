@@ -12,8 +12,9 @@
 //!   room, oldest transaction first. There they are **held**: no Get returns them, and the client
 //!   cannot settle them.
 //! - When a transaction closes (its last message settled, AckAll/NAckAll, CloseByClient, its
-//!   stream ending), what it held moves to another open transaction of the queue — regardless of
-//!   room — or, with none open, back to the queue unchanged.
+//!   stream ending), what it held, and what its client never settled, moves to another open
+//!   transaction of the queue — regardless of room, held there too — or, with none open, back
+//!   to the queue unchanged (KMQ-20).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -93,6 +94,18 @@ impl Capture {
                 c.unsettled = unsettled;
             }
             pass(store, queue, q);
+        });
+    }
+
+    /// `transaction` is closing with `unsettled` messages its client never settled
+    /// (CloseByClient, its stream ending): like what it held, they move to another open
+    /// transaction of the queue regardless of room (hidden there), or back to the queue.
+    pub fn hand_over(&self, store: &Store, queue: &str, transaction: &str, unsettled: &[u64]) {
+        self.with(queue, |q| {
+            match q.captors.iter_mut().find(|c| c.transaction != transaction) {
+                Some(other) => other.held.extend_from_slice(unsettled),
+                None => store.release(queue, unsettled),
+            }
         });
     }
 

@@ -211,7 +211,10 @@ impl Downstream {
                 done
             }
             _ => {
-                self.store.release(&queue, &seqs);
+                match &self.capture {
+                    Some(c) => c.hand_over(&self.store, &queue, &id, &seqs),
+                    None => self.store.release(&queue, &seqs),
+                }
                 seqs.iter().copied().collect()
             }
         };
@@ -323,11 +326,12 @@ fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
 impl Drop for Downstream {
     fn drop(&mut self) {
         for (id, t) in self.txns.iter() {
-            if !t.unsettled.is_empty() {
-                self.store.release(&t.queue, &t.unsettled);
-            }
-            if let Some(c) = &self.capture {
-                c.closed(&self.store, &t.queue, id);
+            match &self.capture {
+                Some(c) => {
+                    c.hand_over(&self.store, &t.queue, id, &t.unsettled);
+                    c.closed(&self.store, &t.queue, id);
+                }
+                None => self.store.release(&t.queue, &t.unsettled),
             }
         }
     }

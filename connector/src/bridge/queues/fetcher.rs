@@ -11,6 +11,7 @@ use tokio::sync::mpsc;
 
 use super::get_gate::{GetGate, Moment};
 use super::refill_wait::RefillWait;
+use super::rehome::{Arrival, Moved, StallWatch};
 use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
 use crate::bridge::caller::Caller;
 use crate::engine::{Credential, FastMap};
@@ -239,10 +240,12 @@ struct Session<D> {
     open: usize,
 }
 
-/// An open transaction: the session that owns it and how many of its messages are unsettled.
+/// An open transaction: the session that owns it, how many of its messages are unsettled, and
+/// their sequences (to bind them to their deliveries if it is closed under its consumers).
 struct Txn {
     session: u64,
     left: usize,
+    seqs: Vec<u64>,
 }
 
 /// A fetched message not yet handed to a consumer: (transaction, sequence, message).
@@ -301,6 +304,12 @@ struct Fetcher<B: Backend> {
     refill_wait: Option<RefillWait>,
     /// Holds back a Get that would wait while transactions are open.
     gate: GetGate,
+    /// When to close transactions held by consumers that wait for more (rehome.rs).
+    stall: StallWatch,
+    /// Messages of transactions closed under their consumers, until they come back.
+    moved: Moved,
+    /// Messages the next Get is to bring back on top of the demand (those just given back).
+    rehome_want: u32,
 }
 
 impl<B: Backend> Fetcher<B> {
@@ -320,6 +329,9 @@ impl<B: Backend> Fetcher<B> {
             registry,
             refill_wait: None,
             gate: GetGate::new(backend.ready_changes()),
+            stall: StallWatch::default(),
+            moved: Moved::default(),
+            rehome_want: 0,
             backend,
         }
     }
@@ -366,6 +378,7 @@ impl<B: Backend> Fetcher<B> {
             }
             let demand = self.demand();
             if demand == 0 || !self.buffer.is_empty() {
+                self.stall.calm();
                 match rx.recv().await {
                     Some(cmd) => self.apply(cmd),
                     None => return,
@@ -387,6 +400,14 @@ impl<B: Backend> Fetcher<B> {
                     continue;
                 }
                 self.refill_wait = None;
+            }
+            // Consumers with credit that hold every open transaction and got nothing new for a
+            // while may be waiting for messages those transactions hide (rehome.rs).
+            let draining = self.consumers.values().any(|c| c.draining);
+            let stuck = self.backend.captures() && !self.txns.is_empty() && !draining;
+            if self.stall.due(stuck, tokio::time::Instant::now()) {
+                Box::pin(self.re_home()).await;
+                continue;
             }
             // A Get that would wait is held back while transactions are open (get_gate.rs).
             let at = Moment {
@@ -430,6 +451,13 @@ impl<B: Backend> Fetcher<B> {
                 },
             };
             let mut want = self.get_size(demand);
+            if self.rehome_want > 0 {
+                // Everything the closed transactions held comes to this Get's member at once;
+                // what is beyond its MaxItems would stay hidden in it.
+                want = want
+                    .saturating_add(std::mem::take(&mut self.rehome_want))
+                    .min(self.limits.max_batch.max(1));
+            }
             let stored = self.backend.stored_hint(&self.key.channel);
             if at.captures && at.open && stored > 0 {
                 // Beside open transactions, a Get asks only for what is stored, so that it
@@ -743,20 +771,55 @@ impl<B: Backend> Fetcher<B> {
             .zip(b.messages.iter().skip(1))
             .all(|(a, next)| seq(a) < seq(next));
         let mut seen = HashSet::new();
-        let before = self.buffer.len();
+        let mut seqs = Vec::with_capacity(b.messages.len());
+        let mut new = 0usize;
         for m in b.messages {
             let s = seq(&m);
-            if ascending || seen.insert(s) {
-                self.buffer.push_back(Fetched {
-                    transaction: txn.clone(),
-                    sequence: s,
-                    message: m,
-                });
+            if !ascending && !seen.insert(s) {
+                continue;
+            }
+            seqs.push(s);
+            let arrival = if self.moved.is_empty() {
+                Arrival::New
+            } else {
+                self.moved.fetched(s, &txn)
+            };
+            match arrival {
+                Arrival::New => {
+                    new += 1;
+                    self.buffer.push_back(Fetched {
+                        transaction: txn.clone(),
+                        sequence: s,
+                        message: m,
+                    });
+                }
+                // Its consumer holds it: the transaction cannot be closed unchanged.
+                Arrival::Bound => {
+                    self.handed.insert(txn.clone());
+                }
+                Arrival::Settle(outcome) => {
+                    self.handed.insert(txn.clone());
+                    self.settle.push(Settlement {
+                        transaction: txn.clone(),
+                        sequence: s,
+                        outcome,
+                    });
+                }
             }
         }
-        let left = self.buffer.len() - before;
+        if new > 0 {
+            self.stall.progressed();
+        }
+        let left = seqs.len();
         if left > 0 {
-            self.txns.insert(txn, Txn { session, left });
+            self.txns.insert(
+                txn,
+                Txn {
+                    session,
+                    left,
+                    seqs,
+                },
+            );
             if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == session) {
                 slot.open += 1;
             }
@@ -834,9 +897,26 @@ impl<B: Backend> Fetcher<B> {
                 }
                 self.order.retain(|x| *x != k);
             }
-            Command::Settle(mut settled) => self.settle.append(&mut settled),
+            Command::Settle(mut settled) => {
+                if self.moved.is_empty() {
+                    self.settle.append(&mut settled);
+                } else {
+                    for s in settled {
+                        if let Some(s) = self.follow(s) {
+                            self.settle.push(s);
+                        }
+                    }
+                }
+            }
             Command::Return(h) => {
-                let h = *h;
+                let mut h = *h;
+                if self.is_moved(&h.transaction, h.sequence) {
+                    match self.moved.returned(h.sequence) {
+                        Some(now_in) => h.transaction = now_in,
+                        // Still out at KubeMQ: handed out afresh when it comes back.
+                        None => return,
+                    }
+                }
                 self.handed.insert(h.transaction.clone());
                 self.put_back(Fetched {
                     transaction: h.transaction,
@@ -845,6 +925,84 @@ impl<B: Backend> Fetcher<B> {
                 });
             }
         }
+    }
+
+    /// Whether message `seq` of `transaction` belongs to a transaction closed under its
+    /// consumer (rehome.rs).
+    fn is_moved(&self, transaction: &Arc<str>, seq: u64) -> bool {
+        !self.moved.is_empty() && !self.txns.contains_key(transaction) && self.moved.tracks(seq)
+    }
+
+    /// A settlement as it is to be sent: unchanged, rewritten to the transaction its message is
+    /// in now, or `None` while the message has not come back.
+    fn follow(&mut self, s: Settlement) -> Option<Settlement> {
+        if self.is_moved(&s.transaction, s.sequence) {
+            self.moved.settle(s)
+        } else {
+            Some(s)
+        }
+    }
+
+    /// Closes every open transaction while the consumers hold their messages, so that KubeMQ
+    /// gives back whatever those transactions hide (KMQ-20, rehome.rs). Only called between
+    /// Gets, with nothing buffered: every message of these transactions is at a consumer.
+    async fn re_home(&mut self) {
+        let now = tokio::time::Instant::now();
+        self.moved.forget_old(now);
+        let closing: Vec<(Arc<str>, Txn)> = self.txns.drain().collect();
+        let mut held = 0usize;
+        for (_, t) in &closing {
+            for &s in &t.seqs {
+                self.moved.out(s, now);
+            }
+            held += t.seqs.len();
+        }
+        // Settlements still waiting for the rest of their transaction now wait for their message
+        // to come back.
+        for s in std::mem::take(&mut self.settle) {
+            if let Some(s) = self.follow(s) {
+                self.settle.push(s);
+            }
+        }
+        let mut lost: Vec<u64> = Vec::new();
+        for (t, txn) in &closing {
+            let Some(slot) = self.sessions.iter_mut().find(|s| s.id == txn.session) else {
+                continue;
+            };
+            slot.open = slot.open.saturating_sub(1);
+            let Some(d) = slot.d.as_mut() else {
+                continue;
+            };
+            if lost.contains(&slot.id) {
+                continue;
+            }
+            match d.close(t).await {
+                Ok(()) => d.returned(&self.key.channel, txn.seqs.len()),
+                Err(e) => {
+                    tracing::warn!(channel = %self.key.channel, transaction = %t, error = %e, "closing a held transaction failed; KubeMQ returns its messages when the session ends");
+                    lost.push(slot.id);
+                }
+            }
+        }
+        for sid in lost {
+            let d = self
+                .sessions
+                .iter_mut()
+                .find(|s| s.id == sid)
+                .and_then(|s| s.d.take());
+            if let Some(d) = d {
+                self.lose_session(sid, d);
+            }
+        }
+        self.handed.clear();
+        self.rehome_want = u32::try_from(held).unwrap_or(u32::MAX);
+        self.stall.rounded();
+        tracing::info!(
+            channel = %self.key.channel,
+            transactions = closing.len(),
+            messages = held,
+            "consumers with credit got nothing new while holding every open transaction: closed those so that KubeMQ gives back what they hide (KMQ-20)"
+        );
     }
 
     /// Hands buffered messages to consumers with demand, round robin, one send per consumer.

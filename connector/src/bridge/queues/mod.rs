@@ -9,6 +9,7 @@
 pub mod fetcher;
 mod get_gate;
 mod refill_wait;
+mod rehome;
 mod sender;
 
 use std::collections::HashMap;
