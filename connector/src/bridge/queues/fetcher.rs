@@ -307,7 +307,7 @@ struct Fetcher<B: Backend> {
     /// When to close transactions held by consumers that wait for more (rehome.rs).
     stall: StallWatch,
     /// Messages of transactions closed under their consumers, until they come back.
-    moved: Moved,
+    moved: Moved<Outcome>,
     /// Messages the next Get is to bring back on top of the demand (those just given back).
     rehome_want: u32,
 }
@@ -936,11 +936,11 @@ impl<B: Backend> Fetcher<B> {
     /// A settlement as it is to be sent: unchanged, rewritten to the transaction its message is
     /// in now, or `None` while the message has not come back.
     fn follow(&mut self, s: Settlement) -> Option<Settlement> {
-        if self.is_moved(&s.transaction, s.sequence) {
-            self.moved.settle(s)
-        } else {
-            Some(s)
+        if !self.is_moved(&s.transaction, s.sequence) {
+            return Some(s);
         }
+        let transaction = self.moved.settle(s.sequence, s.outcome)?;
+        Some(Settlement { transaction, ..s })
     }
 
     /// Closes every open transaction while the consumers hold their messages, so that KubeMQ

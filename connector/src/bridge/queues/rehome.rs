@@ -25,8 +25,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::fetcher::{Outcome, Settlement};
-
 /// How long consumers wait with credit and no new message before held transactions are closed.
 pub(super) const STALL_FIRST: Duration = Duration::from_secs(2);
 /// The longest wait, reached after rounds that brought no new message.
@@ -83,13 +81,13 @@ impl StallWatch {
     }
 }
 
-/// Where a moved message's delivery stands.
+/// Where a moved message's delivery stands; `O` is how a delivery is settled.
 #[derive(Debug, Clone)]
-enum Fate {
+enum Fate<O> {
     /// Held by a consumer, and not back from KubeMQ yet.
     Out,
     /// Settled by its consumer before it came back: settle it so once it does.
-    Settled(Outcome),
+    Settled(O),
     /// Given back by its consumer's connection before it was delivered: hand it out afresh.
     Returned,
     /// Back in this transaction, still held by its consumer.
@@ -97,29 +95,38 @@ enum Fate {
 }
 
 #[derive(Debug)]
-struct Entry {
-    fate: Fate,
+struct Entry<O> {
+    fate: Fate<O>,
     since: Instant,
 }
 
 /// What to do with a fetched message.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Arrival {
+pub(super) enum Arrival<O> {
     /// A message no consumer has: buffer it.
     New,
     /// A consumer holds it already: count it in its transaction, do not hand it out.
     Bound,
     /// Its consumer already settled it: settle it in its transaction with this outcome.
-    Settle(Outcome),
+    Settle(O),
 }
 
-/// Messages of transactions closed under their consumers, by sequence.
-#[derive(Debug, Default)]
-pub(super) struct Moved {
-    map: HashMap<u64, Entry>,
+/// Messages of transactions closed under their consumers, by sequence; `O` is how a delivery is
+/// settled.
+#[derive(Debug)]
+pub(super) struct Moved<O> {
+    map: HashMap<u64, Entry<O>>,
 }
 
-impl Moved {
+impl<O> Default for Moved<O> {
+    fn default() -> Self {
+        Moved {
+            map: HashMap::new(),
+        }
+    }
+}
+
+impl<O: Copy> Moved<O> {
     /// Nothing is being tracked (the common case: every check is skipped).
     pub(super) fn is_empty(&self) -> bool {
         self.map.is_empty()
@@ -136,18 +143,19 @@ impl Moved {
         );
     }
 
-    /// A settlement naming a transaction the loop no longer has: rewritten to the transaction
-    /// its message is in now, or remembered until the message comes back (`None`).
-    pub(super) fn settle(&mut self, s: Settlement) -> Option<Settlement> {
-        let e = self.map.get_mut(&s.sequence)?;
+    /// Message `seq`'s delivery was settled with `outcome` under a transaction the loop no
+    /// longer has: the transaction to settle it in now, or `None` when it is remembered until
+    /// the message comes back (or was never tracked).
+    pub(super) fn settle(&mut self, seq: u64, outcome: O) -> Option<Arc<str>> {
+        let e = self.map.get_mut(&seq)?;
         match &e.fate {
             Fate::Bound(now_in) => {
                 let transaction = now_in.clone();
-                self.map.remove(&s.sequence);
-                Some(Settlement { transaction, ..s })
+                self.map.remove(&seq);
+                Some(transaction)
             }
             Fate::Out | Fate::Settled(_) | Fate::Returned => {
-                e.fate = Fate::Settled(s.outcome);
+                e.fate = Fate::Settled(outcome);
                 None
             }
         }
@@ -176,7 +184,7 @@ impl Moved {
     }
 
     /// Message `seq` came back in transaction `now_in`.
-    pub(super) fn fetched(&mut self, seq: u64, now_in: &Arc<str>) -> Arrival {
+    pub(super) fn fetched(&mut self, seq: u64, now_in: &Arc<str>) -> Arrival<O> {
         let Some(e) = self.map.get_mut(&seq) else {
             return Arrival::New;
         };
@@ -214,34 +222,31 @@ impl Moved {
 mod tests {
     use super::*;
 
-    fn settlement(t: &Arc<str>, seq: u64, outcome: Outcome) -> Settlement {
-        Settlement {
-            transaction: t.clone(),
-            sequence: seq,
-            outcome,
-        }
+    /// An outcome, as the Get loop's settlements carry one.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Outcome {
+        Ack,
+        Nack,
     }
 
     #[test]
     fn a_held_message_is_bound_and_its_settlement_follows_it() {
-        let (old, new): (Arc<str>, Arc<str>) = ("old".into(), "new".into());
+        let new: Arc<str> = "new".into();
         let mut m = Moved::default();
         m.out(7, Instant::now());
         assert_eq!(m.fetched(7, &new), Arrival::Bound);
-        let s = m
-            .settle(settlement(&old, 7, Outcome::Ack))
-            .expect("rewritten");
-        assert!(Arc::ptr_eq(&s.transaction, &new));
-        assert_eq!((s.sequence, s.outcome), (7, Outcome::Ack));
+        let now_in = m.settle(7, Outcome::Ack).expect("rewritten");
+        assert!(Arc::ptr_eq(&now_in, &new));
         assert!(m.is_empty(), "settled: forgotten");
+        assert_eq!(m.settle(7, Outcome::Ack), None, "not tracked");
     }
 
     #[test]
     fn a_settlement_before_the_message_comes_back_waits_for_it() {
-        let (old, new): (Arc<str>, Arc<str>) = ("old".into(), "new".into());
+        let new: Arc<str> = "new".into();
         let mut m = Moved::default();
         m.out(3, Instant::now());
-        assert!(m.settle(settlement(&old, 3, Outcome::Nack)).is_none());
+        assert!(m.settle(3, Outcome::Nack).is_none());
         assert_eq!(m.fetched(3, &new), Arrival::Settle(Outcome::Nack));
         assert!(m.is_empty());
         assert_eq!(m.fetched(3, &new), Arrival::New, "unknown again");
@@ -250,7 +255,7 @@ mod tests {
     #[test]
     fn a_returned_delivery_is_handed_out_afresh_or_buffered_where_it_is() {
         let new: Arc<str> = "new".into();
-        let mut m = Moved::default();
+        let mut m = Moved::<Outcome>::default();
         m.out(1, Instant::now());
         m.out(2, Instant::now());
         assert_eq!(m.returned(1), None);
@@ -264,7 +269,7 @@ mod tests {
     fn what_never_comes_back_is_forgotten_but_not_a_bound_delivery() {
         let new: Arc<str> = "new".into();
         let t0 = Instant::now();
-        let mut m = Moved::default();
+        let mut m = Moved::<Outcome>::default();
         m.out(1, t0);
         m.out(2, t0);
         assert_eq!(m.fetched(2, &new), Arrival::Bound);
