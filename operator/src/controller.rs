@@ -85,6 +85,12 @@ pub async fn reconcile(cr: Arc<AmqpConnector>, ctx: Arc<Context>) -> Result<Acti
 async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action, Error> {
     let ns = cr.namespace().ok_or(Error::NoNamespace)?;
     let name = cr.name_any();
+    if cr.metadata.deletion_timestamp.is_some() {
+        // Being deleted: the garbage collector removes the children (in the foreground before
+        // the object itself); applying them again would keep a foreground deletion from ending.
+        tracing::info!(%ns, %name, "being deleted; leaving the children to the garbage collector");
+        return Ok(Action::await_change());
+    }
     if cr.spec.paused == Some(true) {
         tracing::info!(%ns, %name, "paused; not reconciling");
         let was_paused = paused_condition(cr.status.as_ref()).is_some();

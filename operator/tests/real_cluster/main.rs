@@ -371,6 +371,11 @@ fn finish(
     name: &str,
 ) {
     delete_and_collect(c, namespace, name);
+    finish_deleted(c, op, helm_var, release);
+}
+
+/// [`finish`] once the AmqpConnector is gone.
+fn finish_deleted(c: &Cluster, op: cluster::Operator, helm_var: &str, release: &str) {
     let log = op.log();
     assert!(
         !log.contains("forbidden"),
@@ -470,6 +475,29 @@ fn wait_for_event(c: &Cluster, namespace: &str, kind: &str, reason: &str, note: 
 }
 
 /// Deletes the AmqpConnector and waits until the garbage collector has removed its children.
+/// `kubectl delete --cascade=foreground` ends: the garbage collector removes every child first,
+/// and the operator does not apply them again meanwhile.
+fn delete_in_the_foreground(c: &Cluster, namespace: &str, name: &str) {
+    let r = c.kubectl(&[
+        "-n",
+        namespace,
+        "delete",
+        "amqpc",
+        name,
+        "--cascade=foreground",
+        "--wait=true",
+        "--timeout=90s",
+    ]);
+    assert!(
+        r.ok,
+        "a foreground deletion did not end: {}{}; children left: {:?}",
+        r.stdout,
+        r.stderr,
+        children(c, namespace, name)
+    );
+    assert_eq!(children(c, namespace, name), Vec::<String>::new());
+}
+
 fn delete_and_collect(c: &Cluster, namespace: &str, name: &str) {
     c.kubectl_ok(&["-n", namespace, "delete", "amqpc", name, "--wait=true"]);
     wait_until(
@@ -678,7 +706,8 @@ fn helm4_install_for_one_namespace_reconciles_there(c: &Cluster) {
         "a namespaced install made the operator a ClusterRole: {roles}"
     );
     apply_example(c, &op, "apps4", "examples/minimal.yaml", "minimal");
-    finish(c, op, "HELM4", "aco4", "apps4", "minimal");
+    delete_in_the_foreground(c, "apps4", "minimal");
+    finish_deleted(c, op, "HELM4", "aco4");
 }
 
 /// The chart's user roles aggregate into the built-in ones: a namespace user bound to `edit`
