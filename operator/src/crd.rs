@@ -160,8 +160,8 @@ pub struct AmqpConnectorSpec {
     /// Affinity of the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
-    /// Topology spread of the pods; empty with replicas ≥ 2 means a hostname spread
-    /// (ScheduleAnyway) added by the operator.
+    /// Topology spread of the pods; empty means a hostname spread (maxSkew 1, ScheduleAnyway)
+    /// added by the operator at every replica count, so scaling never changes the pod template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 8))]
     pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,

@@ -74,7 +74,9 @@ pub fn deployment(
 fn pod(name: &str, spec: &AmqpConnectorSpec) -> PodSpec {
     let spread = match &spec.topology_spread_constraints {
         Some(c) if !c.is_empty() => Some(c.clone()),
-        _ if spec.replicas >= 2 => Some(vec![TopologySpreadConstraint {
+        // Whatever the replica count: a template that changed with it would replace every pod
+        // when an autoscaler or `kubectl scale` crosses the threshold.
+        _ => Some(vec![TopologySpreadConstraint {
             max_skew: 1,
             topology_key: "kubernetes.io/hostname".into(),
             when_unsatisfiable: "ScheduleAnyway".into(),
@@ -84,7 +86,6 @@ fn pod(name: &str, spec: &AmqpConnectorSpec) -> PodSpec {
             }),
             ..TopologySpreadConstraint::default()
         }]),
-        _ => None,
     };
     PodSpec {
         containers: vec![container(spec)],

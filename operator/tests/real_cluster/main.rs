@@ -666,6 +666,7 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         .unwrap_or("")
         .to_string();
     assert!(file.contains("GetBatchSize: 64\n"), "{file}");
+    let sets = replica_sets();
     c.kubectl_ok(&["-n", "apps", "scale", "amqpc/orders", "--replicas=1"]);
     let pdb = || {
         c.kubectl(&["-n", "apps", "get", "poddisruptionbudget", "orders"])
@@ -682,6 +683,14 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         op.log()
     });
     wait_ready(c, &op, "apps", "orders");
+    op.wait_idle();
+    // A pod template that changed on the way would have made a new ReplicaSet by now.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        replica_sets(),
+        sets,
+        "scaling 3 → 1 → 2 replaced the pods (a new ReplicaSet)"
+    );
 
     finish(c, op, "HELM3", "aco3", "apps", "orders");
 }
