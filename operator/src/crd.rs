@@ -253,49 +253,69 @@ pub enum PullPolicy {
 }
 
 /// The two listeners.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct Listeners {
     /// Plain AMQP.
-    #[serde(default = "Listener::amqp")]
-    pub amqp: Listener,
+    #[serde(default)]
+    pub amqp: AmqpListener,
     /// AMQP over TLS; needs `spec.tls`.
-    #[serde(default = "Listener::amqps")]
-    pub amqps: Listener,
+    #[serde(default)]
+    pub amqps: AmqpsListener,
 }
 
-impl Default for Listeners {
-    fn default() -> Self {
-        Listeners {
-            amqp: Listener::amqp(),
-            amqps: Listener::amqps(),
-        }
-    }
-}
-
-/// One listener.
+/// The plain AMQP listener; each field has its default, so `amqp: {port: 5673}` is enough.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Listener {
-    /// Whether it listens.
+pub struct AmqpListener {
+    /// Whether it listens (default true).
+    #[serde(default = "on")]
     pub enabled: bool,
-    /// Container and Service port.
+    /// Container and Service port (default 5672).
+    #[serde(default = "amqp_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
 }
 
-impl Listener {
-    fn amqp() -> Listener {
-        Listener {
-            enabled: true,
-            port: 5672,
+impl Default for AmqpListener {
+    fn default() -> Self {
+        AmqpListener {
+            enabled: on(),
+            port: amqp_port(),
         }
     }
+}
 
-    fn amqps() -> Listener {
-        Listener {
+/// The AMQP-over-TLS listener; each field has its default, so `amqps: {enabled: true}` is
+/// enough.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct AmqpsListener {
+    /// Whether it listens (default false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// Container and Service port (default 5671).
+    #[serde(default = "amqps_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+impl Default for AmqpsListener {
+    fn default() -> Self {
+        AmqpsListener {
             enabled: false,
-            port: 5671,
+            port: amqps_port(),
         }
     }
+}
+
+fn on() -> bool {
+    true
+}
+
+fn amqp_port() -> i32 {
+    5672
+}
+
+fn amqps_port() -> i32 {
+    5671
 }
 
 /// Server TLS.

@@ -251,6 +251,27 @@ fn the_examples_are_accepted(c: &Cluster) {
         "configmap/payments-acl",
     ]);
     c.kubectl_ok(&["-n", "default", "get", "amqpc", "minimal"]);
+    // README's TLS step as written: `listeners.amqps: {enabled: true}` and a Secret, the ports
+    // left to their defaults.
+    let mut tls = example_in("apps");
+    tls["metadata"]["name"] = "readme-tls".into();
+    tls["spec"]["listeners"] = serde_json::json!({"amqps": {"enabled": true}});
+    tls["spec"]["tls"] = serde_json::json!({"secretName": "readme-tls"});
+    let applied = c.kubectl_ok_in(
+        &["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+        &tls.to_string(),
+    );
+    let applied: Value = serde_json::from_str(&applied).expect("kubectl prints JSON");
+    let listeners = &applied["spec"]["listeners"];
+    assert_eq!(
+        (
+            &listeners["amqps"]["enabled"],
+            &listeners["amqps"]["port"],
+            &listeners["amqp"]["port"]
+        ),
+        (&Value::from(true), &Value::from(5671), &Value::from(5672)),
+        "{applied}"
+    );
     c.kubectl_ok(&["-n", "apps", "delete", "amqpc", "orders", "--wait=true"]);
     c.kubectl_ok(&["-n", "apps", "delete", "amqpc", "payments", "--wait=true"]);
     c.kubectl_ok(&["-n", "default", "delete", "amqpc", "minimal", "--wait=true"]);
