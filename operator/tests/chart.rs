@@ -278,7 +278,8 @@ fn bad_values_fail_the_schema() {
 }
 
 /// NOTES.txt renders (helm 4 renders it on a client-side dry run; helm 3 needs a cluster for
-/// that): first AmqpConnector, `kubectl wait`, metrics, and the CRD-first upgrade warning.
+/// that): first AmqpConnector, `kubectl wait`, metrics, the CRD-first upgrade warning, and,
+/// cluster-wide only, what the operator may create everywhere and how to confine it.
 #[test]
 fn notes_render() {
     let helm4 = &helms()[1].1;
@@ -302,6 +303,11 @@ fn notes_render() {
         );
         assert!(ok, "{err}");
         let notes = out.split("NOTES:").nth(1).expect("NOTES");
+        assert_eq!(
+            notes.contains("kube-system included"),
+            scope == "every namespace",
+            "the cluster-wide warning, only cluster-wide: {notes}"
+        );
         for needle in [
             scope,
             "kubectl wait --for=condition=Ready amqpc/orders",
