@@ -401,20 +401,19 @@ impl<B: Backend> Fetcher<B> {
                 }
                 self.refill_wait = None;
             }
-            // Consumers with credit that hold every open transaction and got nothing new for a
-            // while may be waiting for messages those transactions hide (rehome.rs).
-            let draining = self.consumers.values().any(|c| c.draining);
-            let stuck = self.backend.captures() && !self.txns.is_empty() && !draining;
-            if self.stall.due(stuck, tokio::time::Instant::now()) {
-                Box::pin(self.re_home()).await;
-                continue;
-            }
-            // A Get that would wait is held back while transactions are open (get_gate.rs).
             let at = Moment {
                 captures: self.backend.captures(),
                 open: !self.txns.is_empty(),
                 draining: self.consumers.values().any(|c| c.draining),
             };
+            // Consumers with credit that hold every open transaction and got nothing new for a
+            // while may be waiting for messages those transactions hide (rehome.rs).
+            let stuck = at.captures && at.open && !at.draining;
+            if self.stall.due(stuck, tokio::time::Instant::now()) {
+                Box::pin(self.re_home()).await;
+                continue;
+            }
+            // A Get that would wait is held back while transactions are open (get_gate.rs).
             let (backend, channel) = (&self.backend, &self.key.channel);
             let held = self.gate.hold(at, || backend.stored_hint(channel) > 0);
             if let Some(until) = held {

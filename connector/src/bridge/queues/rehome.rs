@@ -147,18 +147,7 @@ impl<O: Copy> Moved<O> {
     /// longer has: the transaction to settle it in now, or `None` when it is remembered until
     /// the message comes back (or was never tracked).
     pub(super) fn settle(&mut self, seq: u64, outcome: O) -> Option<Arc<str>> {
-        let e = self.map.get_mut(&seq)?;
-        match &e.fate {
-            Fate::Bound(now_in) => {
-                let transaction = now_in.clone();
-                self.map.remove(&seq);
-                Some(transaction)
-            }
-            Fate::Out | Fate::Settled(_) | Fate::Returned => {
-                e.fate = Fate::Settled(outcome);
-                None
-            }
-        }
+        self.bound_or(seq, Fate::Settled(outcome))
     }
 
     /// Whether `seq` is tracked here (a settlement or return for it is not a lost session's).
@@ -169,18 +158,20 @@ impl<O: Copy> Moved<O> {
     /// A delivery of message `seq` went back undelivered: the transaction it is in now, if it
     /// came back already (buffer it there), else `None` (hand it out afresh when it does).
     pub(super) fn returned(&mut self, seq: u64) -> Option<Arc<str>> {
+        self.bound_or(seq, Fate::Returned)
+    }
+
+    /// What the consumer did with message `seq`'s delivery: if the message is back, forget it
+    /// and name the transaction it is in now; otherwise remember `fate` until it comes back.
+    fn bound_or(&mut self, seq: u64, fate: Fate<O>) -> Option<Arc<str>> {
         let e = self.map.get_mut(&seq)?;
-        match &e.fate {
-            Fate::Bound(now_in) => {
-                let t = now_in.clone();
-                self.map.remove(&seq);
-                Some(t)
-            }
-            _ => {
-                e.fate = Fate::Returned;
-                None
-            }
+        if let Fate::Bound(now_in) = &e.fate {
+            let transaction = now_in.clone();
+            self.map.remove(&seq);
+            return Some(transaction);
         }
+        e.fate = fate;
+        None
     }
 
     /// Message `seq` came back in transaction `now_in`.
