@@ -10,7 +10,7 @@ use connector::auth::Security;
 use connector::backend::embedded::Embedded;
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
 use connector::backend::{readiness, Backend};
-use connector::bridge::queues::Queues;
+use connector::bridge::Bridge;
 use connector::config::Cli;
 use connector::config::Settings;
 use connector::driver::{serve, Listeners, ServeOptions, TlsSource};
@@ -247,7 +247,7 @@ async fn serve_amqp<B: Backend + Clone>(
         listener,
         cfg,
         opts,
-        Arc::new(Queues::new(backend, settings, metrics, security.access)),
+        Arc::new(Bridge::new(backend, settings, metrics, security.access)),
         shutdown_signal(),
     )
     .await;

@@ -455,8 +455,7 @@ impl TestConnector {
             broker_ready: None,
             registry: Default::default(),
         };
-        let bridge =
-            connector::bridge::queues::Queues::new(backend, &settings, metrics, security.access);
+        let bridge = connector::bridge::Bridge::new(backend, &settings, metrics, security.access);
         serve(listener, cfg, opts, Arc::new(bridge), async {
             let _ = stop.await;
         })

@@ -158,7 +158,7 @@ fn conn_15_16_broker_readiness() {
 
     use connector::backend::grpc::KubemqGrpc;
     use connector::backend::readiness;
-    use connector::bridge::queues::Queues;
+    use connector::bridge::Bridge;
     use connector::driver::{serve, ServeOptions};
     use connector::metrics::Metrics;
     use interop_tests::{ServerThread, TestFacade};
@@ -180,7 +180,7 @@ fn conn_15_16_broker_readiness() {
                 broker_ready: Some(ready),
                 registry: Default::default(),
             };
-            let bridge = Queues::new(
+            let bridge = Bridge::new(
                 backend,
                 &settings,
                 Arc::new(Metrics::new()),

@@ -16,14 +16,9 @@ use crate::engine::{
     AmqpError, BudgetExceeded, Charge, Condition, Connection, ConnectionBudget, DeliveryOutcome,
     FastMap, LinkId,
 };
-use crate::metrics::Role;
 
 /// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
 const MAILBOX_BYTES: u64 = 16 * 1024 * 1024;
-
-/// Delivery tokens of dynamic-node deliveries: a range of their own, apart from the tokens other
-/// links of the connection use.
-const FIRST_TOKEN: u64 = 1 << 62;
 
 /// Prefix of the dynamic node addresses the connector mints (ADDR-11).
 pub const DYNAMIC_PREFIX: &str = "_amqp10.tmp.";
@@ -40,8 +35,6 @@ struct Consumer {
 struct Node {
     /// The link whose ATTACH minted it: the node ends with it.
     owner: LinkId,
-    /// That link is a client sender (a dynamic target), not the node's receiver.
-    minted_by_sender: bool,
     /// The receiver it delivers to, when one is attached.
     consumer: Option<Consumer>,
     waiting: VecDeque<Bytes>,
@@ -91,7 +84,7 @@ impl DynamicNodes {
             nodes: FastMap::default(),
             by_link: FastMap::default(),
             unsettled: FastMap::default(),
-            next_token: FIRST_TOKEN,
+            next_token: 1,
             capacity: capacity.max(1),
         }
     }
@@ -110,7 +103,6 @@ impl DynamicNodes {
             address,
             Node {
                 owner,
-                minted_by_sender: consumer.is_none(),
                 consumer: consumer.map(|presettled| Consumer {
                     link: owner,
                     presettled,
@@ -153,16 +145,6 @@ impl DynamicNodes {
     /// Whether `address` is a node of this connection.
     pub fn owns(&self, address: &str) -> bool {
         self.nodes.contains_key(address)
-    }
-
-    /// Whether `link` is a dynamic node's receiver.
-    pub fn is_node_link(&self, link: LinkId) -> bool {
-        self.by_link.contains_key(&link)
-    }
-
-    /// Whether `token` is a dynamic-node delivery's.
-    pub fn owns_token(token: u64) -> bool {
-        token >= FIRST_TOKEN
     }
 
     /// Takes a message a client of this connection sent to `address` (ADDR-12), or the refusal.
@@ -279,26 +261,22 @@ impl DynamicNodes {
 
     /// A link of a node ended: the link that minted it takes the node and whatever it holds
     /// with it (ADDR-11); a consumer that did not mint it just leaves, and what it left
-    /// unsettled waits for the next. The server's role on the link (for the links gauge), or
-    /// `None` when `link` was no node's.
-    pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) -> Option<Role> {
-        let address = self.by_link.remove(&link)?;
+    /// unsettled waits for the next.
+    pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) {
+        let Some(address) = self.by_link.remove(&link) else {
+            return;
+        };
         let Some(node) = self.nodes.get_mut(&address) else {
             // A consumer whose node ended before it.
-            return Some(Role::sender);
+            return;
         };
         if node.owner == link {
             // A consumer of its own stays attached to nothing until it detaches.
-            let role = if node.minted_by_sender {
-                Role::receiver
-            } else {
-                Role::sender
-            };
             self.nodes.remove(&address);
             for token in unsettled {
                 self.unsettled.remove(token);
             }
-            return Some(role);
+            return;
         }
         node.consumer = None;
         for token in unsettled {
@@ -307,7 +285,6 @@ impl DynamicNodes {
                 node.waiting.push_front(message);
             }
         }
-        Some(Role::sender)
     }
 
     /// Delivers what waits on every node with a consumer (the client takes more again).

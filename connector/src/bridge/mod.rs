@@ -1,251 +1,101 @@
-//! Pattern bridges: what sits between AMQP links and the KubeMQ backend. Address resolution and
-//! the `amqp10` envelope are shared; [`queues`] runs a connection's links and hands those on
-//! `events/` and `events-store/` to [`events`], whose selectors are [`selector`]'s.
+//! Pattern bridges: what sits between AMQP links and the KubeMQ backend.
+//!
+//! A message's way through: [`connection`] is the one handler of each connection; it resolves a
+//! link's address ([`address`]) into a [`links::LinkEntry`] and hands each engine event of that
+//! link to the part that serves it — [`queues`], [`events`] (events and events-store), [`rpc`]
+//! (commands and queries) or [`dynamic`] (the connection's private nodes). Every part reads and
+//! writes the `amqp10` [`envelope`], tells the client what became of its messages through
+//! [`outcome`], and makes its backend calls through the connection's [`context::Ctx`].
+//! [`Bridge`] is the process-wide part.
 
 pub mod address;
 pub mod caller;
+pub mod connection;
+mod context;
 pub mod dynamic;
 pub mod envelope;
 pub mod events;
+mod links;
+mod outcome;
 pub mod queues;
 pub mod rpc;
 pub mod selector;
 
-use fe2o3_amqp_types::messaging::{DeliveryState, Rejected, Released};
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::backend::BackendError;
-use crate::engine::{AmqpError, Condition, Connection, Delivery, LinkId, LinkLabel};
-use crate::metrics::{self, Metrics};
+use crate::auth::Access;
+use crate::backend::Backend;
+use crate::config::Settings;
+use crate::metrics::Metrics;
 use crate::pattern::Pattern;
 
-/// A `rejected` outcome with `condition` and `text` (cut as ERR-3 says by [`AmqpError::new`]).
-pub(crate) fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
-    DeliveryState::Rejected(Rejected {
-        error: Some(AmqpError::new(condition, text).to_wire()),
-    })
+/// A channel's Get loop ends after this long without consumers (and closes its session).
+const FETCH_IDLE_EXIT: Duration = Duration::from_secs(60);
+
+/// The process-wide part of the bridge: the backend, the policy, the settings every connection
+/// shares, and each pattern's shared state.
+pub struct Bridge<B: Backend> {
+    /// The backend every connection's calls go through, unless it presents the client's token.
+    pub(crate) backend: Arc<B>,
+    /// The process's metrics.
+    pub(crate) metrics: Arc<Metrics>,
+    /// Who may read and write which channel (AUTHZ-1).
+    pub(crate) access: Access,
+    /// Whether clients authenticate, so that their KubeMQ calls are made as them (AUTHZ-9).
+    pub(crate) authenticated: bool,
+    /// The pattern of an address that names none (ADDR-8).
+    pub(crate) default_pattern: Pattern,
+    /// The number of the next connection.
+    pub(crate) next_connection: AtomicU64,
+    /// The queues bridge's process-wide part.
+    pub(crate) queues: queues::Shared,
+    /// The events and events-store bridge's process-wide part.
+    pub(crate) events: events::Shared,
+    /// The commands and queries bridge's settings.
+    pub(crate) rpc: rpc::Shared,
 }
 
-/// ERR-9 for a message the backend did not take (an event send, a response); a message whose
-/// fate is not known is `released` (ERR-10), never `rejected`.
-pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
-    match e {
-        BackendError::Unavailable(t) => {
-            rejected(Condition::NotAllowed, format!("broker not ready: {t}"))
-        }
-        BackendError::Unknown(_) => DeliveryState::Released(Released {}),
-        // KubeMQ's validation refusals are the message's; the rest the broker's.
-        BackendError::Invalid(t) => rejected(Condition::InvalidField, t.clone()),
-        BackendError::Rejected(t) | BackendError::ClientIdInUse(t) => {
-            rejected(Condition::InternalError, t.clone())
-        }
-        BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
-            error: Some(crate::auth::refused_by_kubemq().to_wire()),
-        }),
-    }
-}
-
-/// The refusal of a consume link whose backend subscription did not open.
-pub(crate) fn subscribe_refusal(e: &BackendError) -> AmqpError {
-    match e {
-        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-        BackendError::Unavailable(t) | BackendError::Unknown(t) => {
-            AmqpError::new(Condition::InternalError, format!("broker not ready: {t}"))
-        }
-        BackendError::Invalid(t) | BackendError::Rejected(t) | BackendError::ClientIdInUse(t) => {
-            AmqpError::new(Condition::InternalError, t.clone())
-        }
-    }
-}
-
-/// The detach of a consume link whose backend subscription ended under it (the broker lost, or
-/// the stream ended by KubeMQ).
-pub(crate) fn subscription_ended(e: &BackendError) -> AmqpError {
-    match e {
-        BackendError::Unauthorized(_) => crate::auth::refused_by_kubemq(),
-        e => AmqpError::new(Condition::InternalError, format!("subscription ended: {e}")),
-    }
-}
-
-/// A backend call made for one inbound delivery (an event send, a response), with what settling
-/// the delivery takes once the call is over.
-pub(crate) struct Settling {
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    result: Result<(), BackendError>,
-}
-
-/// A boxed future, as the bridges keep their backend calls in flight.
-pub(crate) type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-
-/// `call`, made for delivery `d`: its [`Settling`] once it is over.
-pub(crate) fn settling<T>(
-    d: &Delivery,
-    call: impl std::future::Future<Output = Result<T, BackendError>> + Send + 'static,
-) -> Pending<Settling> {
-    let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
-    Box::pin(async move {
-        Settling {
-            link,
-            delivery_id,
-            presettled,
-            result: call.await.map(|_| ()),
-        }
-    })
-}
-
-impl Settling {
-    /// Settles the delivery: `accepted` once the backend took it, ERR-9's rejection otherwise.
-    /// A link gone meanwhile needs nothing (the engine refuses the settlement).
-    pub(crate) fn settle(self, conn: &mut Connection, metrics: &Metrics) {
-        let state = match &self.result {
-            Ok(()) => DeliveryState::Accepted(fe2o3_amqp_types::messaging::Accepted {}),
-            Err(e) => {
-                let state = send_failure(e);
-                // Every refused send says why, where the client may see only the outcome.
-                let outcome = match state {
-                    DeliveryState::Released(_) => "released",
-                    _ => "rejected",
-                };
-                tracing::warn!(link = self.link, error = %e, "send failed; answered {outcome}");
-                state
-            }
-        };
-        settle_inbound(
-            conn,
+impl<B: Backend> Bridge<B> {
+    /// The bridge over `backend` with the connector's settings, deciding links and messages
+    /// with `access`.
+    pub fn new(
+        backend: B,
+        settings: &Settings,
+        metrics: Arc<Metrics>,
+        access: Access,
+    ) -> Arc<Self> {
+        let max_unsettled = settings.max_unsettled_per_link.max(1);
+        Arc::new(Bridge {
+            backend: Arc::new(backend),
             metrics,
-            self.link,
-            self.delivery_id,
-            self.presettled,
-            state,
-        );
+            access,
+            authenticated: settings.authentication,
+            default_pattern: Pattern::from_setting(&settings.default_pattern),
+            next_connection: AtomicU64::new(1),
+            queues: queues::Shared {
+                credit_window: settings.produce_credit_window(),
+                max_unsettled,
+                limits: queues::fetcher::FetchLimits {
+                    max_batch: 1000.max(settings.get_batch_size),
+                    idle_exit: FETCH_IDLE_EXIT,
+                },
+                fetchers: queues::fetcher::Registry::default(),
+                next_lane: AtomicU64::new(0),
+            },
+            events: events::Shared {
+                durable: Default::default(),
+                buffer: max_unsettled as usize,
+                credit_window: settings.produce_credit_window(),
+            },
+            rpc: rpc::Shared {
+                max_pending: settings.rpc_max_pending.max(1) as usize,
+                default_timeout: Duration::from_secs(u64::from(
+                    settings.default_rpc_timeout_seconds.max(1),
+                )),
+                credit_window: settings.produce_credit_window(),
+            },
+        })
     }
-}
-
-/// The stored form of an inbound delivery of any pattern, or its refusal: an AmqpSequence body
-/// is rejected and its link detached, both `amqp:not-implemented` (ENV-9, Q-9); a message that
-/// does not decode is rejected `amqp:decode-error` and the link stays (ERR-9).
-pub(crate) fn ingress_or_refuse(
-    conn: &mut Connection,
-    metrics: &Metrics,
-    d: &Delivery,
-) -> Option<envelope::Stored> {
-    let (condition, text) = match envelope::ingress(&d.payload) {
-        Ok(stored) => return Some(stored),
-        Err(envelope::IngressError::SequenceBody) => (
-            Condition::NotImplemented,
-            "amqp-sequence bodies are not supported".to_string(),
-        ),
-        Err(e) => (Condition::DecodeError, e.to_string()),
-    };
-    let state = rejected(condition, text.clone());
-    settle_inbound(conn, metrics, d.link, d.delivery_id, d.settled, state);
-    if condition == Condition::NotImplemented {
-        let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
-    }
-    None
-}
-
-/// Lets backend calls a connection left in flight run to their end in a task of their own,
-/// `each` seeing every outcome. `false` when there is no runtime to run them on (they are
-/// dropped, as at process exit).
-pub(crate) fn run_out<T: Send + 'static>(
-    mut pending: futures_util::stream::FuturesUnordered<Pending<T>>,
-    mut each: impl FnMut(T) + Send + 'static,
-) -> bool {
-    if pending.is_empty() {
-        return true;
-    }
-    if tokio::runtime::Handle::try_current().is_err() {
-        return false;
-    }
-    tokio::spawn(async move {
-        while let Some(outcome) = futures_util::StreamExt::next(&mut pending).await {
-            each(outcome);
-        }
-    });
-    true
-}
-
-/// Settles an inbound delivery of any pattern, counting a rejection as a link-scope error when
-/// it goes on the wire (ERR-6) and as a dropped message when the client had pre-settled it (Q-7,
-/// MET-8).
-pub(crate) fn settle_inbound(
-    conn: &mut Connection,
-    metrics: &Metrics,
-    link: LinkId,
-    delivery_id: u32,
-    presettled: bool,
-    state: DeliveryState,
-) {
-    if matches!(state, DeliveryState::Rejected(_)) {
-        if presettled {
-            metrics.transfers_in_dropped.inc();
-        } else {
-            metrics.errors(metrics::Scope::link, 1);
-        }
-    }
-    let _ = conn.settle(link, delivery_id, state);
-}
-
-/// What an accepted link serves, for the links endpoint (OBS-3).
-pub(crate) enum Serves<'a> {
-    /// A node of a pattern.
-    Node {
-        /// Its pattern.
-        pattern: Pattern,
-        /// Its channel.
-        channel: &'a str,
-        /// A durable events-store subscription (DUR-1).
-        durable: bool,
-    },
-    /// A dynamic node this connection minted (ADDR-11), at this address.
-    Dynamic(&'a str),
-    /// An anonymous sender: each message names its node (ADDR-13).
-    Anonymous,
-    /// A sender to the reply token of one request (ADDR-10).
-    Response(&'a str),
-}
-
-impl<'a> Serves<'a> {
-    /// A queue channel.
-    pub(crate) fn queue(channel: &'a str) -> Self {
-        Serves::Node {
-            pattern: Pattern::Queues,
-            channel,
-            durable: false,
-        }
-    }
-}
-
-/// Tells the engine what `link` serves; a link gone meanwhile needs nothing.
-pub(crate) fn label(conn: &mut Connection, link: LinkId, serves: Serves<'_>) {
-    let label = match serves {
-        Serves::Node {
-            pattern,
-            channel,
-            durable,
-        } => LinkLabel {
-            address: format!("{}/{channel}", pattern.name()),
-            pattern: pattern.name(),
-            channel: channel.to_string(),
-            durable,
-        },
-        Serves::Dynamic(address) => LinkLabel {
-            address: address.to_string(),
-            pattern: "dynamic",
-            ..LinkLabel::default()
-        },
-        Serves::Anonymous => LinkLabel {
-            pattern: "anonymous",
-            ..LinkLabel::default()
-        },
-        Serves::Response(request_id) => LinkLabel {
-            address: format!("responses/{request_id}"),
-            pattern: "responses",
-            channel: request_id.to_string(),
-            durable: false,
-        },
-    };
-    let _ = conn.label_link(link, label);
 }

@@ -16,7 +16,6 @@ pub mod options;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::performatives::Attach;
@@ -24,19 +23,19 @@ use tokio_stream::{Stream, StreamMap};
 
 use self::durable::Claim;
 use self::options::StartPosition;
-use super::caller::Caller;
+use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
-use super::selector::{EnvelopeOperands, Selector};
-use super::{
-    ingress_or_refuse, label, run_out, settling, subscribe_refusal, subscription_ended, Pending,
-    Serves, Settling,
+use super::links::{label, LinkEntry, Links, Serves};
+use super::outcome::{
+    ingress_or_refuse, run_out, settling, subscribe_refusal, subscription_ended, Pending, Settling,
 };
+use super::selector::{EnvelopeOperands, Selector};
 use crate::auth::Access;
 use crate::backend::{Backend, BackendError, EventStream};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
-use crate::metrics::{self, Counted, Direction, Metrics};
+use crate::metrics::{Counted, Direction, Metrics};
 use crate::pattern::{Pattern, Target};
 
 /// First and last pause before a durable subscription asks again for a ClientID its previous
@@ -61,12 +60,6 @@ pub struct Shared {
     pub buffer: usize,
     /// Credit window of produce links.
     pub credit_window: u32,
-}
-
-/// A produce link.
-struct Publisher {
-    pattern: Pattern,
-    channel: String,
 }
 
 /// The identity a wildcard subscription reads as, each event checked against its own channel
@@ -108,7 +101,8 @@ struct Forgotten {
 /// One connection's events and events-store links.
 #[derive(Default)]
 pub struct EventLinks {
-    publishers: FastMap<LinkId, Publisher>,
+    /// Produce links, by the node they publish to.
+    publishers: FastMap<LinkId, Target>,
     subscribers: FastMap<LinkId, Subscriber>,
     streams: StreamMap<LinkId, EventStream>,
     opening: futures_util::stream::FuturesUnordered<Pending<Opening>>,
@@ -137,55 +131,41 @@ pub struct ConsumeRequest<'a> {
     pub channel: &'a str,
     /// The client's ATTACH.
     pub attach: &'a Attach,
-    /// The connection's container-id as sent (DUR-2).
-    pub container_id: &'a str,
-    /// Who the subscription is made as (AUTHZ-9).
-    pub caller: &'a Caller,
     /// For a wildcard subscription under a policy: who reads (AUTHZ-7).
     pub reader: Option<WildcardReader>,
 }
 
 impl EventLinks {
-    /// Accepts a produce link on `channel`.
-    pub fn attach_publisher(
+    /// Accepts a produce link to `target`; `false` when it is gone (detached while attaching).
+    pub(crate) fn attach_publisher(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
-        pattern: Pattern,
-        channel: String,
+        target: Target,
         shared: &Shared,
-        metrics: &Metrics,
-    ) {
-        if conn
-            .accept_link(
-                link,
-                LinkAccept {
-                    credit_window: shared.credit_window,
-                },
-            )
-            .is_err()
-        {
-            return; // detached while attaching
+    ) -> bool {
+        let accept = LinkAccept {
+            credit_window: shared.credit_window,
+        };
+        if conn.accept_link(link, accept).is_err() {
+            return false;
         }
-        label(
-            conn,
-            link,
-            Serves::Node {
-                pattern,
-                channel: &channel,
-                durable: false,
-            },
-        );
-        metrics.link(metrics::Role::receiver).inc();
-        self.publishers.insert(link, Publisher { pattern, channel });
+        let serves = Serves::Node {
+            pattern: target.pattern,
+            channel: &target.channel,
+            durable: false,
+        };
+        label(conn, link, serves);
+        self.publishers.insert(link, target);
+        true
     }
 
     /// Starts a subscription for a consume link; the link is answered when it is open.
-    pub fn attach_subscriber<B: Backend>(
+    pub(crate) fn attach_subscriber<B: Backend>(
         &mut self,
         link: LinkId,
         req: ConsumeRequest<'_>,
-        backend: &Arc<B>,
+        ctx: &Ctx<B>,
         shared: &Shared,
     ) -> Result<(), AmqpError> {
         let attach = req.attach;
@@ -201,9 +181,9 @@ impl EventLinks {
             StartPosition::NEW_ONLY
         };
         let (client_id, claim) = if store && options::durable(source) {
-            let identity = req
+            let identity = ctx
                 .caller
-                .durable_client_id(&durable::identity(req.container_id, &attach.name));
+                .durable_client_id(&durable::identity(&ctx.container_id, &attach.name));
             let claim = shared.durable.claim(&identity).ok_or_else(|| {
                 AmqpError::new(Condition::NotAllowed, "durable subscription in use")
             })?;
@@ -211,7 +191,7 @@ impl EventLinks {
         } else {
             // OP-EV-6: a non-durable events-store subscription must start where it asks, so it
             // never takes a ClientID whose cursor KubeMQ would resume.
-            (req.caller.subscription_client_id(store), None)
+            (ctx.caller.subscription_client_id(store), None)
         };
         let request = Subscribe {
             subscribe_type_data: if store {
@@ -232,7 +212,7 @@ impl EventLinks {
             buffer: VecDeque::new(),
             claim,
         };
-        let backend = backend.clone();
+        let backend = ctx.backend.clone();
         let durable = subscriber.claim.is_some();
         let channel = request.channel.clone();
         self.opening.push(Box::pin(async move {
@@ -259,11 +239,11 @@ impl EventLinks {
 
     /// Deletes the durable subscription a null-source receiver names (DUR-9); the link is
     /// answered once the backend has done it.
-    pub fn forget_durable<B: Backend>(
+    pub(crate) fn forget_durable<B: Backend>(
         &mut self,
         link: LinkId,
         identity: String,
-        backend: &Arc<B>,
+        ctx: &Ctx<B>,
         shared: &Shared,
     ) -> Result<(), AmqpError> {
         if shared.durable.in_use(&identity) {
@@ -272,7 +252,7 @@ impl EventLinks {
                 "durable subscription in use",
             ));
         }
-        let backend = backend.clone();
+        let backend = ctx.backend.clone();
         self.forgetting.push(Box::pin(async move {
             let result = backend.forget_cursor(&identity).await;
             Forgotten { link, result }
@@ -280,43 +260,39 @@ impl EventLinks {
         Ok(())
     }
 
-    /// Sends a complete message of a produce link; false if the link is not this bridge's.
-    pub fn produce<B: Backend>(
+    /// Sends a complete message of a produce link.
+    pub(crate) fn produce<B: Backend>(
         &mut self,
         conn: &mut Connection,
         d: &Delivery,
-        client_id: &str,
-        backend: &Arc<B>,
-        metrics: &Metrics,
-    ) -> bool {
-        let Some(p) = self.publishers.get(&d.link) else {
-            return false;
+        ctx: &Ctx<B>,
+    ) {
+        let Some(target) = self.publishers.get(&d.link).cloned() else {
+            return;
         };
-        let (pattern, channel) = (p.pattern, p.channel.clone());
-        metrics.transfer(Direction::In, Counted::Pattern(pattern));
-        let Some(stored) = ingress_or_refuse(conn, metrics, d) else {
-            return true;
+        ctx.metrics
+            .transfer(Direction::In, Counted::Pattern(target.pattern));
+        let Some(stored) = ingress_or_refuse(conn, &ctx.metrics, d) else {
+            return;
         };
-        self.send(d, Target { pattern, channel }, stored, client_id, backend);
-        true
+        self.send(d, target, stored, ctx);
     }
 
     /// Sends the event of delivery `d`, from a produce link or routed here by an anonymous link's
     /// `to` (ADDR-13, ADDR-18); the delivery is settled with the send's outcome.
-    pub fn send<B: Backend>(
+    pub(crate) fn send<B: Backend>(
         &mut self,
         d: &Delivery,
         target: Target,
         stored: Stored,
-        client_id: &str,
-        backend: &Arc<B>,
+        ctx: &Ctx<B>,
     ) {
         let event = Event {
             event_id: String::new(),
-            client_id: if client_id.is_empty() {
+            client_id: if ctx.client_id.is_empty() {
                 "amqp10".to_string()
             } else {
-                client_id.to_string()
+                ctx.client_id.clone()
             },
             channel: target.channel,
             metadata: stored.metadata,
@@ -324,23 +300,20 @@ impl EventLinks {
             store: target.pattern == Pattern::EventsStore,
             tags: Default::default(),
         };
-        let backend = backend.clone();
+        let backend = ctx.backend.clone();
         self.sends
             .push(settling(d, async move { backend.send_event(event).await }));
     }
 
-    /// New credit (or a drain) on a consume link; false if the link is not this bridge's.
-    pub fn credit(
+    /// New credit (or a drain) on a consume link.
+    pub(crate) fn credit(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
         drain: bool,
         shared: &Shared,
         metrics: &Metrics,
-    ) -> bool {
-        if !self.subscribers.contains_key(&link) {
-            return false;
-        }
+    ) {
         if drain {
             self.take_arrived(conn, link, shared, metrics);
         }
@@ -349,7 +322,6 @@ impl EventLinks {
             // FLOW-5, EV-12, ES-9: what is here went out; nothing is waited for.
             let _ = conn.drain_done(link);
         }
-        true
     }
 
     /// Takes what `link`'s subscription already received, without waiting: a drain completes
@@ -375,17 +347,12 @@ impl EventLinks {
         }
     }
 
-    /// A link ended: its subscription ends with it (EV-4, DUR-8 keeps a durable cursor);
-    /// returns the role it was counted under, if it was this bridge's.
-    pub fn closed(&mut self, link: LinkId) -> Option<metrics::Role> {
-        if self.publishers.remove(&link).is_some() {
-            return Some(metrics::Role::receiver);
-        }
+    /// A link ended: its subscription ends with it (EV-4, DUR-8 keeps a durable cursor).
+    pub(crate) fn closed(&mut self, link: LinkId) {
+        self.publishers.remove(&link);
         if self.subscribers.remove(&link).is_some() {
             self.streams.remove(&link);
-            return Some(metrics::Role::sender);
         }
-        None
     }
 
     /// Collects finished backend work; Ready when there is some to apply.
@@ -417,7 +384,13 @@ impl EventLinks {
     }
 
     /// Applies what [`EventLinks::poll`] collected.
-    pub fn work(&mut self, conn: &mut Connection, shared: &Shared, metrics: &Metrics) {
+    pub(crate) fn work(
+        &mut self,
+        conn: &mut Connection,
+        links: &mut Links,
+        shared: &Shared,
+        metrics: &Metrics,
+    ) {
         for s in std::mem::take(&mut self.ready_sent) {
             s.settle(conn, metrics);
         }
@@ -441,7 +414,7 @@ impl EventLinks {
                             durable: o.subscriber.claim.is_some(),
                         },
                     );
-                    metrics.link(metrics::Role::sender).inc();
+                    links.insert(o.link, LinkEntry::EventSubscriber);
                     self.subscribers.insert(o.link, o.subscriber);
                     self.streams.insert(o.link, stream);
                 }
@@ -476,7 +449,7 @@ impl EventLinks {
                                 durable: true,
                             },
                         );
-                        metrics.link(metrics::Role::sender).inc();
+                        links.insert(f.link, LinkEntry::EventSubscriber);
                         self.subscribers.insert(
                             f.link,
                             Subscriber {
@@ -654,7 +627,7 @@ fn subscribe_failure(e: &BackendError) -> AmqpError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bridge::send_failure;
+    use crate::bridge::outcome::send_failure;
     use fe2o3_amqp_types::messaging::DeliveryState;
 
     /// DUR-7: a ClientID another node holds (KubeMQ's own uniqueness) is the same refusal as

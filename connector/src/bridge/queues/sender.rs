@@ -20,9 +20,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::refill_wait::RefillWait;
-use super::rejected;
 use crate::backend::{Backend, BackendError, SEND_STALL};
-use crate::bridge::send_failure;
+use crate::bridge::outcome::{rejected, send_failure};
 use crate::engine::{Condition, LinkId};
 use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 

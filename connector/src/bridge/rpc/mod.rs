@@ -29,11 +29,13 @@ use futures_util::stream::FuturesUnordered;
 
 use self::requester::Asked;
 use self::responder::{NoRequest, Tokens};
+use super::context::Ctx;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
-use super::{
-    ingress_or_refuse, label, rejected, run_out, settle_inbound, settling, subscribe_refusal,
-    subscription_ended, Pending, Serves, Settling,
+use super::links::{label, LinkEntry, Links, Serves};
+use super::outcome::{
+    ingress_or_refuse, rejected, run_out, settle_inbound, settling, subscribe_refusal,
+    subscription_ended, Pending, Settling,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{
@@ -41,11 +43,8 @@ use crate::engine::{
 };
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Request, Response, Subscribe};
-use crate::metrics::{self, Counted, Direction, Metrics};
+use crate::metrics::{Counted, Direction, Metrics};
 use crate::pattern::{Pattern, Target};
-
-/// Delivery tokens of delivered requests: a range of their own, apart from other links'.
-const FIRST_TOKEN: u64 = 1 << 61;
 
 /// Process-wide settings of the bridge.
 #[derive(Debug, Clone)]
@@ -57,12 +56,6 @@ pub struct Shared {
     pub default_timeout: Duration,
     /// Credit window of requester and response links.
     pub credit_window: u32,
-}
-
-/// A requester's link: each message is a request to `channel`.
-struct RequestLink {
-    pattern: Pattern,
-    channel: String,
 }
 
 /// A responder's link and the requests taken for it.
@@ -96,7 +89,8 @@ struct Answered {
 
 /// One connection's commands and queries links.
 pub struct RpcLinks {
-    requesters: FastMap<LinkId, RequestLink>,
+    /// Requesters' links, by the node each message is a request to.
+    requesters: FastMap<LinkId, Target>,
     /// Links whose every message is a response to one request (a fixed `responses/<id>`
     /// target), by link.
     response_links: FastMap<LinkId, String>,
@@ -124,6 +118,8 @@ pub struct RpcLinks {
     failed: Vec<(LinkId, BackendError)>,
     next_token: u64,
     metrics: Arc<Metrics>,
+    /// The bridge's settings.
+    shared: Shared,
     /// What this connection adds to `Metrics::rpc_held`.
     counted_held: i64,
 }
@@ -156,13 +152,11 @@ pub struct ResponderRequest<'a> {
     pub channel: &'a str,
     /// The client's ATTACH (its consumer group, GRP-1).
     pub attach: &'a Attach,
-    /// The connection's ClientID, which KubeMQ requires of a subscription.
-    pub client_id: &'a str,
 }
 
 impl RpcLinks {
     /// No links yet.
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: Arc<Metrics>, shared: Shared) -> Self {
         RpcLinks {
             requesters: FastMap::default(),
             response_links: FastMap::default(),
@@ -181,8 +175,9 @@ impl RpcLinks {
             ready_answered: Vec::new(),
             ready_responded: Vec::new(),
             failed: Vec::new(),
-            next_token: FIRST_TOKEN,
+            next_token: 1,
             metrics,
+            shared,
             counted_held: 0,
         }
     }
@@ -201,66 +196,60 @@ impl RpcLinks {
         self.held((self.calls.len() + self.tokens.len()) as i64);
     }
 
-    /// Accepts a requester's link on `channel`.
-    pub fn attach_requester(
+    /// Accepts a requester's link to `target`; `false` when it is gone (detached while
+    /// attaching).
+    pub(crate) fn attach_requester(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
-        pattern: Pattern,
-        channel: String,
-        shared: &Shared,
-    ) {
+        target: Target,
+    ) -> bool {
         let serves = Serves::Node {
-            pattern,
-            channel: &channel,
+            pattern: target.pattern,
+            channel: &target.channel,
             durable: false,
         };
-        if self.accept_sender(conn, link, serves, shared) {
-            self.requesters
-                .insert(link, RequestLink { pattern, channel });
+        if !self.accept_sender(conn, link, serves) {
+            return false;
         }
+        self.requesters.insert(link, target);
+        true
     }
 
     /// Accepts a link whose target is the reply token `request_id` (ADDR-10): each of its
-    /// messages answers that request.
-    pub fn attach_response_link(
+    /// messages answers that request. `false` when it is gone (detached while attaching).
+    pub(crate) fn attach_response_link(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
         request_id: String,
-        shared: &Shared,
-    ) {
-        if self.accept_sender(conn, link, Serves::Response(&request_id), shared) {
-            self.response_links.insert(link, request_id);
+    ) -> bool {
+        if !self.accept_sender(conn, link, Serves::Response(&request_id)) {
+            return false;
         }
+        self.response_links.insert(link, request_id);
+        true
     }
 
-    /// Accepts a link the client sends on, with the produce credit window, and counts it;
-    /// `false` when it is gone (detached while attaching).
-    fn accept_sender(
-        &self,
-        conn: &mut Connection,
-        link: LinkId,
-        serves: Serves<'_>,
-        shared: &Shared,
-    ) -> bool {
+    /// Accepts a link the client sends on, with the produce credit window; `false` when it is
+    /// gone (detached while attaching).
+    fn accept_sender(&self, conn: &mut Connection, link: LinkId, serves: Serves<'_>) -> bool {
         let accept = LinkAccept {
-            credit_window: shared.credit_window,
+            credit_window: self.shared.credit_window,
         };
         if conn.accept_link(link, accept).is_err() {
             return false;
         }
         label(conn, link, serves);
-        self.metrics.link(metrics::Role::receiver).inc();
         true
     }
 
     /// Starts a responder's subscription; the link is answered when it is open (RPC-11).
-    pub fn attach_responder<B: Backend>(
+    pub(crate) fn attach_responder<B: Backend>(
         &mut self,
         link: LinkId,
         req: ResponderRequest<'_>,
-        backend: &Arc<B>,
+        ctx: &Ctx<B>,
     ) -> Result<(), AmqpError> {
         if super::events::options::has_filter(req.attach.source.as_deref()) {
             return Err(AmqpError::new(
@@ -276,12 +265,12 @@ impl RpcLinks {
         };
         let request = Subscribe {
             subscribe_type_data: subscribe_type as i32,
-            client_id: req.client_id.to_string(),
+            client_id: ctx.client_id.clone(),
             channel: req.channel.to_string(),
             group,
             ..Default::default()
         };
-        let backend = backend.clone();
+        let backend = ctx.backend.clone();
         let (pattern, channel) = (req.pattern, req.channel.to_string());
         let presettled = req.attach.snd_settle_mode == SenderSettleMode::Settled;
         self.opening.push(Box::pin(async move {
@@ -297,73 +286,59 @@ impl RpcLinks {
         Ok(())
     }
 
-    /// Whether `link` is one of this bridge's.
-    fn owns(&self, link: LinkId) -> bool {
-        self.requesters.contains_key(&link)
-            || self.response_links.contains_key(&link)
-            || self.responders.contains_key(&link)
-    }
-
-    /// Handles a message on one of this bridge's produce links; `false` when the link is not
-    /// one of them.
-    pub fn produce<B: Backend>(
+    /// Handles a message on a requester's or a reply token's link.
+    pub(crate) fn produce<B: Backend>(
         &mut self,
         conn: &mut Connection,
         d: &Delivery,
-        ctx: Ctx<'_, B>,
-    ) -> bool {
-        let target = if let Some(r) = self.requesters.get(&d.link) {
-            Routed::Request {
-                pattern: r.pattern,
-                channel: r.channel.clone(),
-            }
+        ctx: &Ctx<B>,
+        dynamic: &mut DynamicNodes,
+    ) {
+        let target = if let Some(t) = self.requesters.get(&d.link) {
+            Routed::Request(t.clone())
         } else if let Some(id) = self.response_links.get(&d.link) {
             Routed::Response(id.clone())
         } else {
-            return false;
+            return;
         };
         // MET-4 (an anonymous link's messages are counted where they are routed).
         let counted = match &target {
-            Routed::Request { pattern, .. } => Counted::Pattern(*pattern),
+            Routed::Request(t) => Counted::Pattern(t.pattern),
             Routed::Response(_) => Counted::Responses,
         };
         self.metrics.transfer(Direction::In, counted);
         let Some(stored) = ingress_or_refuse(conn, &self.metrics, d) else {
-            return true;
+            return;
         };
         match target {
-            Routed::Request { pattern, channel } => {
-                self.request(conn, d, stored, Target { pattern, channel }, ctx)
-            }
+            Routed::Request(target) => self.request(conn, d, stored, target, ctx, dynamic),
             Routed::Response(id) => self.respond(conn, d, &id, stored, ctx),
         }
-        true
     }
 
     /// A request (RPC-2 … RPC-5): checked, settled `accepted` and sent; its reply comes later.
-    pub fn request<B: Backend>(
+    pub(crate) fn request<B: Backend>(
         &mut self,
         conn: &mut Connection,
         d: &Delivery,
         stored: Stored,
         target: Target,
-        ctx: Ctx<'_, B>,
+        ctx: &Ctx<B>,
+        dynamic: &mut DynamicNodes,
     ) {
-        let checked = self
-            .check_request(&stored, ctx.dynamic, ctx.shared)
-            .and_then(|reply_to| {
-                // The request's bytes count against the connection's budget until its answer
-                // or its timeout: wherever it waits (the backend, a responder that does not
-                // read), what requesters make the connector hold stays within the budgets.
-                let size = (stored.body.len() + stored.metadata.len()) as u64;
-                match conn.budget().charge(size) {
-                    Ok(charge) => Ok((reply_to, charge)),
-                    Err(e) => {
-                        ctx.dynamic.unreserve(&reply_to);
-                        Err(e.to_error())
-                    }
+        let checked = self.check_request(&stored, dynamic).and_then(|reply_to| {
+            // The request's bytes count against the connection's budget until its answer
+            // or its timeout: wherever it waits (the backend, a responder that does not
+            // read), what requesters make the connector hold stays within the budgets.
+            let size = (stored.body.len() + stored.metadata.len()) as u64;
+            match conn.budget().charge(size) {
+                Ok(charge) => Ok((reply_to, charge)),
+                Err(e) => {
+                    dynamic.unreserve(&reply_to);
+                    Err(e.to_error())
                 }
-            });
+            }
+        });
         let (reply_to, charge) = match checked {
             Ok(r) => r,
             Err(e) => {
@@ -385,7 +360,7 @@ impl RpcLinks {
         );
         // MET-6.
         self.metrics.rpc_request(target.pattern.name());
-        let timeout = requester::timeout(stored.ttl, ctx.shared.default_timeout);
+        let timeout = requester::timeout(stored.ttl, self.shared.default_timeout);
         let call = self.next_call;
         self.next_call += 1;
         self.call_charges.insert(call, charge);
@@ -398,7 +373,7 @@ impl RpcLinks {
         let request = requester::request(
             target.pattern,
             target.channel,
-            ctx.client_id,
+            &ctx.client_id,
             stored,
             timeout,
         );
@@ -416,7 +391,6 @@ impl RpcLinks {
         &self,
         stored: &Stored,
         dynamic: &mut DynamicNodes,
-        shared: &Shared,
     ) -> Result<String, AmqpError> {
         let reply_to = stored
             .reply_to
@@ -429,7 +403,7 @@ impl RpcLinks {
                 "reply-to is not a node this connection owns",
             ));
         }
-        if self.calls.len() >= shared.max_pending {
+        if self.calls.len() >= self.shared.max_pending {
             return Err(AmqpError::new(
                 Condition::ResourceLimitExceeded,
                 "rpc pending limit reached",
@@ -442,17 +416,17 @@ impl RpcLinks {
     /// A reply to the request of token `request_id` (RPC-13, RPC-14): sent to KubeMQ, settled
     /// `accepted` once KubeMQ took it; a token this connection does not hold is refused
     /// `amqp:not-found` (one that expired is also counted as late, MET-11).
-    pub fn respond<B: Backend>(
+    pub(crate) fn respond<B: Backend>(
         &mut self,
         conn: &mut Connection,
         d: &Delivery,
         request_id: &str,
         stored: Stored,
-        ctx: Ctx<'_, B>,
+        ctx: &Ctx<B>,
     ) {
         let response = match self
             .tokens
-            .answer(request_id, ctx.client_id, stored, Instant::now())
+            .answer(request_id, &ctx.client_id, stored, Instant::now())
         {
             Ok(r) => r,
             Err(why) => {
@@ -467,9 +441,9 @@ impl RpcLinks {
                 return;
             }
         };
-        if self.tokens.len() + 1 == ctx.shared.max_pending {
+        if self.tokens.len() + 1 == self.shared.max_pending {
             // The table was full: responders paused at the bound may go on (RPC-11).
-            self.pump_all(conn, ctx.shared);
+            self.pump_all(conn);
         }
         self.count_held();
         let backend = ctx.backend.clone();
@@ -479,29 +453,19 @@ impl RpcLinks {
         ));
     }
 
-    /// New credit (or a drain) on a responder's link: delivers what it can; `false` when the
-    /// link is not a responder's.
-    pub fn credit(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        drain: bool,
-        shared: &Shared,
-    ) -> bool {
-        if !self.responders.contains_key(&link) {
-            return self.owns(link);
-        }
-        self.pump(conn, link, shared);
+    /// New credit (or a drain) on a responder's link: delivers what it can.
+    pub(crate) fn credit(&mut self, conn: &mut Connection, link: LinkId, drain: bool) {
+        self.pump(conn, link);
         if drain {
             let _ = conn.drain_done(link);
         }
-        true
     }
 
     /// Delivers the requests `link` holds while it has credit, the token table room and the
     /// client takes what is sent, then sets how many more its subscription may give: as many as
     /// the link's credit and the table's room left take (none while requests are still held).
-    fn pump(&mut self, conn: &mut Connection, link: LinkId, shared: &Shared) {
+    fn pump(&mut self, conn: &mut Connection, link: LinkId) {
+        let max_pending = self.shared.max_pending;
         let Some(r) = self.responders.get_mut(&link) else {
             return;
         };
@@ -509,14 +473,13 @@ impl RpcLinks {
         let mut held = std::mem::take(&mut r.held);
         // RPC-11: delivered within credit, paused while the token table is full, and while the
         // client does not take what was sent (its window shut, or its transport full).
-        while conn.credit(link) > 0 && self.tokens.len() < shared.max_pending && conn.has_room(link)
-        {
-            if !self.deliver(conn, link, (pattern, presettled), &mut held, shared) {
+        while conn.credit(link) > 0 && self.tokens.len() < max_pending && conn.has_room(link) {
+            if !self.deliver(conn, link, (pattern, presettled), &mut held) {
                 break;
             }
         }
         let budget = if held.is_empty() && conn.has_room(link) {
-            let room = shared.max_pending.saturating_sub(self.tokens.len());
+            let room = max_pending.saturating_sub(self.tokens.len());
             (conn.credit(link) as usize).min(room)
         } else {
             0
@@ -535,12 +498,11 @@ impl RpcLinks {
         link: LinkId,
         (pattern, presettled): (Pattern, bool),
         held: &mut VecDeque<Request>,
-        shared: &Shared,
     ) -> bool {
         let Some(request) = held.front() else {
             return false;
         };
-        let answerable = responder::answerable_for(request, shared.default_timeout);
+        let answerable = responder::answerable_for(request, self.shared.default_timeout);
         let message = responder::delivered(request);
         let token = self.next_token;
         self.next_token += 1;
@@ -563,10 +525,10 @@ impl RpcLinks {
     }
 
     /// Lets every responder go on as far as its credit and the token table allow.
-    pub fn pump_all(&mut self, conn: &mut Connection, shared: &Shared) {
+    pub fn pump_all(&mut self, conn: &mut Connection) {
         let links: Vec<LinkId> = self.responders.keys().copied().collect();
         for link in links {
-            self.pump(conn, link, shared);
+            self.pump(conn, link);
         }
     }
 
@@ -579,16 +541,13 @@ impl RpcLinks {
         }
     }
 
-    /// An accepted link ended; the gauge's role when it was one of this bridge's.
-    pub fn closed(&mut self, link: LinkId) -> Option<metrics::Role> {
-        if self.requesters.remove(&link).is_some() || self.response_links.remove(&link).is_some() {
-            return Some(metrics::Role::receiver);
-        }
+    /// An accepted link of this bridge's ended.
+    pub(crate) fn closed(&mut self, link: LinkId) {
+        self.requesters.remove(&link);
+        self.response_links.remove(&link);
         if self.responders.remove(&link).is_some() {
             self.streams.remove(&link);
-            return Some(metrics::Role::sender);
         }
-        None
     }
 
     /// Collects what the backend finished; ready when there is work for [`RpcLinks::work`].
@@ -664,7 +623,12 @@ impl RpcLinks {
     }
 
     /// Applies what [`RpcLinks::poll`] collected.
-    pub fn work(&mut self, conn: &mut Connection, dynamic: &mut DynamicNodes, shared: &Shared) {
+    pub(crate) fn work(
+        &mut self,
+        conn: &mut Connection,
+        links: &mut Links,
+        dynamic: &mut DynamicNodes,
+    ) {
         for o in std::mem::take(&mut self.ready_opened) {
             match o.result {
                 Ok(stream) => {
@@ -683,7 +647,7 @@ impl RpcLinks {
                             durable: false,
                         },
                     );
-                    self.metrics.link(metrics::Role::sender).inc();
+                    links.insert(o.link, LinkEntry::Responder);
                     self.responders.insert(
                         o.link,
                         Responder {
@@ -694,7 +658,7 @@ impl RpcLinks {
                         },
                     );
                     self.streams.insert(o.link, stream);
-                    self.pump(conn, o.link, shared);
+                    self.pump(conn, o.link);
                 }
                 Err(e) => {
                     tracing::debug!(link = o.link, error = %e, "request subscription refused");
@@ -723,7 +687,7 @@ impl RpcLinks {
         }
         let mut fed = std::mem::take(&mut self.fed);
         for link in fed.drain(..) {
-            self.pump(conn, link, shared);
+            self.pump(conn, link);
         }
         self.fed = fed;
         for (link, e) in std::mem::take(&mut self.failed) {
@@ -735,32 +699,14 @@ impl RpcLinks {
             if let Some(next) = self.tokens.expire(Instant::now()) {
                 self.expire_by(next);
             }
-            self.pump_all(conn, shared);
+            self.pump_all(conn);
         }
         self.count_held();
     }
 }
 
-/// What a message's handling needs from its connection.
-pub struct Ctx<'a, B> {
-    /// The connection's backend handle.
-    pub backend: &'a Arc<B>,
-    /// The connection's ClientID.
-    pub client_id: &'a str,
-    /// The connection's dynamic nodes (reply-to checks and reservations).
-    pub dynamic: &'a mut DynamicNodes,
-    /// The bridge's settings.
-    pub shared: &'a Shared,
-}
-
 /// Where a message of one of this bridge's links goes.
 enum Routed {
-    Request { pattern: Pattern, channel: String },
+    Request(Target),
     Response(String),
-}
-
-/// Whether an unsettled request delivery's settlement matters: it does not (OP-RPC-8), but its
-/// token is this bridge's.
-pub fn owns_token(token: u64) -> bool {
-    (FIRST_TOKEN..FIRST_TOKEN << 1).contains(&token)
 }
