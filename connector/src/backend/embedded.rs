@@ -104,14 +104,14 @@ impl Backend for Embedded {
         self.store
             .send_event(event)
             .await
-            .map_err(BackendError::refusal)
+            .map_err(BackendError::from)
     }
 
     async fn subscribe_events(&self, request: Subscribe) -> Result<EventStream, BackendError> {
         let subscribed = self
             .store
             .subscribe_events(&request)
-            .map_err(|e| BackendError::refusal(e.into()))?;
+            .map_err(BackendError::from)?;
         let mut events = subscribed.events;
         // An events-store subscription that replays stored events counts as open once the first
         // is read, as it does over gRPC (KubeMQ's answer comes with the first event): a drain
@@ -133,21 +133,21 @@ impl Backend for Embedded {
             .requests()
             .send(request)
             .await
-            .map_err(|e| BackendError::refusal(e.into()))
+            .map_err(BackendError::from)
     }
 
     async fn subscribe_requests(&self, request: Subscribe) -> Result<RequestStream, BackendError> {
         self.store
             .subscribe_requests(&request)
             .map(|rx| Box::pin(ReceiverStream::new(rx).map(Ok)) as RequestStream)
-            .map_err(|e| BackendError::refusal(e.into()))
+            .map_err(BackendError::from)
     }
 
     async fn send_response(&self, response: Response) -> Result<(), BackendError> {
         self.store
             .requests()
             .respond(response)
-            .map_err(|e| BackendError::refusal(e.into()))
+            .map_err(BackendError::from)
     }
 
     async fn forget_cursor(&self, client_id: &str) -> Result<bool, BackendError> {

@@ -21,6 +21,7 @@ use crate::kubemq::{
     Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo,
     Request, Response, SendQueueMessageResult, Subscribe,
 };
+use crate::store::StoreError;
 
 /// How long a queue send may go unanswered before it no longer holds back the sends after it:
 /// KubeMQ answers within milliseconds, after its publish-ack wait, or never (KMQ-19).
@@ -76,12 +77,26 @@ impl BackendError {
     /// A refusal KubeMQ gave as text (a result's `Error`, a status message), read once here:
     /// access denied, its validation (`Error 1xx`), a ClientID in use, or anything else.
     pub fn refusal(text: String) -> BackendError {
-        match kubemq_code(&text) {
+        let in_use = text.contains(CLIENT_ID_IN_USE);
+        BackendError::classified(kubemq_code(&text), in_use, text)
+    }
+
+    /// A refusal by its KubeMQ code, and whether it says the ClientID is in use.
+    fn classified(code: Option<u16>, client_id_in_use: bool, text: String) -> BackendError {
+        match code {
             Some(ACCESS_DENIED) => BackendError::Unauthorized(text),
             Some(100..=199) => BackendError::Invalid(text),
-            _ if text.contains(CLIENT_ID_IN_USE) => BackendError::ClientIdInUse(text),
+            _ if client_id_in_use => BackendError::ClientIdInUse(text),
             _ => BackendError::Rejected(text),
         }
+    }
+}
+
+impl From<StoreError> for BackendError {
+    /// The embedded store's refusal, read by its type instead of its text.
+    fn from(e: StoreError) -> BackendError {
+        let in_use = e == StoreError::StreamClientIdTaken;
+        BackendError::classified(e.code(), in_use, e.to_string())
     }
 }
 
@@ -368,5 +383,18 @@ mod tests {
         assert_eq!(kind("Error 500: storage failure"), "rejected");
         assert_eq!(kind("Error 1"), "rejected");
         assert_eq!(kind("stan: invalid subject"), "rejected");
+    }
+
+    /// The embedded store's refusals, read by their type, classify as their KubeMQ text does
+    /// when it comes over gRPC.
+    #[test]
+    fn a_store_refusal_classifies_as_its_text() {
+        for e in crate::store::errors::every_refusal() {
+            assert_eq!(
+                BackendError::from(e.clone()),
+                BackendError::refusal(e.to_string()),
+                "{e}"
+            );
+        }
     }
 }

@@ -28,6 +28,7 @@ use crate::kubemq::{
 };
 use crate::store::capture::Capture;
 use crate::store::downstream::Downstream;
+use crate::store::StoreError;
 use crate::store::{now_ns, Store};
 use tonic::codegen::http;
 
@@ -183,6 +184,11 @@ async fn store_and_capture(
     results
 }
 
+/// A store refusal as KubeMQ answers it: status `Internal` with KubeMQ's text.
+fn refused(e: StoreError) -> Status {
+    Status::internal(e.to_string())
+}
+
 fn unimplemented<T>(what: &str) -> Result<T, Status> {
     Err(Status::unimplemented(format!(
         "{what} is not available in the embedded KubeMQ backend yet"
@@ -216,11 +222,7 @@ impl Kubemq for Facade {
         request: Request<Event>,
     ) -> Result<Response<crate::kubemq::Result>, Status> {
         let event = request.into_inner();
-        let event_id = self
-            .store
-            .send_event(event)
-            .await
-            .map_err(Status::internal)?;
+        let event_id = self.store.send_event(event).await.map_err(refused)?;
         Ok(Response::new(crate::kubemq::Result {
             event_id,
             sent: true,
@@ -252,7 +254,7 @@ impl Kubemq for Facade {
                     Err(error) => Some(crate::kubemq::Result {
                         event_id: id,
                         sent: false,
-                        error,
+                        error: error.to_string(),
                     }),
                 };
                 if let Some(r) = result {
@@ -273,7 +275,7 @@ impl Kubemq for Facade {
         let subscribed = self
             .store
             .subscribe_events(&request.into_inner())
-            .map_err(Status::internal)?;
+            .map_err(refused)?;
         subscription(subscribed.events).await
     }
 
@@ -285,7 +287,7 @@ impl Kubemq for Facade {
         let requests = self
             .store
             .subscribe_requests(&request.into_inner())
-            .map_err(Status::internal)?;
+            .map_err(refused)?;
         subscription(requests).await
     }
 
@@ -298,7 +300,7 @@ impl Kubemq for Facade {
             .send(request.into_inner())
             .await
             .map(Response::new)
-            .map_err(Status::internal)
+            .map_err(refused)
     }
 
     async fn send_response(
@@ -309,7 +311,7 @@ impl Kubemq for Facade {
             .requests()
             .respond(request.into_inner())
             .map(|()| Response::new(Empty {}))
-            .map_err(Status::internal)
+            .map_err(refused)
     }
 
     async fn send_queue_message(
@@ -362,19 +364,17 @@ impl Kubemq for Facade {
         req: Request<AckAllQueueMessagesRequest>,
     ) -> Result<Response<AckAllQueueMessagesResponse>, Status> {
         let req = req.into_inner();
-        let fail = |text: &str| AckAllQueueMessagesResponse {
+        let fail = |e: StoreError| AckAllQueueMessagesResponse {
             request_id: req.request_id.clone(),
             is_error: true,
-            error: text.to_string(),
+            error: e.to_string(),
             ..Default::default()
         };
         if req.client_id.is_empty() {
-            return Ok(Response::new(fail(crate::store::errors::CLIENT_ID_EMPTY)));
+            return Ok(Response::new(fail(StoreError::ClientIdEmpty)));
         }
         if !crate::store::errors::valid_queue_name(&req.channel) {
-            return Ok(Response::new(fail(
-                crate::store::errors::QUEUE_NAME_INVALID,
-            )));
+            return Ok(Response::new(fail(StoreError::QueueNameInvalid)));
         }
         let n = self.store.purge(&req.channel);
         Ok(Response::new(AckAllQueueMessagesResponse {

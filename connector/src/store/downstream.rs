@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::capture::Capture;
-use super::errors::{self, txn};
+use super::errors::{self, StoreError, TxnError};
 use super::Store;
 use crate::kubemq::new_id;
 use crate::kubemq::{
@@ -68,14 +68,14 @@ fn error(
     txn_id: &str,
     req: &QueuesDownstreamRequest,
     op: Op,
-    text: impl Into<String>,
+    refusal: TxnError,
 ) -> QueuesDownstreamResponse {
     QueuesDownstreamResponse {
         transaction_id: txn_id.to_string(),
         ref_request_id: req.request_id.clone(),
         request_type_data: op as i32,
         is_error: true,
-        error: text.into(),
+        error: refusal.to_string(),
         ..Default::default()
     }
 }
@@ -127,7 +127,12 @@ impl Downstream {
             // A real KubeMQ echoes the referenced transaction here too.
             _ => {
                 let id = req.ref_transaction_id.clone();
-                return Some(error(&id, &req, Op::PollRequestTypeUnknown, txn::UNKNOWN));
+                return Some(error(
+                    &id,
+                    &req,
+                    Op::PollRequestTypeUnknown,
+                    TxnError::Unknown,
+                ));
             }
         };
         if op == Op::Get {
@@ -136,13 +141,13 @@ impl Downstream {
         let id = req.ref_transaction_id.clone();
         let Some(t) = self.txns.get_mut(&id) else {
             if !self.closed.ids.contains(&id) {
-                return Some(error(&id, &req, op, txn::NOT_FOUND));
+                return Some(error(&id, &req, op, TxnError::NotFound));
             }
             let text = match op {
-                Op::AckAll | Op::AckRange | Op::ReQueueAll => txn::ACK_CLOSED,
-                Op::NAckAll | Op::NAckRange => txn::NACK_CLOSED,
-                Op::ReQueueRange => txn::REQUEUE_CLOSED,
-                Op::ActiveOffsets => txn::OFFSETS_CLOSED,
+                Op::AckAll | Op::AckRange | Op::ReQueueAll => TxnError::AckClosed,
+                Op::NAckAll | Op::NAckRange => TxnError::NackClosed,
+                Op::ReQueueRange => TxnError::RequeueClosed,
+                Op::ActiveOffsets => TxnError::OffsetsClosed,
                 _ => return None, // CloseByClient on a closed transaction is ignored
             };
             return Some(error(&id, &req, op, text));
@@ -153,20 +158,20 @@ impl Downstream {
                 (t.unsettled.clone(), None)
             }
             Op::AckRange | Op::NAckRange | Op::ReQueueRange => {
-                let (empty, invalid) = match op {
-                    Op::AckRange => (txn::ACK_EMPTY, "invalid ack sequence id"),
-                    Op::NAckRange => (txn::NACK_EMPTY, "invalid nack sequence id"),
-                    _ => (txn::REQUEUE_EMPTY, "invalid ack sequence id"),
+                let (empty, invalid): (_, fn(i64) -> TxnError) = match op {
+                    Op::AckRange => (TxnError::AckEmpty, TxnError::InvalidAckSequence),
+                    Op::NAckRange => (TxnError::NackEmpty, TxnError::InvalidNackSequence),
+                    _ => (TxnError::RequeueEmpty, TxnError::InvalidAckSequence),
                 };
                 if op == Op::ReQueueRange && req.re_queue_channel.is_empty() {
-                    return Some(error(&id, &req, op, txn::REQUEUE_NO_CHANNEL));
+                    return Some(error(&id, &req, op, TxnError::RequeueNoChannel));
                 }
                 if req.sequence_range.is_empty() {
                     return Some(error(&id, &req, op, empty));
                 }
                 let (valid, bad) = pick(&t.unsettled, &req.sequence_range);
                 // Entries before a bad one stay applied (4.3.4).
-                (valid, bad.map(|b| format!("{invalid} {b}")))
+                (valid, bad.map(invalid))
             }
             Op::ActiveOffsets => {
                 return Some(QueuesDownstreamResponse {
@@ -177,10 +182,17 @@ impl Downstream {
                     ..Default::default()
                 });
             }
-            _ => return Some(error(&id, &req, Op::PollRequestTypeUnknown, txn::UNKNOWN)),
+            _ => {
+                return Some(error(
+                    &id,
+                    &req,
+                    Op::PollRequestTypeUnknown,
+                    TxnError::Unknown,
+                ))
+            }
         };
         if matches!(op, Op::ReQueueAll) && req.re_queue_channel.is_empty() {
-            return Some(error(&id, &req, op, txn::REQUEUE_NO_CHANNEL));
+            return Some(error(&id, &req, op, TxnError::RequeueNoChannel));
         }
         let mut op_error = failure;
         // Acks and releases cannot fail and go to the store together; a NAck or ReQueue is a
@@ -203,7 +215,7 @@ impl Downstream {
                             done.insert(*s);
                         }
                         Err(e) => {
-                            op_error = Some(e);
+                            op_error = Some(TxnError::Store(e));
                             break;
                         }
                     }
@@ -250,22 +262,22 @@ impl Downstream {
     }
 
     async fn get(&mut self, req: &QueuesDownstreamRequest) -> QueuesDownstreamResponse {
-        let fail = |text: &str| QueuesDownstreamResponse {
+        let fail = |e: StoreError| QueuesDownstreamResponse {
             transaction_id: new_id(),
             ref_request_id: req.request_id.clone(),
             request_type_data: Op::Get as i32,
             is_error: true,
-            error: text.to_string(),
+            error: e.to_string(),
             ..Default::default()
         };
         if req.client_id.is_empty() {
-            return fail(errors::CLIENT_ID_EMPTY);
+            return fail(StoreError::ClientIdEmpty);
         }
         if !errors::valid_queue_name(&req.channel) {
-            return fail(errors::QUEUE_NAME_INVALID);
+            return fail(StoreError::QueueNameInvalid);
         }
         if req.channel.contains(':') {
-            return fail(errors::CANNOT_SUBSCRIBE);
+            return fail(StoreError::CannotSubscribe);
         }
         let max = if req.max_items <= 0 {
             UNBOUNDED_MAX_ITEMS

@@ -1,6 +1,6 @@
-//! KubeMQ's error texts for the queue operations the store implements (KMQ-4, KMQ-7,
-//! 5.1). Clients branch on the `Error NNN` code; where the reference's exact wording is not
-//! documented (133, 134, 135) the text is ours and says so in docs/decisions.md.
+//! Why the store refuses what it refuses, in KubeMQ's words (KMQ-4, KMQ-7, 5.1), and KubeMQ's
+//! validation rules. Clients branch on the `Error NNN` code; where the reference's exact wording
+//! is not documented (133, 134, 135) the text is ours and says so in docs/decisions.md.
 
 use crate::kubemq::request::RequestType;
 
@@ -9,82 +9,204 @@ pub const MAX_POLICY_SECONDS: i32 = 43_200;
 /// Largest MaxReceiveCount, and the value 0 is replaced with.
 pub const MAX_RECEIVE_COUNT: i32 = 1024;
 
-/// `Error 101`.
-pub const CLIENT_ID_EMPTY: &str = "Error 101: invalid clientID value, cannot be empty";
-/// `Error 120`.
-pub const QUEUE_NAME_INVALID: &str =
-    "Error 120: invalid queue name value, cannot be empty, contains wildcards ,white spaces and end with dot";
-/// `Error 110`.
-pub const MESSAGE_EMPTY: &str = "Error 110: invalid message, cannot be empty";
-/// `Error 121`.
-pub const CANNOT_SUBSCRIBE: &str = "Error 121: cannot subscribe to a queue";
-/// `Error 133` (our wording).
-pub const EXPIRATION_INVALID: &str =
-    "Error 133: invalid queue message expiration seconds, must be between 0 and 43200";
-/// `Error 134` (our wording).
-pub const MAX_RECEIVE_INVALID: &str =
-    "Error 134: invalid queue message max receive count, must be between 0 and 1024";
-/// `Error 135` (our wording).
-pub const DELAY_INVALID: &str =
-    "Error 135: invalid queue message delay seconds, must be between 0 and 43200";
+/// Why the store refused or failed an operation. `Display` is KubeMQ's wording, exactly (the
+/// text a client of the façade sees and may branch on); [`StoreError::code`] is its number.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// `Error 101`.
+    #[error("Error 101: invalid clientID value, cannot be empty")]
+    ClientIdEmpty,
+    /// `Error 102`.
+    #[error("Error 102: invalid channel value, cannot be empty")]
+    ChannelEmpty,
+    /// `Error 107`.
+    #[error("Error 107: invalid channel value, no wildcards are allowed")]
+    ChannelWildcards,
+    /// `Error 108`.
+    #[error("Error 108: invalid channel value, no white spaces are allowed")]
+    ChannelWhitespace,
+    /// `Error 109`: a request's Timeout ≤ 0.
+    #[error("Error 109: invalid timeout value, must be greater than 0")]
+    RequestTimeoutInvalid,
+    /// `Error 110`.
+    #[error("Error 110: invalid message, cannot be empty")]
+    MessageEmpty,
+    /// `Error 111`.
+    #[error("Error 111: invalid subscription type, cannot be undefined or 0")]
+    SubscriptionTypeUndefined,
+    /// `Error 112`.
+    #[error(
+        "Error 112: invalid subscription type start at sequence value, cannot by 0 or negative"
+    )]
+    StartSequenceInvalid,
+    /// `Error 113`.
+    #[error("Error 113: invalid subscription type start at time value, cannot by 0 or negative")]
+    StartTimeInvalid,
+    /// `Error 114`.
+    #[error(
+        "Error 114: invalid subscription type start at time delta value, cannot by 0 or negative"
+    )]
+    StartDeltaInvalid,
+    /// `Error 115`: a request's Metadata and Body both empty.
+    #[error("Error 115: invalid request, metadata and body cannot both be empty")]
+    RequestEmpty,
+    /// `Error 116`: a CacheKey without a CacheTTL.
+    #[error("Error 116: invalid cache ttl value, must be greater than 0 when a cache key is set")]
+    RequestCacheTtl,
+    /// `Error 117`: a response without a RequestID.
+    #[error("Error 117: invalid request id value, cannot be empty")]
+    ResponseRequestIdEmpty,
+    /// `Error 118`.
+    #[error("Error 118: event store parameters were set but subscribe type is not event store")]
+    NotEventsStore,
+    /// `Error 119`.
+    #[error("Error 119: invalid channel value, cannot end with `.`")]
+    ChannelTrailingDot,
+    /// `Error 120`.
+    #[error(
+        "Error 120: invalid queue name value, cannot be empty, contains wildcards ,white spaces and end with dot"
+    )]
+    QueueNameInvalid,
+    /// `Error 121`.
+    #[error("Error 121: cannot subscribe to a queue")]
+    CannotSubscribe,
+    /// `Error 133` (our wording).
+    #[error("Error 133: invalid queue message expiration seconds, must be between 0 and 43200")]
+    ExpirationInvalid,
+    /// `Error 134` (our wording).
+    #[error("Error 134: invalid queue message max receive count, must be between 0 and 1024")]
+    MaxReceiveInvalid,
+    /// `Error 135` (our wording).
+    #[error("Error 135: invalid queue message delay seconds, must be between 0 and 43200")]
+    DelayInvalid,
+    /// `Error 206`: neither a command nor a query.
+    #[error("Error 206: invalid request type")]
+    RequestTypeInvalid,
+    /// `Error 207`.
+    #[error("Error 207: invalid subscribe type")]
+    SubscribeTypeInvalid,
+    /// `Error 301`: no response within the request's Timeout (also with no responder at all).
+    #[error("Error 301: timeout for request message")]
+    RequestTimeout,
+    /// `Error 500`: the write that held the message failed.
+    #[error("Error 500: storage failure: {0}")]
+    Storage(String),
+    /// An events-store ClientID outside `[A-Za-z0-9_-]+` (the broker's text).
+    #[error("stan: invalid clientID: only alphanumeric and `-` or `_` characters allowed")]
+    StreamClientIdInvalid,
+    /// A second live events-store subscription with one ClientID (the broker's text).
+    #[error("stan: clientID already registered")]
+    StreamClientIdTaken,
+    /// A channel or group the store cannot keep (the broker's rules: no leading `.`, no empty
+    /// token, no `/`, no `:` with a group); KubeMQ loses such events silently, the store refuses.
+    #[error("stan: invalid subject")]
+    StreamChannelInvalid,
+    /// The write of an events-store event failed.
+    #[error("events-store write failed: {0}")]
+    StreamWrite(String),
+    /// The store stopped while an events-store event was being written.
+    #[error("events-store write abandoned")]
+    StreamWriteAbandoned,
+    /// A NAck of a locked message failed.
+    #[error("nack message with seq {seq} failed, {why}")]
+    Nack {
+        /// The message.
+        seq: u64,
+        /// Why.
+        why: String,
+    },
+    /// A ReQueue of a locked message failed.
+    #[error("re-queue message with seq {seq} failed, {why}")]
+    Requeue {
+        /// The message.
+        seq: u64,
+        /// Why.
+        why: String,
+    },
+}
 
-/// `Error 102`.
-pub const CHANNEL_EMPTY: &str = "Error 102: invalid channel value, cannot be empty";
-/// `Error 107`.
-pub const CHANNEL_WILDCARDS: &str = "Error 107: invalid channel value, no wildcards are allowed";
-/// `Error 108`.
-pub const CHANNEL_WHITESPACE: &str =
-    "Error 108: invalid channel value, no white spaces are allowed";
-/// `Error 111`.
-pub const SUBSCRIPTION_TYPE_UNDEFINED: &str =
-    "Error 111: invalid subscription type, cannot be undefined or 0";
-/// `Error 112`.
-pub const START_SEQUENCE_INVALID: &str =
-    "Error 112: invalid subscription type start at sequence value, cannot by 0 or negative";
-/// `Error 113`.
-pub const START_TIME_INVALID: &str =
-    "Error 113: invalid subscription type start at time value, cannot by 0 or negative";
-/// `Error 114`.
-pub const START_DELTA_INVALID: &str =
-    "Error 114: invalid subscription type start at time delta value, cannot by 0 or negative";
-/// `Error 118`.
-pub const NOT_EVENTS_STORE: &str =
-    "Error 118: event store parameters were set but subscribe type is not event store";
-/// `Error 119`.
-pub const CHANNEL_TRAILING_DOT: &str = "Error 119: invalid channel value, cannot end with `.`";
-/// `Error 207`.
-pub const SUBSCRIBE_TYPE_INVALID: &str = "Error 207: invalid subscribe type";
-/// An events-store ClientID outside `[A-Za-z0-9_-]+` (the broker's text).
-pub const STREAM_CLIENT_ID_INVALID: &str =
-    "stan: invalid clientID: only alphanumeric and `-` or `_` characters allowed";
-/// A second live events-store subscription with one ClientID (the broker's text).
-pub const STREAM_CLIENT_ID_TAKEN: &str = "stan: clientID already registered";
-/// A channel or group the store cannot keep (the broker's rules: no leading `.`, no empty
-/// token, no `/`, no `:` with a group); KubeMQ loses such events silently, the store refuses.
-pub const STREAM_CHANNEL_INVALID: &str = "stan: invalid subject";
+impl StoreError {
+    /// KubeMQ's number for the error (`Error NNN`), if it has one.
+    pub fn code(&self) -> Option<u16> {
+        Some(match self {
+            StoreError::ClientIdEmpty => 101,
+            StoreError::ChannelEmpty => 102,
+            StoreError::ChannelWildcards => 107,
+            StoreError::ChannelWhitespace => 108,
+            StoreError::RequestTimeoutInvalid => 109,
+            StoreError::MessageEmpty => 110,
+            StoreError::SubscriptionTypeUndefined => 111,
+            StoreError::StartSequenceInvalid => 112,
+            StoreError::StartTimeInvalid => 113,
+            StoreError::StartDeltaInvalid => 114,
+            StoreError::RequestEmpty => 115,
+            StoreError::RequestCacheTtl => 116,
+            StoreError::ResponseRequestIdEmpty => 117,
+            StoreError::NotEventsStore => 118,
+            StoreError::ChannelTrailingDot => 119,
+            StoreError::QueueNameInvalid => 120,
+            StoreError::CannotSubscribe => 121,
+            StoreError::ExpirationInvalid => 133,
+            StoreError::MaxReceiveInvalid => 134,
+            StoreError::DelayInvalid => 135,
+            StoreError::RequestTypeInvalid => 206,
+            StoreError::SubscribeTypeInvalid => 207,
+            StoreError::RequestTimeout => 301,
+            StoreError::Storage(_) => 500,
+            StoreError::StreamClientIdInvalid
+            | StoreError::StreamClientIdTaken
+            | StoreError::StreamChannelInvalid
+            | StoreError::StreamWrite(_)
+            | StoreError::StreamWriteAbandoned
+            | StoreError::Nack { .. }
+            | StoreError::Requeue { .. } => return None,
+        })
+    }
+}
 
-/// Transaction errors of 4.3.4, trailing spaces and typos included.
-pub mod txn {
+/// Why a request on a downstream transaction was refused (4.3.4); `Display` is KubeMQ's wording,
+/// trailing spaces and typos included.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxnError {
     /// Any op on a transaction this stream does not know.
-    pub const NOT_FOUND: &str = "transaction is completed or transaction id not found";
+    #[error("transaction is completed or transaction id not found")]
+    NotFound,
     /// Ack on a closed transaction.
-    pub const ACK_CLOSED: &str = "cannot ack messages with closed response ";
+    #[error("cannot ack messages with closed response ")]
+    AckClosed,
     /// NAck on a closed transaction.
-    pub const NACK_CLOSED: &str = "cannot nack messages with closed response ";
+    #[error("cannot nack messages with closed response ")]
+    NackClosed,
     /// ReQueueRange on a closed transaction.
-    pub const REQUEUE_CLOSED: &str = "cannot requeue messages with closed response ";
+    #[error("cannot requeue messages with closed response ")]
+    RequeueClosed,
     /// ActiveOffsets on a closed transaction.
-    pub const OFFSETS_CLOSED: &str = "cannot get active offsets with closed response ";
+    #[error("cannot get active offsets with closed response ")]
+    OffsetsClosed,
     /// AckRange with no sequences.
-    pub const ACK_EMPTY: &str = "cannot ack empty list of of offsets";
+    #[error("cannot ack empty list of of offsets")]
+    AckEmpty,
     /// NAckRange with no sequences.
-    pub const NACK_EMPTY: &str = "cannot nack empty list of of offsets";
+    #[error("cannot nack empty list of of offsets")]
+    NackEmpty,
     /// ReQueueRange with no sequences.
-    pub const REQUEUE_EMPTY: &str = "cannot requeue empty list of of offsets";
+    #[error("cannot requeue empty list of of offsets")]
+    RequeueEmpty,
     /// ReQueue without a destination.
-    pub const REQUEUE_NO_CHANNEL: &str = "cannot requeue messages with empty channel destination ";
+    #[error("cannot requeue messages with empty channel destination ")]
+    RequeueNoChannel,
+    /// AckRange or ReQueueRange naming a sequence the transaction does not hold.
+    #[error("invalid ack sequence id {0}")]
+    InvalidAckSequence(i64),
+    /// NAckRange naming a sequence the transaction does not hold.
+    #[error("invalid nack sequence id {0}")]
+    InvalidNackSequence(i64),
     /// Unsupported request types.
-    pub const UNKNOWN: &str = "request unknown";
+    #[error("request unknown")]
+    Unknown,
+    /// A NAck or ReQueue the store could not carry out.
+    #[error("{0}")]
+    Store(StoreError),
 }
 
 /// Whether `name` is a valid queue channel: non-empty, no whitespace, no `*` or `>`, no trailing
@@ -131,65 +253,47 @@ impl RequestKind {
     }
 }
 
-// Commands and queries (4.7). Only the numbers are documented for 109 … 206; the texts follow
-// the form of KubeMQ's other validation errors.
-/// `Error 109`: Timeout ≤ 0.
-pub const REQUEST_TIMEOUT_INVALID: &str =
-    "Error 109: invalid timeout value, must be greater than 0";
-/// `Error 115`: Metadata and Body both empty.
-pub const REQUEST_EMPTY: &str =
-    "Error 115: invalid request, metadata and body cannot both be empty";
-/// `Error 116`: a CacheKey without a CacheTTL.
-pub const REQUEST_CACHE_TTL: &str =
-    "Error 116: invalid cache ttl value, must be greater than 0 when a cache key is set";
-/// `Error 117`: a response without a RequestID.
-pub const RESPONSE_REQUEST_ID_EMPTY: &str = "Error 117: invalid request id value, cannot be empty";
-/// `Error 206`: neither a command nor a query.
-pub const REQUEST_TYPE_INVALID: &str = "Error 206: invalid request type";
-/// `Error 301`: no response within the request's Timeout (also with no responder at all).
-pub const REQUEST_TIMEOUT: &str = "Error 301: timeout for request message";
-
 /// Checks a request as KubeMQ does (4.7 step 2): ClientID, channel, Timeout, the empty-request
 /// rule, the cache fields, then the type.
-pub fn request_validation(r: &crate::kubemq::Request) -> Result<RequestKind, &'static str> {
+pub fn request_validation(r: &crate::kubemq::Request) -> Result<RequestKind, StoreError> {
     if r.client_id.is_empty() {
-        return Err(CLIENT_ID_EMPTY);
+        return Err(StoreError::ClientIdEmpty);
     }
     channel_rules(&r.channel, false)?;
     if r.timeout <= 0 {
-        return Err(REQUEST_TIMEOUT_INVALID);
+        return Err(StoreError::RequestTimeoutInvalid);
     }
     if r.metadata.is_empty() && r.body.is_empty() {
-        return Err(REQUEST_EMPTY);
+        return Err(StoreError::RequestEmpty);
     }
     if !r.cache_key.is_empty() && r.cache_ttl <= 0 {
-        return Err(REQUEST_CACHE_TTL);
+        return Err(StoreError::RequestCacheTtl);
     }
-    RequestKind::of(r.request_type_data).ok_or(REQUEST_TYPE_INVALID)
+    RequestKind::of(r.request_type_data).ok_or(StoreError::RequestTypeInvalid)
 }
 
 /// Checks a response as KubeMQ does (4.7 step 4): ClientID, reply address, RequestID.
-pub fn response_validation(r: &crate::kubemq::Response) -> Result<(), &'static str> {
+pub fn response_validation(r: &crate::kubemq::Response) -> Result<(), StoreError> {
     if r.client_id.is_empty() {
-        return Err(CLIENT_ID_EMPTY);
+        return Err(StoreError::ClientIdEmpty);
     }
     if r.reply_channel.is_empty() {
-        return Err(CHANNEL_EMPTY);
+        return Err(StoreError::ChannelEmpty);
     }
     if r.request_id.is_empty() {
-        return Err(RESPONSE_REQUEST_ID_EMPTY);
+        return Err(StoreError::ResponseRequestIdEmpty);
     }
     Ok(())
 }
 
 /// Checks an event send as KubeMQ does (4.5): ClientID, channel, then the empty-message rule.
-pub fn event_validation(e: &crate::kubemq::Event) -> Result<(), &'static str> {
+pub fn event_validation(e: &crate::kubemq::Event) -> Result<(), StoreError> {
     if e.client_id.is_empty() {
-        return Err(CLIENT_ID_EMPTY);
+        return Err(StoreError::ClientIdEmpty);
     }
     channel_rules(&e.channel, false)?;
     if e.metadata.is_empty() && e.body.is_empty() {
-        return Err(MESSAGE_EMPTY);
+        return Err(StoreError::MessageEmpty);
     }
     Ok(())
 }
@@ -199,25 +303,25 @@ pub fn subscribe_channel(
     client_id: &str,
     channel: &str,
     kind: SubscribeKind,
-) -> Result<(), &'static str> {
+) -> Result<(), StoreError> {
     if client_id.is_empty() {
-        return Err(CLIENT_ID_EMPTY);
+        return Err(StoreError::ClientIdEmpty);
     }
     channel_rules(channel, kind != SubscribeKind::EventsStore)
 }
 
-fn channel_rules(channel: &str, wildcards: bool) -> Result<(), &'static str> {
+fn channel_rules(channel: &str, wildcards: bool) -> Result<(), StoreError> {
     if channel.is_empty() {
-        return Err(CHANNEL_EMPTY);
+        return Err(StoreError::ChannelEmpty);
     }
     if channel.ends_with('.') {
-        return Err(CHANNEL_TRAILING_DOT);
+        return Err(StoreError::ChannelTrailingDot);
     }
     if channel.chars().any(char::is_whitespace) {
-        return Err(CHANNEL_WHITESPACE);
+        return Err(StoreError::ChannelWhitespace);
     }
     if !wildcards && channel.contains(['*', '>']) {
-        return Err(CHANNEL_WILDCARDS);
+        return Err(StoreError::ChannelWildcards);
     }
     Ok(())
 }
@@ -229,9 +333,67 @@ pub fn valid_stream_client_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// One of each refusal, for tests that hold every one to a rule.
+#[cfg(test)]
+pub(crate) fn every_refusal() -> Vec<StoreError> {
+    use StoreError::*;
+    vec![
+        ClientIdEmpty,
+        ChannelEmpty,
+        ChannelWildcards,
+        ChannelWhitespace,
+        RequestTimeoutInvalid,
+        MessageEmpty,
+        SubscriptionTypeUndefined,
+        StartSequenceInvalid,
+        StartTimeInvalid,
+        StartDeltaInvalid,
+        RequestEmpty,
+        RequestCacheTtl,
+        ResponseRequestIdEmpty,
+        NotEventsStore,
+        ChannelTrailingDot,
+        QueueNameInvalid,
+        CannotSubscribe,
+        ExpirationInvalid,
+        MaxReceiveInvalid,
+        DelayInvalid,
+        RequestTypeInvalid,
+        SubscribeTypeInvalid,
+        RequestTimeout,
+        Storage("disk full".into()),
+        StreamClientIdInvalid,
+        StreamClientIdTaken,
+        StreamChannelInvalid,
+        StreamWrite("disk full".into()),
+        StreamWriteAbandoned,
+        Nack {
+            seq: 7,
+            why: "message not found".into(),
+        },
+        Requeue {
+            seq: 7,
+            why: "store stopped".into(),
+        },
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// KMQ-7: a refusal's number is the one its text starts with, and a refusal without one
+    /// does not look like KubeMQ's numbered errors.
+    #[test]
+    fn each_refusal_says_its_number() {
+        for e in every_refusal() {
+            let text = e.to_string();
+            match e.code() {
+                Some(code) => assert!(text.starts_with(&format!("Error {code}: ")), "{text}"),
+                None => assert!(!text.starts_with("Error "), "{text}"),
+            }
+        }
+    }
 
     /// KMQ-8: queue channel rules.
     #[test]

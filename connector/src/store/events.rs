@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::mpsc;
 
-use super::errors::{event_validation, subscribe_channel, SubscribeKind};
+use super::errors::{event_validation, subscribe_channel, StoreError, SubscribeKind};
 use super::fanout::{Channeled, Fanout};
 use crate::kubemq::{Event, EventReceive};
 
@@ -49,7 +49,7 @@ pub struct Published {
 impl EventsHub {
     /// Sends an event (`Store = false`): validated as KubeMQ does, then queued for every
     /// matching subscriber without a group and one member of each matching group.
-    pub fn publish(&self, mut event: Event) -> Result<Published, &'static str> {
+    pub fn publish(&self, mut event: Event) -> Result<Published, StoreError> {
         event_validation(&event)?;
         if event.event_id.is_empty() {
             event.event_id = crate::kubemq::new_id();
@@ -80,7 +80,7 @@ impl EventsHub {
         client_id: &str,
         channel: &str,
         group: &str,
-    ) -> Result<mpsc::Receiver<EventReceive>, &'static str> {
+    ) -> Result<mpsc::Receiver<EventReceive>, StoreError> {
         subscribe_channel(client_id, channel, SubscribeKind::Events)?;
         Ok(self.subs.subscribe(channel, group))
     }
@@ -153,19 +153,26 @@ mod tests {
         let hub = EventsHub::default();
         let mut e = event("ch", b"x");
         e.client_id.clear();
-        assert!(hub.publish(e).unwrap_err().starts_with("Error 101"));
+        assert!(hub
+            .publish(e)
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 101"));
         assert!(hub
             .publish(event("a.*", b"x"))
             .unwrap_err()
+            .to_string()
             .starts_with("Error 107"));
         assert!(hub
             .publish(event("ch", b""))
             .unwrap_err()
+            .to_string()
             .starts_with("Error 110"));
         assert!(hub.subscribe("c", "a.*", "").is_ok());
         assert!(hub
             .subscribe("c", "a.", "")
             .unwrap_err()
+            .to_string()
             .starts_with("Error 119"));
     }
 }

@@ -36,6 +36,7 @@ use crate::kubemq::{
     QueueMessage, QueueMessageAttributes, QueueMessagePolicy, SendQueueMessageResult,
 };
 use errors::{valid_queue_name, MAX_POLICY_SECONDS, MAX_RECEIVE_COUNT};
+pub use errors::{StoreError, TxnError};
 use log::{Dropped, Location, Log};
 use record::{Ack, Checkpoint, Delay, Enqueue, Kind, Release};
 
@@ -248,14 +249,11 @@ impl Store {
 
     /// Sends an event (SendEvent): to the events-store with `Store = true`, else fanned out in
     /// memory; returns its EventID, or KubeMQ's refusal text.
-    pub async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, String> {
+    pub async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, StoreError> {
         if event.store {
             self.streams.append(event).await.map(|e| e.event_id)
         } else {
-            self.events
-                .publish(event)
-                .map(|p| p.event_id)
-                .map_err(str::to_string)
+            self.events.publish(event).map(|p| p.event_id)
         }
     }
 
@@ -263,12 +261,12 @@ impl Store {
     pub fn subscribe_events(
         &self,
         request: &crate::kubemq::Subscribe,
-    ) -> Result<EventSubscription, &'static str> {
+    ) -> Result<EventSubscription, StoreError> {
         use crate::kubemq::subscribe::SubscribeType;
         match SubscribeType::try_from(request.subscribe_type_data) {
             Ok(SubscribeType::Events) => {
                 if request.events_store_type_data != 0 {
-                    return Err(errors::NOT_EVENTS_STORE);
+                    return Err(StoreError::NotEventsStore);
                 }
                 let events =
                     self.events
@@ -291,7 +289,7 @@ impl Store {
                 )?;
                 Ok(EventSubscription { events, replaying })
             }
-            _ => Err(errors::SUBSCRIBE_TYPE_INVALID),
+            _ => Err(StoreError::SubscribeTypeInvalid),
         }
     }
 
@@ -304,12 +302,12 @@ impl Store {
     pub fn subscribe_requests(
         &self,
         request: &crate::kubemq::Subscribe,
-    ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::Request>, &'static str> {
+    ) -> Result<tokio::sync::mpsc::Receiver<crate::kubemq::Request>, StoreError> {
         use crate::kubemq::subscribe::SubscribeType;
         let kind = match SubscribeType::try_from(request.subscribe_type_data) {
             Ok(SubscribeType::Commands) => errors::RequestKind::Command,
             Ok(SubscribeType::Queries) => errors::RequestKind::Query,
-            _ => return Err(errors::SUBSCRIBE_TYPE_INVALID),
+            _ => return Err(StoreError::SubscribeTypeInvalid),
         };
         self.requests
             .subscribe(kind, &request.client_id, &request.channel, &request.group)
@@ -358,7 +356,7 @@ impl Store {
         // Every message not refused up front was in the write that failed.
         for r in results.iter_mut().filter(|r| !r.is_error) {
             r.is_error = true;
-            r.error = format!("Error 500: storage failure: {failure}");
+            r.error = StoreError::Storage(failure.clone()).to_string();
             r.sent_at = 0;
         }
         results
@@ -663,18 +661,24 @@ impl Store {
     /// NAck of a locked copy shown with receive count `shown`: a copy at the tail with a new
     /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
     /// the original is acked (4.3.6). Durable when this returns.
-    pub async fn nack(self: &Arc<Self>, queue: &str, seq: u64) -> Result<(), String> {
+    pub async fn nack(self: &Arc<Self>, queue: &str, seq: u64) -> Result<(), StoreError> {
         let (store, q) = (self.clone(), queue.to_string());
         to_the_end(async move { store.nack_now(&q, seq).await })
             .await
-            .unwrap_or_else(|| Err(format!("nack message with seq {seq} failed, store stopped")))
+            .unwrap_or_else(|| {
+                Err(StoreError::Nack {
+                    seq,
+                    why: "store stopped".into(),
+                })
+            })
     }
 
-    async fn nack_now(&self, queue: &str, seq: u64) -> Result<(), String> {
+    async fn nack_now(&self, queue: &str, seq: u64) -> Result<(), StoreError> {
         let Some(mut msg) = self.read_locked(queue, seq) else {
-            return Err(format!(
-                "nack message with seq {seq} failed, message not found"
-            ));
+            return Err(StoreError::Nack {
+                seq,
+                why: "message not found".into(),
+            });
         };
         let attrs = msg.attributes.get_or_insert_with(Default::default);
         let shown = attrs.receive_count + 1;
@@ -688,7 +692,10 @@ impl Store {
         attrs.timestamp = now_ns();
         self.move_copy(queue, seq, msg)
             .await
-            .map_err(|e| format!("nack message with seq {seq} failed, {e}"))
+            .map_err(|e| StoreError::Nack {
+                seq,
+                why: e.to_string(),
+            })
     }
 
     /// Dead-letters a locked copy into its MaxReceiveQueue (count 0, ReRouted, policy zeroed), or
@@ -764,14 +771,15 @@ impl Store {
         queue: &str,
         seq: u64,
         channel: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         let (store, q, to) = (self.clone(), queue.to_string(), channel.to_string());
         to_the_end(async move { store.requeue_now(&q, seq, &to).await })
             .await
             .unwrap_or_else(|| {
-                Err(format!(
-                    "re-queue message with seq {seq} failed, store stopped"
-                ))
+                Err(StoreError::Requeue {
+                    seq,
+                    why: "store stopped".into(),
+                })
             })
     }
 
@@ -780,11 +788,13 @@ impl Store {
         queue: &str,
         seq: u64,
         channel: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
+        let failed = |why: &str| StoreError::Requeue {
+            seq,
+            why: why.to_string(),
+        };
         let Some(mut msg) = self.read_locked(queue, seq) else {
-            return Err(format!(
-                "re-queue message with seq {seq} failed, message not found"
-            ));
+            return Err(failed("message not found"));
         };
         msg.channel = channel.to_string();
         msg.attributes = None;
@@ -794,11 +804,8 @@ impl Store {
                 self.ack(queue, &[seq]);
                 Ok(())
             }
-            Some(res) => Err(format!(
-                "re-queue message with seq {seq} failed, {}",
-                res.error
-            )),
-            None => Err(format!("re-queue message with seq {seq} failed")),
+            Some(res) => Err(failed(&res.error)),
+            None => Err(failed("no result")),
         }
     }
 
@@ -1066,43 +1073,44 @@ fn replay(st: &mut State, rec: record::Record, e: Entry) {
     }
 }
 
-fn error_result(message_id: String, text: &str) -> SendQueueMessageResult {
+/// The send result of a message the store refused.
+fn error_result(message_id: String, refusal: StoreError) -> SendQueueMessageResult {
     SendQueueMessageResult {
         message_id,
         is_error: true,
-        error: text.to_string(),
+        error: refusal.to_string(),
         ..Default::default()
     }
 }
 
 /// Validates a message in KubeMQ's order (4.2 step 3) and stamps it: MessageID, Attributes
-/// (server-owned), Policy defaults. Returns the message id and error text on failure.
-fn stamp(mut msg: QueueMessage, now: i64) -> Result<QueueMessage, (String, &'static str)> {
+/// (server-owned), Policy defaults. Returns the message id and the refusal on failure.
+fn stamp(mut msg: QueueMessage, now: i64) -> Result<QueueMessage, (String, StoreError)> {
     if msg.message_id.is_empty() {
         msg.message_id = crate::kubemq::new_id();
     }
     let id = msg.message_id.clone();
     if msg.client_id.is_empty() {
-        return Err((id, errors::CLIENT_ID_EMPTY));
+        return Err((id, StoreError::ClientIdEmpty));
     }
     if !valid_queue_name(&msg.channel) {
-        return Err((id, errors::QUEUE_NAME_INVALID));
+        return Err((id, StoreError::QueueNameInvalid));
     }
     if msg.metadata.is_empty() && msg.body.is_empty() {
-        return Err((id, errors::MESSAGE_EMPTY));
+        return Err((id, StoreError::MessageEmpty));
     }
     let mut policy = msg.policy.take().unwrap_or_default();
     if !(0..=MAX_POLICY_SECONDS).contains(&policy.expiration_seconds) {
-        return Err((id, errors::EXPIRATION_INVALID));
+        return Err((id, StoreError::ExpirationInvalid));
     }
     if !(0..=MAX_RECEIVE_COUNT).contains(&policy.max_receive_count) {
-        return Err((id, errors::MAX_RECEIVE_INVALID));
+        return Err((id, StoreError::MaxReceiveInvalid));
     }
     if !(0..=MAX_POLICY_SECONDS).contains(&policy.delay_seconds) {
-        return Err((id, errors::DELAY_INVALID));
+        return Err((id, StoreError::DelayInvalid));
     }
     if !policy.max_receive_queue.is_empty() && !valid_queue_name(&policy.max_receive_queue) {
-        return Err((id, errors::QUEUE_NAME_INVALID));
+        return Err((id, StoreError::QueueNameInvalid));
     }
     if policy.max_receive_count == 0 {
         policy.max_receive_count = MAX_RECEIVE_COUNT;

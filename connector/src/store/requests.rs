@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::{
-    request_validation, response_validation, subscribe_channel, RequestKind, SubscribeKind,
-    REQUEST_TIMEOUT,
+    request_validation, response_validation, subscribe_channel, RequestKind, StoreError,
+    SubscribeKind,
 };
 use super::fanout::{Channeled, Fanout};
 use crate::engine::FastMap;
@@ -85,7 +85,7 @@ impl RequestsHub {
     /// Sends a request (SendRequest) and waits for its first response, at most its Timeout:
     /// validated as KubeMQ does, then given to every matching responder without a group and one
     /// member of each group.
-    pub async fn send(&self, mut request: Request) -> Result<Response, &'static str> {
+    pub async fn send(&self, mut request: Request) -> Result<Response, StoreError> {
         let kind = request_validation(&request)?;
         if request.request_id.is_empty() {
             request.request_id = crate::kubemq::new_id();
@@ -101,7 +101,7 @@ impl RequestsHub {
         self.fanout(kind).route(request);
         match tokio::time::timeout(timeout, answer).await {
             Ok(Ok(response)) => Ok(response),
-            _ => Err(REQUEST_TIMEOUT),
+            _ => Err(StoreError::RequestTimeout),
         }
     }
 
@@ -112,7 +112,7 @@ impl RequestsHub {
         client_id: &str,
         channel: &str,
         group: &str,
-    ) -> Result<mpsc::Receiver<Request>, &'static str> {
+    ) -> Result<mpsc::Receiver<Request>, StoreError> {
         subscribe_channel(client_id, channel, SubscribeKind::Requests)?;
         Ok(self.fanout(kind).subscribe(channel, group))
     }
@@ -120,7 +120,7 @@ impl RequestsHub {
     /// A responder's answer (SendResponse): the first one for a reply address completes its
     /// request; later ones, and ones for a request that timed out, are discarded without an
     /// error, as KubeMQ discards them.
-    pub fn respond(&self, mut response: Response) -> Result<(), &'static str> {
+    pub fn respond(&self, mut response: Response) -> Result<(), StoreError> {
         response_validation(&response)?;
         let Some(waiting) =
             inbox_of(&response.reply_channel).and_then(|id| self.lock().remove(&id))
@@ -259,7 +259,7 @@ mod tests {
             .send(request(RequestType::Command, "nobody", 300))
             .await
             .unwrap_err();
-        assert!(e.starts_with("Error 301"), "{e}");
+        assert!(e.to_string().starts_with("Error 301"), "{e}");
         assert!(started.elapsed() >= Duration::from_millis(300));
         assert_eq!(hub.waiting(), 0);
     }
@@ -293,20 +293,50 @@ mod tests {
         let hub = RequestsHub::default();
         let mut r = request(RequestType::Command, "ch", 1000);
         r.client_id.clear();
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 101"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 101"));
         let r = request(RequestType::Command, "a.*", 1000);
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 107"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 107"));
         let r = request(RequestType::Command, "ch", 0);
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 109"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 109"));
         let mut r = request(RequestType::Command, "ch", 1000);
         r.body = Default::default();
         r.metadata.clear();
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 115"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 115"));
         let mut r = request(RequestType::Query, "ch", 1000);
         r.cache_key = "k".into();
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 116"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 116"));
         let r = request(RequestType::Unknown, "ch", 1000);
-        assert!(hub.send(r).await.unwrap_err().starts_with("Error 206"));
+        assert!(hub
+            .send(r)
+            .await
+            .unwrap_err()
+            .to_string()
+            .starts_with("Error 206"));
         let e = hub
             .respond(Response {
                 client_id: "r".into(),
@@ -314,7 +344,7 @@ mod tests {
                 ..Default::default()
             })
             .unwrap_err();
-        assert!(e.starts_with("Error 117"), "{e}");
+        assert!(e.to_string().starts_with("Error 117"), "{e}");
         assert!(hub.subscribe(RequestKind::Query, "c", "a.>", "").is_ok());
         assert_eq!(hub.waiting(), 0);
     }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::sync::{mpsc, Notify};
 
-use super::errors::{self, subscribe_channel, valid_stream_client_id, SubscribeKind};
+use super::errors::{subscribe_channel, valid_stream_client_id, StoreError, SubscribeKind};
 use super::log::{self, Location, Log};
 use super::now_ns;
 use super::record::{self, Checkpoint, Cursor, Kind, StoredEvent};
@@ -52,18 +52,18 @@ pub enum StartAt {
 
 impl StartAt {
     /// The start position of a Subscribe request, or KubeMQ's refusal (Error 111 … 114).
-    pub fn from_request(kind: i32, value: i64) -> Result<StartAt, &'static str> {
+    pub fn from_request(kind: i32, value: i64) -> Result<StartAt, StoreError> {
         match EventsStoreType::try_from(kind).unwrap_or(EventsStoreType::Undefined) {
-            EventsStoreType::Undefined => Err(errors::SUBSCRIPTION_TYPE_UNDEFINED),
+            EventsStoreType::Undefined => Err(StoreError::SubscriptionTypeUndefined),
             EventsStoreType::StartNewOnly => Ok(StartAt::NewOnly),
             EventsStoreType::StartFromFirst => Ok(StartAt::First),
             EventsStoreType::StartFromLast => Ok(StartAt::Last),
             EventsStoreType::StartAtSequence if value > 0 => Ok(StartAt::Sequence(value as u64)),
-            EventsStoreType::StartAtSequence => Err(errors::START_SEQUENCE_INVALID),
+            EventsStoreType::StartAtSequence => Err(StoreError::StartSequenceInvalid),
             EventsStoreType::StartAtTime if value > 0 => Ok(StartAt::Time(value)),
-            EventsStoreType::StartAtTime => Err(errors::START_TIME_INVALID),
+            EventsStoreType::StartAtTime => Err(StoreError::StartTimeInvalid),
             EventsStoreType::StartAtTimeDelta if value > 0 => Ok(StartAt::TimeDelta(value)),
-            EventsStoreType::StartAtTimeDelta => Err(errors::START_DELTA_INVALID),
+            EventsStoreType::StartAtTimeDelta => Err(StoreError::StartDeltaInvalid),
         }
     }
 }
@@ -299,10 +299,10 @@ impl Streams {
 
     /// Stores an event (`Store = true`): validated as KubeMQ does, given the channel's next
     /// sequence, and on disk when this returns.
-    pub async fn append(self: &Arc<Self>, event: Event) -> Result<EventReceive, String> {
+    pub async fn append(self: &Arc<Self>, event: Event) -> Result<EventReceive, StoreError> {
         super::errors::event_validation(&event)?;
         if !super::errors::valid_queue_name(&event.channel) {
-            return Err(errors::STREAM_CHANNEL_INVALID.into());
+            return Err(StoreError::StreamChannelInvalid);
         }
         let ts = now_ns();
         let event_id = if event.event_id.is_empty() {
@@ -346,7 +346,7 @@ impl Streams {
             streams.written(stored, ts, len, result)
         })
         .await
-        .ok_or_else(|| "events-store write abandoned".to_string())?
+        .ok_or(StoreError::StreamWriteAbandoned)?
     }
 
     /// Records how the write of `stored` ended: indexed and visible in order, or skipped.
@@ -356,7 +356,7 @@ impl Streams {
         ts: i64,
         len: u32,
         result: io::Result<(Location, log::SegmentPin)>,
-    ) -> Result<EventReceive, String> {
+    ) -> Result<EventReceive, StoreError> {
         let mut st = self.lock();
         let c = st.channel(&stored.channel);
         c.writing.remove(&stored.sequence);
@@ -374,7 +374,7 @@ impl Streams {
                 c.failed.insert(stored.sequence);
                 c.advance();
                 c.notify.notify_waiters();
-                Err(format!("events-store write failed: {e}"))
+                Err(StoreError::StreamWrite(e.to_string()))
             }
         }
     }
@@ -388,7 +388,7 @@ impl Streams {
         channel: &str,
         group: &str,
         start: StartAt,
-    ) -> Result<mpsc::Receiver<EventReceive>, &'static str> {
+    ) -> Result<mpsc::Receiver<EventReceive>, StoreError> {
         self.subscribe_replaying(client_id, channel, group, start)
             .map(|(rx, _)| rx)
     }
@@ -401,21 +401,21 @@ impl Streams {
         channel: &str,
         group: &str,
         start: StartAt,
-    ) -> Result<(mpsc::Receiver<EventReceive>, bool), &'static str> {
+    ) -> Result<(mpsc::Receiver<EventReceive>, bool), StoreError> {
         subscribe_channel(client_id, channel, SubscribeKind::EventsStore)?;
         if !valid_stream_client_id(client_id) {
-            return Err(errors::STREAM_CLIENT_ID_INVALID);
+            return Err(StoreError::StreamClientIdInvalid);
         }
         if !super::errors::valid_queue_name(channel)
             || (!group.is_empty() && (channel.contains(':') || group.contains(':')))
         {
-            return Err(errors::STREAM_CHANNEL_INVALID);
+            return Err(StoreError::StreamChannelInvalid);
         }
         let now = now_ns();
         let (tx, rx) = mpsc::channel(SUBSCRIPTION_BUFFER);
         let mut st = self.lock();
         if !st.active.insert(client_id.to_string()) {
-            return Err(errors::STREAM_CLIENT_ID_TAKEN);
+            return Err(StoreError::StreamClientIdTaken);
         }
         let key = if group.is_empty() {
             CursorKey::Client {
@@ -949,11 +949,11 @@ mod tests {
         assert_eq!(take(&mut rx, 1).await, ["later"]);
         assert_eq!(
             StartAt::from_request(4, 0).unwrap_err(),
-            errors::START_SEQUENCE_INVALID
+            StoreError::StartSequenceInvalid
         );
         assert_eq!(
             StartAt::from_request(0, 0).unwrap_err(),
-            errors::SUBSCRIPTION_TYPE_UNDEFINED
+            StoreError::SubscriptionTypeUndefined
         );
     }
 
@@ -968,7 +968,7 @@ mod tests {
         assert_eq!(take(&mut rx, 6).await.len(), 6);
         assert_eq!(
             s.subscribe("d", "ch", "", StartAt::First).unwrap_err(),
-            errors::STREAM_CLIENT_ID_TAKEN
+            StoreError::StreamClientIdTaken
         );
         drop(rx);
         for i in 0..3 {
@@ -1048,11 +1048,11 @@ mod tests {
         let s = open(dir.path());
         assert_eq!(
             s.subscribe("c", "a.*", "", StartAt::First).unwrap_err(),
-            errors::CHANNEL_WILDCARDS
+            StoreError::ChannelWildcards
         );
         assert_eq!(
             s.subscribe("c d", "a", "", StartAt::First).unwrap_err(),
-            errors::STREAM_CLIENT_ID_INVALID
+            StoreError::StreamClientIdInvalid
         );
         assert!(s.append(event("a/b", "x")).await.is_err());
     }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::downstream::Downstream;
-use super::errors;
 use super::*;
 use crate::kubemq::{
     QueueMessage, QueueMessagePolicy, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op,
@@ -202,10 +201,10 @@ fn send_validation() {
         let mut no_client = msg("q", "x");
         no_client.client_id.clear();
         let cases = vec![
-            (no_client, errors::CLIENT_ID_EMPTY),
-            (msg("bad queue", "x"), errors::QUEUE_NAME_INVALID),
-            (msg("q.", "x"), errors::QUEUE_NAME_INVALID),
-            (msg("q", ""), errors::MESSAGE_EMPTY),
+            (no_client, StoreError::ClientIdEmpty),
+            (msg("bad queue", "x"), StoreError::QueueNameInvalid),
+            (msg("q.", "x"), StoreError::QueueNameInvalid),
+            (msg("q", ""), StoreError::MessageEmpty),
             (
                 with_policy(
                     msg("q", "x"),
@@ -214,7 +213,7 @@ fn send_validation() {
                         ..Default::default()
                     },
                 ),
-                errors::EXPIRATION_INVALID,
+                StoreError::ExpirationInvalid,
             ),
             (
                 with_policy(
@@ -224,7 +223,7 @@ fn send_validation() {
                         ..Default::default()
                     },
                 ),
-                errors::MAX_RECEIVE_INVALID,
+                StoreError::MaxReceiveInvalid,
             ),
             (
                 with_policy(
@@ -234,7 +233,7 @@ fn send_validation() {
                         ..Default::default()
                     },
                 ),
-                errors::DELAY_INVALID,
+                StoreError::DelayInvalid,
             ),
             (
                 with_policy(
@@ -244,7 +243,7 @@ fn send_validation() {
                         ..Default::default()
                     },
                 ),
-                errors::QUEUE_NAME_INVALID,
+                StoreError::QueueNameInvalid,
             ),
         ];
         let (msgs, texts): (Vec<_>, Vec<_>) = cases.into_iter().unzip();
@@ -253,7 +252,7 @@ fn send_validation() {
         let r = store.send(all).await;
         for (res, text) in r.iter().zip(texts) {
             assert!(res.is_error);
-            assert_eq!(res.error, text);
+            assert_eq!(res.error, text.to_string());
             assert!(!res.message_id.is_empty(), "MessageID is set even on error");
         }
         assert!(!r.last().unwrap().is_error);
@@ -511,14 +510,17 @@ fn settlement_errors() {
         // Get validation.
         let mut g = get_req("q", 1, 1000);
         g.client_id.clear();
-        assert_eq!(ds.handle(g).await.unwrap().error, errors::CLIENT_ID_EMPTY);
+        assert_eq!(
+            ds.handle(g).await.unwrap().error,
+            StoreError::ClientIdEmpty.to_string()
+        );
         assert_eq!(
             ds.handle(get_req("a b", 1, 1000)).await.unwrap().error,
-            errors::QUEUE_NAME_INVALID
+            StoreError::QueueNameInvalid.to_string()
         );
         assert_eq!(
             ds.handle(get_req("a:b", 1, 1000)).await.unwrap().error,
-            errors::CANNOT_SUBSCRIBE
+            StoreError::CannotSubscribe.to_string()
         );
     });
 }
@@ -627,7 +629,7 @@ fn a_failed_write_fails_every_placed_message() {
             );
             assert_eq!(r[i].sent_at, 0);
         }
-        assert_eq!(r[1].error, errors::QUEUE_NAME_INVALID);
+        assert_eq!(r[1].error, StoreError::QueueNameInvalid.to_string());
         assert_eq!(store.ready_count("q"), 0);
     });
 }
