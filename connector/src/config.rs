@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::auth::jwt::SignatureType;
 use crate::engine::{AuthPolicy, EngineConfig, ProcessBudget};
+use crate::pattern::Pattern;
 pub use ops::logs::LogFormat;
 
 /// Declares every setting once: its key (the YAML name, from which the environment variable and
@@ -100,7 +101,7 @@ settings! {
     IdleTimeoutSeconds => idle_timeout_seconds: u32 = 120,
         |v| parse::int(v, 0, parse::U32 * 2 / 1000); // CFG-9, OP-CFG-4
     /// Pattern of addresses without a prefix.
-    DefaultPattern => default_pattern: String = "queues".into(), parse::pattern; // CFG-10
+    DefaultPattern => default_pattern: Pattern = Pattern::Queues, |v| v.parse(); // CFG-10
     /// Ceiling on MaxItems of one queue Get, 1–1024.
     GetBatchSize => get_batch_size: u32 = 32, |v| parse::int(v, 1, 1024); // CFG-11
     /// Unsettled deliveries per consume link, and the produce credit window.
@@ -268,8 +269,6 @@ mod parse {
     use std::net::{IpAddr, SocketAddr};
     use std::path::PathBuf;
 
-    use super::PATTERNS;
-
     /// `u32::MAX`, as a bound.
     pub const U32: i128 = u32::MAX as i128;
     /// `i64::MAX`, as a bound (byte counts must fit a signed 64-bit integer).
@@ -296,15 +295,6 @@ mod parse {
             "true" | "1" | "yes" => Ok(true),
             "false" | "0" | "no" => Ok(false),
             _ => Err(format!("must be true or false, got {v:?}")),
-        }
-    }
-
-    /// One of the five pattern names.
-    pub fn pattern(v: &str) -> Result<String, String> {
-        if PATTERNS.contains(&v) {
-            Ok(v.to_string())
-        } else {
-            Err(format!("must be one of {}, got {v:?}", PATTERNS.join(", ")))
         }
     }
 
@@ -365,9 +355,6 @@ mod parse {
 
 /// The spelling of CFG-5's variable used by several example READMEs (OP-CFG-1); accepted too.
 const LEGACY_MAX_MESSAGE_SIZE_ENV: &str = "CONNECTORS_AMQP10_MAXMESSAGESIZE";
-
-/// The five KubeMQ patterns a bare address may default to (CFG-10).
-pub const PATTERNS: [&str; 5] = ["queues", "events", "events-store", "commands", "queries"];
 
 /// Every problem found in the configuration, one per line.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -694,7 +681,7 @@ mod tests {
             ),
             (1024, 30, 512)
         );
-        assert_eq!(s.default_pattern, "queues");
+        assert_eq!(s.default_pattern, Pattern::Queues);
     }
 
     /// CFG-15: the 14 normative environment variable names, and flags overriding env over file.
@@ -742,7 +729,7 @@ mod tests {
             (9, 0, 0)
         );
         assert_eq!(
-            (s.default_pattern.as_str(), s.get_batch_size),
+            (s.default_pattern.name(), s.get_batch_size),
             ("events-store", 1024)
         );
         assert_eq!(
@@ -767,7 +754,7 @@ mod tests {
             max_links_per_session: 9,
             max_connections: 0,
             idle_timeout_seconds: 0,
-            default_pattern: "events-store".into(),
+            default_pattern: Pattern::EventsStore,
             get_batch_size: 1024,
             max_unsettled_per_link: 7,
             default_rpc_timeout_seconds: 5,
@@ -1249,7 +1236,7 @@ mod tests {
             Cli::try_parse_from(["x", "--config", path.to_str().unwrap(), "--port=6000"]).unwrap();
         let s = cli.settings(|_| None).unwrap();
         assert_eq!(s.max_connections, 5);
-        assert_eq!(s.default_pattern, "events");
+        assert_eq!(s.default_pattern, Pattern::Events);
         assert_eq!(s.port, 6000);
         std::fs::remove_dir_all(&dir).unwrap();
     }

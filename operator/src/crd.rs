@@ -18,6 +18,9 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use ops::logs::LogFormat;
+pub use ops::vocabulary::{Pattern, SignatureType};
+
 /// Environment variable names the operator sets itself; `spec.env` may not override them.
 pub const RESERVED_ENV: [&str; 2] = ["POD_NAME", "POD_NAMESPACE"];
 /// Prefix of the connector's own settings variables (CFG-15): those come from the
@@ -409,33 +412,11 @@ pub struct JwtVerification {
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[-._a-zA-Z0-9]+$"))]
     pub key: String,
     /// KubeMQ's `jwtConfig.signatureType`.
-    pub signature_type: JwtSignatureType,
+    pub signature_type: SignatureType,
 }
 
 fn jwt_key() -> String {
     "key".into()
-}
-
-/// A JWT signature type.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(clippy::upper_case_acronyms)]
-pub enum JwtSignatureType {
-    /// HMAC SHA-256.
-    HS256,
-    /// HMAC SHA-384.
-    HS384,
-    /// HMAC SHA-512.
-    HS512,
-    /// RSA SHA-256.
-    RS256,
-    /// RSA SHA-384.
-    RS384,
-    /// RSA SHA-512.
-    RS512,
-    /// ECDSA P-256.
-    ES256,
-    /// ECDSA P-384.
-    ES384,
 }
 
 /// Where KubeMQ's access control list (JSON, or its base64) is: a ConfigMap or a Secret.
@@ -508,7 +489,7 @@ pub struct AmqpTunables {
     pub idle_timeout_seconds: Option<i32>,
     /// Pattern of addresses without a prefix (default queues).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub default_pattern: Option<DefaultPattern>,
+    pub default_pattern: Option<Pattern>,
     /// Largest Get batch from KubeMQ (default 32; 1…1024).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1024))]
@@ -525,22 +506,6 @@ pub struct AmqpTunables {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub rpc_max_pending: Option<i32>,
-}
-
-/// A KubeMQ pattern.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub enum DefaultPattern {
-    /// Queues.
-    Queues,
-    /// Events.
-    Events,
-    /// Events-Store.
-    EventsStore,
-    /// Commands.
-    Commands,
-    /// Queries.
-    Queries,
 }
 
 /// The clients' Service.
@@ -695,16 +660,6 @@ pub enum LogLevel {
     Debug,
     /// Everything.
     Trace,
-}
-
-/// Log format.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// One JSON object per line.
-    Json,
-    /// Human-readable text.
-    Text,
 }
 
 /// Observed state, written by the operator.

@@ -407,30 +407,6 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
         .any(|v| v.name == "jwt" || v.name == "policy"));
 }
 
-/// SASL-3: every signature type the CRD accepts is one the connector reads (the CRD keeps its
-/// own enum, for its schema, so this keeps the two lists together).
-#[test]
-fn sasl_3_every_crd_signature_type_is_the_connectors() {
-    use kubemq_amqp_operator::crd::JwtSignatureType as Crd;
-    for t in [
-        Crd::HS256,
-        Crd::HS384,
-        Crd::HS512,
-        Crd::RS256,
-        Crd::RS384,
-        Crd::RS512,
-        Crd::ES256,
-        Crd::ES384,
-    ] {
-        let name = serde_json::to_value(t).expect("to JSON");
-        let name = name.as_str().expect("a name");
-        assert!(
-            name.parse::<connector::auth::jwt::SignatureType>().is_ok(),
-            "{name}"
-        );
-    }
-}
-
 /// The connector's settings from the rendered file, read by the connector's own parser.
 fn connector_settings(d: &Desired) -> connector::config::Settings {
     use connector::config::{read_yaml, Settings};
@@ -595,7 +571,7 @@ fn json_logging_is_rendered_for_the_connector() {
 #[test]
 fn every_tunable_reaches_the_connector() {
     use connector::config::{read_yaml, Settings, SETTINGS};
-    use kubemq_amqp_operator::crd::{AmqpTunables, DefaultPattern};
+    use kubemq_amqp_operator::crd::{AmqpTunables, Pattern};
     let mut cr = fixture("amqpconnector.yaml");
     let tunables = AmqpTunables {
         max_frame_size: Some(4096),
@@ -604,7 +580,7 @@ fn every_tunable_reaches_the_connector() {
         max_links_per_session: Some(9),
         max_connections: Some(0),
         idle_timeout_seconds: Some(0),
-        default_pattern: Some(DefaultPattern::EventsStore),
+        default_pattern: Some(Pattern::EventsStore),
         get_batch_size: Some(1024),
         max_unsettled_per_link: Some(7),
         default_rpc_timeout_seconds: Some(5),

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable text.

@@ -11,64 +11,19 @@ use crate::engine::{AuthFailure, TokenVerifier, VerifiedToken};
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 
-/// The signature types KubeMQ accepts that this verifier supports (ES512 has no implementation
-/// in the JWT library used, so it is refused at start-up rather than failing every login).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum SignatureType {
-    /// HMAC with SHA-256; the key is the shared secret, byte for byte.
-    HS256,
-    /// HMAC with SHA-384.
-    HS384,
-    /// HMAC with SHA-512.
-    HS512,
-    /// RSA PKCS#1 v1.5 with SHA-256; the key is a PEM public key or certificate.
-    RS256,
-    /// RSA with SHA-384.
-    RS384,
-    /// RSA with SHA-512.
-    RS512,
-    /// ECDSA P-256; the key is a PEM public key or certificate.
-    ES256,
-    /// ECDSA P-384.
-    ES384,
-}
+pub use ops::vocabulary::SignatureType;
 
-impl std::str::FromStr for SignatureType {
-    type Err = String;
-
-    fn from_str(v: &str) -> Result<Self, String> {
-        // KubeMQ upper-cases the configured name.
-        Ok(match v.to_ascii_uppercase().as_str() {
-            "HS256" => SignatureType::HS256,
-            "HS384" => SignatureType::HS384,
-            "HS512" => SignatureType::HS512,
-            "RS256" => SignatureType::RS256,
-            "RS384" => SignatureType::RS384,
-            "RS512" => SignatureType::RS512,
-            "ES256" => SignatureType::ES256,
-            "ES384" => SignatureType::ES384,
-            "ES512" => return Err("ES512 is not supported; use ES256 or ES384".into()),
-            _ => {
-                return Err(format!(
-                "must be one of HS256, HS384, HS512, RS256, RS384, RS512, ES256, ES384, got {v:?}"
-            ))
-            }
-        })
-    }
-}
-
-impl SignatureType {
-    fn algorithm(self) -> Algorithm {
-        match self {
-            SignatureType::HS256 => Algorithm::HS256,
-            SignatureType::HS384 => Algorithm::HS384,
-            SignatureType::HS512 => Algorithm::HS512,
-            SignatureType::RS256 => Algorithm::RS256,
-            SignatureType::RS384 => Algorithm::RS384,
-            SignatureType::RS512 => Algorithm::RS512,
-            SignatureType::ES256 => Algorithm::ES256,
-            SignatureType::ES384 => Algorithm::ES384,
-        }
+/// The JWT library's algorithm for a signature type.
+fn algorithm(t: SignatureType) -> Algorithm {
+    match t {
+        SignatureType::HS256 => Algorithm::HS256,
+        SignatureType::HS384 => Algorithm::HS384,
+        SignatureType::HS512 => Algorithm::HS512,
+        SignatureType::RS256 => Algorithm::RS256,
+        SignatureType::RS384 => Algorithm::RS384,
+        SignatureType::RS512 => Algorithm::RS512,
+        SignatureType::ES256 => Algorithm::ES256,
+        SignatureType::ES384 => Algorithm::ES384,
     }
 }
 
@@ -156,7 +111,7 @@ impl JwtVerifier {
                 DecodingKey::from_ec_pem(&bytes).map_err(|_| JwtConfigError::Pem { kind: "EC" })?
             }
         };
-        let mut validation = Validation::new(signature.algorithm());
+        let mut validation = Validation::new(algorithm(signature));
         // KubeMQ requires no claim, checks exp and nbf when present, with no leeway, and does
         // not look at aud. The time claims are checked here by `check`, which also refuses
         // one that is not a number (the library would let it pass as absent).

@@ -387,6 +387,5 @@ mod tests {
             AddressError::UnknownPrefix.to_amqp().condition,
             Condition::NotFound
         );
-        assert_eq!(Pattern::from_setting("nonsense"), Pattern::Queues);
     }
 }

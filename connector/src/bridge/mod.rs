@@ -72,7 +72,7 @@ impl<B: Backend> Bridge<B> {
             metrics,
             access,
             authenticated: settings.authentication,
-            default_pattern: Pattern::from_setting(&settings.default_pattern),
+            default_pattern: settings.default_pattern,
             next_connection: AtomicU64::new(1),
             queues: queues::Shared {
                 credit_window: settings.produce_credit_window(),
