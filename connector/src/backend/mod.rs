@@ -5,6 +5,8 @@
 //! Queues (send, downstream sessions), events / events-store (send, subscription streams) and
 //! commands / queries (request, responder subscription streams, response).
 
+#[cfg(test)]
+pub(crate) mod double;
 pub mod embedded;
 mod event_sender;
 pub mod grpc;

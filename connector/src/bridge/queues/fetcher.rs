@@ -1084,8 +1084,8 @@ impl<B: Backend> Fetcher<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::double::{Double, Overrides};
     use crate::backend::embedded::Embedded;
-    use crate::kubemq::{PingResult, QueuesInfo, SendQueueMessageResult};
     use crate::store::Store;
 
     /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the
@@ -1101,7 +1101,7 @@ mod tests {
             idle_exit: std::time::Duration::from_secs(60),
         };
         let size = |hint, draining| {
-            let backend = Arc::new(Watched::new(store.clone(), Some(hint)));
+            let backend = Arc::new(Double(Watched::new(store.clone(), Some(hint))));
             let mut f = Fetcher::new(backend, LoopKey::shared("q"), limits, Registry::default());
             f.batch = 64;
             let (to, _) = mpsc::unbounded_channel();
@@ -1328,14 +1328,14 @@ mod tests {
     ) -> (
         tempfile::TempDir,
         Arc<Store>,
-        Arc<Watched>,
+        Arc<Double<Watched>>,
         mpsc::UnboundedSender<Command>,
         mpsc::UnboundedReceiver<ToConsumer>,
     ) {
         let dir = tempfile::tempdir().expect("dir");
         let (store, _) = Store::open(dir.path()).expect("store");
         assert!(!store.send(vec![message(channel)]).await[0].is_error);
-        let backend = Arc::new(Watched::like_kubemq(store.clone()));
+        let backend = Arc::new(Double(Watched::like_kubemq(store.clone())));
         let limits = FetchLimits {
             max_batch: 10,
             idle_exit: std::time::Duration::from_secs(60),
@@ -1387,60 +1387,17 @@ mod tests {
         }
     }
 
-    impl Backend for Watched {
+    impl Overrides for Watched {
+        type Inner = Embedded;
         type Downstream = RecordedGets<<Embedded as Backend>::Downstream>;
 
-        async fn send_queue(
-            &self,
-            lane: u64,
-            messages: Vec<QueueMessage>,
-        ) -> Result<Vec<SendQueueMessageResult>, BackendError> {
-            self.inner.send_queue(lane, messages).await
+        fn inner(&self) -> &Embedded {
+            &self.inner
         }
 
-        async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, BackendError> {
-            self.inner.send_event(event).await
-        }
-
-        async fn subscribe_events(
-            &self,
-            request: crate::kubemq::Subscribe,
-        ) -> Result<crate::backend::EventStream, BackendError> {
-            self.inner.subscribe_events(request).await
-        }
-
-        async fn send_request(
-            &self,
-            request: crate::kubemq::Request,
-        ) -> Result<crate::kubemq::Response, BackendError> {
-            self.inner.send_request(request).await
-        }
-
-        async fn subscribe_requests(
-            &self,
-            request: crate::kubemq::Subscribe,
-        ) -> Result<crate::backend::RequestStream, BackendError> {
-            self.inner.subscribe_requests(request).await
-        }
-
-        async fn send_response(
-            &self,
-            response: crate::kubemq::Response,
-        ) -> Result<(), BackendError> {
-            self.inner.send_response(response).await
-        }
-
-        async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
+        async fn open_downstream(&self) -> Result<<Self as Overrides>::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
             Ok(RecordedGets(d, self.log.clone()))
-        }
-
-        async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-            self.inner.queues_info(filter).await
-        }
-
-        async fn ping(&self) -> Result<PingResult, BackendError> {
-            self.inner.ping().await
         }
 
         fn ready_hint(&self, channel: &str) -> ReadyHint {
@@ -1558,7 +1515,7 @@ mod tests {
         let total = 2000usize;
         let batch: Vec<QueueMessage> = (0..total).map(|_| message("win")).collect();
         assert!(store.send(batch).await.iter().all(|r| !r.is_error));
-        let backend = Arc::new(Watched::new(store.clone(), None));
+        let backend = Arc::new(Double(Watched::new(store.clone(), None)));
         let registry: Registry = Arc::default();
         let limits = FetchLimits {
             max_batch: 1000,

@@ -286,9 +286,8 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::double::{Double, Overrides};
     use crate::backend::embedded::Embedded;
-    use crate::backend::ReadyHint;
-    use crate::kubemq::{PingResult, QueuesInfo};
     use crate::store::Store;
     use std::sync::Mutex;
     use std::time::Duration;
@@ -303,8 +302,17 @@ mod tests {
         lose_first_answer: std::sync::atomic::AtomicBool,
     }
 
-    impl Backend for OneAtATime {
+    impl Overrides for OneAtATime {
+        type Inner = Embedded;
         type Downstream = <Embedded as Backend>::Downstream;
+
+        fn inner(&self) -> &Embedded {
+            &self.inner
+        }
+
+        async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
+            self.inner.open_downstream().await
+        }
 
         async fn send_queue(
             &self,
@@ -325,57 +333,9 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
             Ok(vec![SendQueueMessageResult::default(); messages.len()])
         }
-
-        async fn send_event(&self, event: crate::kubemq::Event) -> Result<String, BackendError> {
-            self.inner.send_event(event).await
-        }
-
-        async fn subscribe_events(
-            &self,
-            request: crate::kubemq::Subscribe,
-        ) -> Result<crate::backend::EventStream, BackendError> {
-            self.inner.subscribe_events(request).await
-        }
-
-        async fn send_request(
-            &self,
-            request: crate::kubemq::Request,
-        ) -> Result<crate::kubemq::Response, BackendError> {
-            self.inner.send_request(request).await
-        }
-
-        async fn subscribe_requests(
-            &self,
-            request: crate::kubemq::Subscribe,
-        ) -> Result<crate::backend::RequestStream, BackendError> {
-            self.inner.subscribe_requests(request).await
-        }
-
-        async fn send_response(
-            &self,
-            response: crate::kubemq::Response,
-        ) -> Result<(), BackendError> {
-            self.inner.send_response(response).await
-        }
-
-        async fn open_downstream(&self) -> Result<Self::Downstream, BackendError> {
-            self.inner.open_downstream().await
-        }
-
-        async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-            self.inner.queues_info(filter).await
-        }
-
-        async fn ping(&self) -> Result<PingResult, BackendError> {
-            self.inner.ping().await
-        }
-
-        fn ready_hint(&self, channel: &str) -> ReadyHint {
-            self.inner.ready_hint(channel)
-        }
     }
 
-    fn backend() -> (Arc<OneAtATime>, tempfile::TempDir) {
+    fn backend() -> (Arc<Double<OneAtATime>>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("dir");
         let (store, _) = Store::open(dir.path()).expect("store");
         let b = OneAtATime {
@@ -384,7 +344,7 @@ mod tests {
             sizes: Mutex::new(Vec::new()),
             lose_first_answer: false.into(),
         };
-        (Arc::new(b), dir)
+        (Arc::new(Double(b)), dir)
     }
 
     fn message(id: u32) -> ToStore {
