@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::auth::jwt::SignatureType;
 use crate::engine::{AuthPolicy, EngineConfig, ProcessBudget};
 use crate::pattern::Pattern;
 pub use ops::logs::LogFormat;
+use ops::vocabulary::SignatureType;
 
 /// Declares every setting once: its key (the YAML name, from which the environment variable and
 /// the flag are derived), its field, type, default and parser. Generates [`Settings`], its

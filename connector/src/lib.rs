@@ -11,6 +11,7 @@ pub mod cgroup;
 pub mod config;
 pub mod detail;
 pub mod driver;
+pub mod facade;
 pub use engine;
 pub mod http;
 pub mod kubemq;

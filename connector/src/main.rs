@@ -180,7 +180,7 @@ async fn run_embedded(listener: Listeners, settings: Settings, security: Securit
             Ok(l) => {
                 tracing::info!(addr = %gaddr, tokens = security.jwt.is_some(), "serving the embedded store as KubeMQ gRPC");
                 let mut rx = stop_rx.clone();
-                Some(tokio::spawn(connector::kubemq::server::serve(
+                Some(tokio::spawn(connector::facade::serve(
                     store.clone(),
                     l,
                     security.jwt.clone(),

@@ -132,7 +132,7 @@ impl TestFacade {
         addr: Option<SocketAddr>,
         capture: bool,
     ) -> TestFacade {
-        use connector::kubemq::server::{serve_facade, Facade};
+        use connector::facade::{serve_facade, Facade};
         let served = store.clone();
         let server = ServerThread::spawn(
             addr.unwrap_or(testkit::ANY_LOOPBACK_PORT),

@@ -619,7 +619,7 @@ fn requests_and_responses() {
 /// goes through meanwhile, and every message is stored.
 #[test]
 fn a_send_kubemq_never_answers_is_unknown_once_a_later_one_is_answered() {
-    use connector::kubemq::server::{IMITATE_TAG, LOST_ANSWER};
+    use connector::facade::capture::{IMITATE_TAG, LOST_ANSWER};
     let f = TestFacade::start_imitating_kubemq();
     rt().block_on(async {
         let c = std::sync::Arc::new(client(&f));

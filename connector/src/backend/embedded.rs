@@ -6,16 +6,14 @@ use std::sync::Arc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 
-use super::{
-    batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
-    RequestStream,
-};
+use super::{Backend, BackendError, Batch, Downstream, EventStream, ReadyHint, RequestStream};
 use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
-    Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesInfo, Request, Response,
-    SendQueueMessageResult, Subscribe,
+    Event, PingResult, QueueMessage, QueuesInfo, Request, Response, SendQueueMessageResult,
+    Subscribe,
 };
-use crate::store::{downstream, now_ns, Store};
+use crate::store::session::{Disposal, GetRequest, Session, TxnId, Which};
+use crate::store::{now_ns, Store, TxnError};
 
 /// Longest wait for a replaying subscription's first stored event (it is read from disk).
 const FIRST_REPLAYED: std::time::Duration = std::time::Duration::from_secs(2);
@@ -37,8 +35,29 @@ impl Embedded {
     }
 }
 
-/// A downstream session on the store.
-pub struct EmbeddedDownstream(downstream::Downstream);
+/// A consumer session of the store, called directly.
+pub struct EmbeddedDownstream(Session);
+
+impl EmbeddedDownstream {
+    /// Settles `sequences` of `transaction` with `disposal`.
+    async fn settle(
+        &mut self,
+        transaction: &str,
+        disposal: Disposal,
+        sequences: &[u64],
+    ) -> Result<(), BackendError> {
+        let listed = Which::Listed(sequences.iter().map(|s| *s as i64).collect());
+        self.0
+            .settle(&TxnId::from(transaction), disposal, listed)
+            .await
+            .map_err(refused)
+    }
+}
+
+/// A settlement the store refused: KubeMQ's refusal of a transaction's request, in its words.
+fn refused(e: TxnError) -> BackendError {
+    BackendError::Rejected(e.to_string())
+}
 
 impl Downstream for EmbeddedDownstream {
     async fn get(
@@ -48,19 +67,44 @@ impl Downstream for EmbeddedDownstream {
         max_items: i32,
         wait_ms: i32,
     ) -> Result<Batch, BackendError> {
-        let r = self
+        let got = self
             .0
-            .handle(get_request(channel, client_id, max_items, wait_ms))
-            .await
-            .ok_or_else(|| BackendError::Unavailable("no response to Get".into()))?;
-        batch_from(r)
+            .get(GetRequest {
+                channel,
+                client_id,
+                max_items,
+                wait_ms,
+                auto_ack: false,
+            })
+            .await?;
+        Ok(Batch {
+            transaction_id: got.transaction.to_string(),
+            messages: got.messages,
+        })
     }
 
-    async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
-        match self.0.handle(req).await {
-            Some(r) if r.is_error => Err(BackendError::refusal(r.error)),
-            _ => Ok(()),
-        }
+    async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(transaction, Disposal::Ack, sequences).await
+    }
+
+    async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(transaction, Disposal::Nack, sequences).await
+    }
+
+    async fn requeue(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+        channel: &str,
+    ) -> Result<(), BackendError> {
+        let disposal = Disposal::Requeue {
+            channel: channel.to_string(),
+        };
+        self.settle(transaction, disposal, sequences).await
+    }
+
+    async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
+        self.0.close(&TxnId::from(transaction)).map_err(refused)
     }
 }
 
@@ -77,9 +121,7 @@ impl Backend for Embedded {
     }
 
     async fn open_downstream(&self) -> Result<EmbeddedDownstream, BackendError> {
-        Ok(EmbeddedDownstream(downstream::Downstream::new(
-            self.store.clone(),
-        )))
+        Ok(EmbeddedDownstream(Session::new(self.store.clone())))
     }
 
     async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {

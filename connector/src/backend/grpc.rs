@@ -28,18 +28,16 @@ use tonic::Status;
 use super::ready_estimate::ReadyEstimate;
 use super::status::{credential_refused, failure, refused, retryable, unavailable};
 use super::SEND_STALL;
-use super::{
-    batch_from, get_request, Backend, BackendError, Batch, Downstream, EventStream, ReadyHint,
-    RequestStream,
-};
+use super::{Backend, BackendError, Batch, Downstream, EventStream, ReadyHint, RequestStream};
 use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::new_id;
 use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
 use crate::kubemq::{
-    Empty, Event, PingResult, QueueMessage, QueuesDownstreamRequest, QueuesDownstreamResponse,
-    QueuesInfo, QueuesInfoRequest, QueuesUpstreamRequest, QueuesUpstreamResponse, Request,
-    Response, SendQueueMessageResult, Subscribe,
+    Empty, Event, PingResult, QueueMessage, QueuesDownstreamRequest,
+    QueuesDownstreamRequestType as Op, QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest,
+    QueuesUpstreamRequest, QueuesUpstreamResponse, Request, Response, SendQueueMessageResult,
+    Subscribe,
 };
 
 /// Messages per QueuesUpstream request at most.
@@ -737,6 +735,35 @@ impl Downstream for GrpcDownstream {
         self.ready.returned(channel, count);
     }
 
+    async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
+            .await
+    }
+
+    async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
+            .await
+    }
+
+    async fn requeue(
+        &mut self,
+        transaction: &str,
+        sequences: &[u64],
+        channel: &str,
+    ) -> Result<(), BackendError> {
+        let request = settle_request(Op::ReQueueRange, transaction, sequences, channel);
+        self.settle(request).await
+    }
+
+    async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
+        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
+            .await
+    }
+}
+
+impl GrpcDownstream {
+    /// Sends one settlement request on the stream the transaction's Get went on; KubeMQ answers
+    /// a successful one with nothing.
     async fn settle(&mut self, req: QueuesDownstreamRequest) -> Result<(), BackendError> {
         // A transaction exists only on a stream that a Get opened.
         let Some(s) = self.stream.as_ref() else {
@@ -748,6 +775,52 @@ impl Downstream for GrpcDownstream {
         s.tx.send(req)
             .await
             .map_err(|_| BackendError::Unavailable("downstream stream lost".into()))
+    }
+}
+
+/// The Batch of a Get's response, or KubeMQ's refusal.
+fn batch_from(r: crate::kubemq::QueuesDownstreamResponse) -> Result<Batch, BackendError> {
+    if r.is_error {
+        return Err(BackendError::refusal(r.error));
+    }
+    Ok(Batch {
+        transaction_id: r.transaction_id,
+        messages: r.messages,
+    })
+}
+
+/// A Get request of the downstream protocol.
+fn get_request(
+    channel: &str,
+    client_id: &str,
+    max_items: i32,
+    wait_ms: i32,
+) -> crate::kubemq::QueuesDownstreamRequest {
+    crate::kubemq::QueuesDownstreamRequest {
+        request_id: crate::kubemq::new_id(),
+        client_id: client_id.to_string(),
+        request_type_data: Op::Get as i32,
+        channel: channel.to_string(),
+        max_items,
+        wait_timeout: wait_ms,
+        ..Default::default()
+    }
+}
+
+/// A settlement request of the downstream protocol.
+fn settle_request(
+    op: Op,
+    transaction: &str,
+    sequences: &[u64],
+    channel: &str,
+) -> QueuesDownstreamRequest {
+    QueuesDownstreamRequest {
+        request_id: crate::kubemq::new_id(),
+        request_type_data: op as i32,
+        ref_transaction_id: transaction.to_string(),
+        sequence_range: sequences.iter().map(|s| *s as i64).collect(),
+        re_queue_channel: channel.to_string(),
+        ..Default::default()
     }
 }
 
@@ -996,7 +1069,7 @@ mod tests {
             ..Default::default()
         };
         assert!(matches!(
-            super::super::batch_from(get),
+            super::batch_from(get),
             Err(BackendError::Unauthorized(_))
         ));
     }

@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use crate::engine::Credential;
 use crate::kubemq::{
-    Event, EventReceive, PingResult, QueueMessage, QueuesDownstreamRequestType as Op, QueuesInfo,
-    Request, Response, SendQueueMessageResult, Subscribe,
+    Event, EventReceive, PingResult, QueueMessage, QueuesInfo, Request, Response,
+    SendQueueMessageResult, Subscribe,
 };
 use crate::store::StoreError;
 
@@ -255,29 +255,19 @@ pub trait Downstream: Send + 'static {
         wait_ms: i32,
     ) -> impl Future<Output = Result<Batch, BackendError>> + Send;
 
-    /// Sends one settlement request of the downstream protocol.
-    fn settle(
-        &mut self,
-        request: crate::kubemq::QueuesDownstreamRequest,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send;
-
     /// AckRange.
     fn ack(
         &mut self,
         transaction: &str,
         sequences: &[u64],
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        self.settle(settle_request(Op::AckRange, transaction, sequences, ""))
-    }
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// NAckRange: each message goes back to the tail with ReceiveCount + 1 (or dead-letters).
     fn nack(
         &mut self,
         transaction: &str,
         sequences: &[u64],
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        self.settle(settle_request(Op::NAckRange, transaction, sequences, ""))
-    }
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// ReQueueRange to `channel`.
     fn requeue(
@@ -285,14 +275,7 @@ pub trait Downstream: Send + 'static {
         transaction: &str,
         sequences: &[u64],
         channel: &str,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        self.settle(settle_request(
-            Op::ReQueueRange,
-            transaction,
-            sequences,
-            channel,
-        ))
-    }
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// `count` messages of `channel` went back to the queue (NAcked, closed, or with a lost
     /// session): nothing is sent, but a backend that sizes Gets from its own count
@@ -300,60 +283,8 @@ pub trait Downstream: Send + 'static {
     fn returned(&mut self, _channel: &str, _count: usize) {}
 
     /// CloseByClient: every unsettled message goes back unchanged.
-    fn close(
-        &mut self,
-        transaction: &str,
-    ) -> impl Future<Output = Result<(), BackendError>> + Send {
-        self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
-    }
-}
-
-/// A settlement request of the downstream protocol.
-pub(crate) fn settle_request(
-    op: Op,
-    transaction: &str,
-    sequences: &[u64],
-    channel: &str,
-) -> crate::kubemq::QueuesDownstreamRequest {
-    crate::kubemq::QueuesDownstreamRequest {
-        request_id: crate::kubemq::new_id(),
-        request_type_data: op as i32,
-        ref_transaction_id: transaction.to_string(),
-        sequence_range: sequences.iter().map(|s| *s as i64).collect(),
-        re_queue_channel: channel.to_string(),
-        ..Default::default()
-    }
-}
-
-/// The Batch of a Get's response, or KubeMQ's refusal.
-pub(crate) fn batch_from(
-    r: crate::kubemq::QueuesDownstreamResponse,
-) -> Result<Batch, BackendError> {
-    if r.is_error {
-        return Err(BackendError::refusal(r.error));
-    }
-    Ok(Batch {
-        transaction_id: r.transaction_id,
-        messages: r.messages,
-    })
-}
-
-/// A Get request of the downstream protocol.
-pub(crate) fn get_request(
-    channel: &str,
-    client_id: &str,
-    max_items: i32,
-    wait_ms: i32,
-) -> crate::kubemq::QueuesDownstreamRequest {
-    crate::kubemq::QueuesDownstreamRequest {
-        request_id: crate::kubemq::new_id(),
-        client_id: client_id.to_string(),
-        request_type_data: Op::Get as i32,
-        channel: channel.to_string(),
-        max_items,
-        wait_timeout: wait_ms,
-        ..Default::default()
-    }
+    fn close(&mut self, transaction: &str)
+        -> impl Future<Output = Result<(), BackendError>> + Send;
 }
 
 #[cfg(test)]

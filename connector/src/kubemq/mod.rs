@@ -1,9 +1,8 @@
 //! KubeMQ's gRPC API: the types and the client and server stubs generated from
 //! `proto/kubemq.proto` by tonic/prost at build time, the transport tuning both ends use
-//! ([`transport`]), the few shapes of KubeMQ's answers the connector builds itself, and
-//! [`server`]: the embedded store served as that API.
+//! ([`transport`]), and the few shapes of KubeMQ's answers the connector builds itself. The
+//! embedded store served as that API is [`crate::facade`].
 
-pub mod server;
 pub mod transport;
 
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

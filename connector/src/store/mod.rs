@@ -5,21 +5,21 @@
 //! assigns per-queue sequences, frames them as records ([`record`]) and waits until the writer
 //! thread of [`log`] has them on disk (group commit); only then are they visible. [`Store::get`]
 //! waits for MaxItems or WaitTimeout exactly like KubeMQ (4.3.2) and locks what it hands out;
-//! settlement ([`downstream`]) acks, NAcks to the tail, dead-letters, re-queues or returns them.
+//! settlement in a consumer [`session`] acks, NAcks to the tail, dead-letters, re-queues or returns
+//! them.
 //! Message bodies live only on disk; memory holds an index of where each one is.
 //!
 //! Events fan out in memory ([`events`]); the events-store keeps its streams and cursors in a
 //! log of its own ([`stream`]); commands and queries are routed in memory ([`requests`]), both
 //! over [`fanout`].
 
-pub mod capture;
-pub mod downstream;
 pub mod errors;
 pub mod events;
 pub mod fanout;
 pub mod log;
 pub mod record;
 pub mod requests;
+pub mod session;
 pub mod stream;
 
 use std::collections::{BTreeMap, HashMap};

@@ -5,11 +5,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::downstream::Downstream;
 use super::*;
+use crate::facade::capture::Capture;
+use crate::facade::downstream::Downstream;
 use crate::kubemq::{
     QueueMessage, QueueMessagePolicy, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op,
 };
+use crate::store::session::TxnWatcher;
 
 /// A store on a fresh folder of real files, and the runtime a test drives it on.
 struct Fixture {
@@ -383,7 +385,7 @@ fn close_returns_without_increment() {
 /// for good: memory grew with every Get for the session's whole life.
 #[test]
 fn a_long_lived_session_keeps_a_bounded_table() {
-    use super::downstream::CLOSED_KEPT;
+    use super::session::CLOSED_KEPT;
     Fixture::new().run(|_, store| async move {
         let n = CLOSED_KEPT + 10;
         store
@@ -400,7 +402,7 @@ fn a_long_lived_session_keeps_a_bounded_table() {
                 .is_none());
             ids.push(r.transaction_id);
         }
-        assert_eq!(ds.table_sizes(), (0, CLOSED_KEPT));
+        assert_eq!(ds.session().table_sizes(), (0, CLOSED_KEPT));
         let recent = ds
             .handle(settle(Op::AckAll, &ids[n - 1], &[]))
             .await
@@ -1044,10 +1046,10 @@ fn capture_moves_held_messages_between_open_transactions() {
 }
 
 /// Two downstream streams on `store` whose transactions capture messages.
-fn capturing_streams(store: &Arc<Store>) -> (Arc<super::capture::Capture>, Downstream, Downstream) {
-    let capture = super::capture::Capture::new();
-    let a = Downstream::capturing(store.clone(), capture.clone());
-    let b = Downstream::capturing(store.clone(), capture.clone());
+fn capturing_streams(store: &Arc<Store>) -> (Arc<Capture>, Downstream, Downstream) {
+    let capture = Capture::new();
+    let a = Downstream::watched(store.clone(), capture.clone());
+    let b = Downstream::watched(store.clone(), capture.clone());
     (capture, a, b)
 }
 

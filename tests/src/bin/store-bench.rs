@@ -54,7 +54,7 @@ fn main() {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(connector::kubemq::server::serve(
+        tokio::spawn(connector::facade::serve(
             store.clone(),
             listener,
             None,

@@ -1086,6 +1086,7 @@ mod tests {
     use super::*;
     use crate::backend::double::{Double, Overrides};
     use crate::backend::embedded::Embedded;
+    use crate::kubemq::QueuesDownstreamRequestType as Op;
     use crate::store::Store;
 
     /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the
@@ -1354,6 +1355,19 @@ mod tests {
 
     struct RecordedGets<D>(D, Log);
 
+    impl<D> RecordedGets<D> {
+        /// Records a settlement request as the downstream protocol names it.
+        fn saw(&self, op: Op, transaction: &str) {
+            self.1
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Seen::Settle {
+                    op: op as i32,
+                    transaction: transaction.to_string(),
+                });
+        }
+    }
+
     impl<D: Downstream> Downstream for RecordedGets<D> {
         async fn get(
             &mut self,
@@ -1372,18 +1386,29 @@ mod tests {
             self.0.get(channel, client_id, max_items, wait_ms).await
         }
 
-        async fn settle(
+        async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+            self.saw(Op::AckRange, transaction);
+            self.0.ack(transaction, sequences).await
+        }
+
+        async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
+            self.saw(Op::NAckRange, transaction);
+            self.0.nack(transaction, sequences).await
+        }
+
+        async fn requeue(
             &mut self,
-            request: crate::kubemq::QueuesDownstreamRequest,
+            transaction: &str,
+            sequences: &[u64],
+            channel: &str,
         ) -> Result<(), BackendError> {
-            self.1
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .push(Seen::Settle {
-                    op: request.request_type_data,
-                    transaction: request.ref_transaction_id.clone(),
-                });
-            self.0.settle(request).await
+            self.saw(Op::ReQueueRange, transaction);
+            self.0.requeue(transaction, sequences, channel).await
+        }
+
+        async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
+            self.saw(Op::CloseByClient, transaction);
+            self.0.close(transaction).await
         }
     }
 
@@ -1474,7 +1499,6 @@ mod tests {
     /// answering the Get is given back instead of staying hidden while the session lives.
     #[tokio::test]
     async fn a_settled_transaction_is_closed_on_a_backend_that_captures() {
-        use crate::kubemq::QueuesDownstreamRequestType as Op;
         let (_dir, store, backend, tx, mut from) = one_consumer_like_kubemq("close", 1).await;
         let Ok(Some(ToConsumer::Messages(hs))) =
             tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await

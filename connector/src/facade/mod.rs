@@ -1,5 +1,9 @@
 //! The embedded store served as KubeMQ's gRPC API (queues, events, events-store and Ping), so that the
-//! connector's KubeMQ client, KubeMQ's own SDKs and tests can all talk to it over a real socket.
+//! connector's KubeMQ client, KubeMQ's own SDKs and tests can all talk to it over a real socket:
+//! the one place that reads KubeMQ's requests into the store's calls and writes the store's
+//! answers as KubeMQ's ([`downstream`] for the QueuesDownstream stream). For tests it can also
+//! imitate how KubeMQ v2.4's server differs from the store (`capture`, compiled with the
+//! `kubemq-imitation` feature).
 //! Errors are placed as KubeMQ places them (KMQ-3): in-band for queue sends and
 //! streams and SendEventsStream, gRPC INTERNAL with KubeMQ's `Error NNN` text for events and
 //! subscriptions. Commands, Queries and the legacy queue RPCs answer UNIMPLEMENTED until their
@@ -14,10 +18,15 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
-use super::{queue_info, queues_summary, REPORTED_VERSION};
+#[cfg(any(test, feature = "kubemq-imitation"))]
+pub mod capture;
+pub mod downstream;
+
+use self::downstream::Downstream;
 use crate::auth::jwt::JwtVerifier;
 use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
+use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
+use crate::kubemq::{queue_info, queues_summary, REPORTED_VERSION};
 use crate::kubemq::{
     AckAllQueueMessagesRequest, AckAllQueueMessagesResponse, Empty, Event, EventReceive,
     PingResult, QueueInfo, QueueMessage, QueueMessagesBatchRequest, QueueMessagesBatchResponse,
@@ -26,28 +35,28 @@ use crate::kubemq::{
     ReceiveQueueMessagesResponse, SendQueueMessageResult, StreamQueueMessagesRequest,
     StreamQueueMessagesResponse, Subscribe,
 };
-use crate::store::capture::Capture;
-use crate::store::downstream::Downstream;
+use crate::store::session::TxnWatcher;
 use crate::store::StoreError;
 use crate::store::{now_ns, Store};
 use tonic::codegen::http;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-/// A message tag that makes a façade imitating KubeMQ store the QueuesUpstream request carrying
-/// it (as its first message) and never answer it, as KubeMQ v2.4 sometimes does (KMQ-19): the
-/// value is [`LOST_ANSWER`]. Only [`Facade::imitating_kubemq`] reads it.
-pub const IMITATE_TAG: &str = "x-imitate-kubemq";
-/// See [`IMITATE_TAG`].
-pub const LOST_ANSWER: &str = "lost-answer";
+/// How KubeMQ v2.4's server differs from the store, imitated by a façade that stands in for it
+/// in tests: it watches the transactions (KMQ-2, KMQ-20) and loses some answers (KMQ-19).
+pub(crate) trait Imitation: TxnWatcher {
+    /// Whether the QueuesUpstream request whose first message is `first` is stored and never
+    /// answered.
+    fn loses_answer(&self, first: &QueueMessage) -> bool;
+}
 
 /// The gRPC service over a store.
 pub struct Facade {
     store: Arc<Store>,
     started: Instant,
     started_unix: i64,
-    /// Open transactions capture messages as on a real KubeMQ v2.4 (tests only).
-    capture: Option<Arc<Capture>>,
+    /// How KubeMQ v2.4 differs, when the façade imitates it (tests only).
+    imitation: Option<Arc<dyn Imitation>>,
 }
 
 impl Facade {
@@ -57,22 +66,23 @@ impl Facade {
             store,
             started: Instant::now(),
             started_unix: now_ns() / 1_000_000_000,
-            capture: None,
+            imitation: None,
         }
     }
 
     /// A façade over `store` whose open transactions capture messages the way a real KubeMQ
-    /// v2.4's do ([`crate::store::capture`]): what the connector meets on the real broker, for tests.
+    /// v2.4's do ([`capture`]): what the connector meets on the real broker, for tests.
+    #[cfg(any(test, feature = "kubemq-imitation"))]
     pub fn imitating_kubemq(store: Arc<Store>) -> Self {
         Facade {
-            capture: Some(Capture::new()),
+            imitation: Some(capture::Capture::new()),
             ..Self::new(store)
         }
     }
 
     /// Stores `messages` and lets open transactions capture them, as KubeMQ's would.
     async fn send(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
-        store_and_capture(&self.store, self.capture.as_deref(), messages).await
+        store_and_capture(&self.store, self.imitation.as_deref(), messages).await
     }
 
     /// The tonic service with KubeMQ's 100 MiB message limits.
@@ -165,13 +175,13 @@ async fn headers_with_first<T: Send + 'static>(
     Ok(Response::new(stream))
 }
 
-/// Stores `messages`; then, with `capture`, open transactions take what they have room for.
+/// Stores `messages`; then, with an imitation, open transactions take what they have room for.
 async fn store_and_capture(
     store: &Arc<Store>,
-    capture: Option<&Capture>,
+    imitation: Option<&dyn Imitation>,
     messages: Vec<QueueMessage>,
 ) -> Vec<SendQueueMessageResult> {
-    let Some(c) = capture else {
+    let Some(c) = imitation else {
         return store.send(messages).await;
     };
     let mut channels: Vec<String> = messages.iter().map(|m| m.channel.clone()).collect();
@@ -400,8 +410,8 @@ impl Kubemq for Facade {
     ) -> Result<Response<Self::QueuesDownstreamStream>, Status> {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
-        let mut ds = match &self.capture {
-            Some(c) => Downstream::capturing(self.store.clone(), c.clone()),
+        let mut ds = match &self.imitation {
+            Some(i) => Downstream::watched(self.store.clone(), i.clone()),
             None => Downstream::new(self.store.clone()),
         };
         tokio::spawn(async move {
@@ -438,15 +448,15 @@ impl Kubemq for Facade {
         let mut inbound = req.into_inner();
         let (tx, rx) = mpsc::channel(64);
         let store = self.store.clone();
-        let capture = self.capture.clone();
+        let imitation = self.imitation.clone();
         tokio::spawn(async move {
             while let Some(Ok(request)) = inbound.next().await {
-                let lose_answer = capture.is_some()
-                    && request.messages.first().is_some_and(|m| {
-                        m.tags.get(IMITATE_TAG).map(String::as_str) == Some(LOST_ANSWER)
-                    });
+                let lose_answer = imitation
+                    .as_ref()
+                    .zip(request.messages.first())
+                    .is_some_and(|(i, first)| i.loses_answer(first));
                 if lose_answer {
-                    store_and_capture(&store, capture.as_deref(), request.messages).await;
+                    store_and_capture(&store, imitation.as_deref(), request.messages).await;
                     continue;
                 }
                 let resp = if request.messages.is_empty() {
@@ -459,7 +469,7 @@ impl Kubemq for Facade {
                 } else {
                     QueuesUpstreamResponse {
                         ref_request_id: request.request_id,
-                        results: store_and_capture(&store, capture.as_deref(), request.messages)
+                        results: store_and_capture(&store, imitation.as_deref(), request.messages)
                             .await,
                         ..Default::default()
                     }

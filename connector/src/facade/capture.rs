@@ -1,7 +1,8 @@
-//! KubeMQ v2.4's "capture" of queue messages by open transactions (KMQ-2), for
-//! the gRPC façade when it stands in for a real KubeMQ. The embedded store never does this; the
-//! façade does it only when asked ([`crate::kubemq::server::Facade::imitating_kubemq`]), so that the
-//! connector's Get loop is tested against the broker it will meet.
+//! KubeMQ v2.4's "capture" of queue messages by open transactions (KMQ-2), for the gRPC façade
+//! when it stands in for a real KubeMQ in tests ([`super::Facade::imitating_kubemq`]), so that the
+//! connector's Get loop is tested against the broker it will meet. The embedded store never does
+//! this, and the connector is built without it: only the `kubemq-imitation` feature, which the
+//! tests turn on, compiles it.
 //!
 //! The model, from what a real KubeMQ v2.4.0 was seen to do (docs/kubemq-behaviour.md):
 //! - A Get's transaction stays a consumer of its queue until it closes, with room for as many
@@ -19,11 +20,21 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::Store;
+use super::Imitation;
+use crate::kubemq::QueueMessage;
+use crate::store::session::{TxnId, TxnWatcher};
+use crate::store::Store;
+
+/// A message tag that makes the imitating façade store the QueuesUpstream request carrying it
+/// (as its first message) and never answer it, as KubeMQ v2.4 sometimes does (KMQ-19): the
+/// value is [`LOST_ANSWER`].
+pub const IMITATE_TAG: &str = "x-imitate-kubemq";
+/// See [`IMITATE_TAG`].
+pub const LOST_ANSWER: &str = "lost-answer";
 
 /// One open transaction as a consumer of its queue.
 struct Captor {
-    transaction: String,
+    transaction: TxnId,
     /// How many unacknowledged messages it may have: returned-and-unsettled plus held.
     room: usize,
     /// Returned by its Get and not settled yet.
@@ -63,21 +74,26 @@ impl Capture {
         f(map.entry(queue.to_string()).or_default())
     }
 
-    /// A Get on `queue` asked for `max_items` and opened `transaction` with `returned` messages
-    /// (`None`: no transaction stays open).
-    pub fn got(
+    /// How many messages open transactions hold on `queue`, for tests.
+    pub fn held(&self, queue: &str) -> usize {
+        self.with(queue, |q| q.captors.iter().map(|c| c.held.len()).sum())
+    }
+}
+
+impl TxnWatcher for Capture {
+    fn got(
         &self,
         store: &Store,
         queue: &str,
         max_items: usize,
-        transaction: Option<&str>,
+        open: Option<&TxnId>,
         returned: usize,
     ) {
         self.with(queue, |q| {
             q.pooled_room = q.pooled_room.max(max_items);
-            if let Some(t) = transaction {
+            if let Some(t) = open {
                 q.captors.push(Captor {
-                    transaction: t.to_string(),
+                    transaction: t.clone(),
                     room: q.pooled_room,
                     unsettled: returned,
                     held: Vec::new(),
@@ -87,32 +103,30 @@ impl Capture {
         });
     }
 
-    /// `transaction` has `unsettled` returned messages left; it stays open.
-    pub fn settled(&self, store: &Store, queue: &str, transaction: &str, unsettled: usize) {
+    fn settled(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: usize) {
         self.with(queue, |q| {
-            if let Some(c) = q.captors.iter_mut().find(|c| c.transaction == transaction) {
+            if let Some(c) = q.captors.iter_mut().find(|c| c.transaction == *txn) {
                 c.unsettled = unsettled;
             }
             pass(store, queue, q);
         });
     }
 
-    /// `transaction` is closing with `unsettled` messages its client never settled
-    /// (CloseByClient, its stream ending): like what it held, they move to another open
+    /// Like what the transaction held, what its client never settled moves to another open
     /// transaction of the queue regardless of room (hidden there), or back to the queue.
-    pub fn hand_over(&self, store: &Store, queue: &str, transaction: &str, unsettled: &[u64]) {
+    fn closing(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: &[u64]) {
         self.with(queue, |q| {
-            match q.captors.iter_mut().find(|c| c.transaction != transaction) {
+            match q.captors.iter_mut().find(|c| c.transaction != *txn) {
                 Some(other) => other.held.extend_from_slice(unsettled),
                 None => store.release(queue, unsettled),
             }
         });
     }
 
-    /// `transaction` closed: what it held moves on.
-    pub fn closed(&self, store: &Store, queue: &str, transaction: &str) {
+    /// What the transaction held moves on.
+    fn closed(&self, store: &Store, queue: &str, txn: &TxnId) {
         self.with(queue, |q| {
-            let Some(at) = q.captors.iter().position(|c| c.transaction == transaction) else {
+            let Some(at) = q.captors.iter().position(|c| c.transaction == *txn) else {
                 return;
             };
             let gone = q.captors.remove(at);
@@ -124,14 +138,14 @@ impl Capture {
         });
     }
 
-    /// Messages may have become ready on `queue`.
-    pub fn arrived(&self, store: &Store, queue: &str) {
+    fn arrived(&self, store: &Store, queue: &str) {
         self.with(queue, |q| pass(store, queue, q));
     }
+}
 
-    /// How many messages open transactions hold on `queue`, for tests.
-    pub fn held(&self, queue: &str) -> usize {
-        self.with(queue, |q| q.captors.iter().map(|c| c.held.len()).sum())
+impl Imitation for Capture {
+    fn loses_answer(&self, first: &QueueMessage) -> bool {
+        first.tags.get(IMITATE_TAG).map(String::as_str) == Some(LOST_ANSWER)
     }
 }
 
