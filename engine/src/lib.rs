@@ -3,7 +3,8 @@
 //! Bytes in, bytes and [`Event`]s out, commands back: no sockets, no tokio, no clock — this crate
 //! depends on none of them, so the compiler keeps it that way. Read in the order a frame travels:
 //! [`frame`] cuts frames, [`validate`] checks their structure, [`codec`] decodes performatives,
-//! [`Connection`] (with `session.rs` and `link.rs`) runs the state machines, [`Event`] is what the
+//! [`Connection`] runs the state machines (its session and link frames in `connection/`, over
+//! the state of each session and link in `session.rs` and `link.rs`), [`Event`] is what the
 //! application sees, `reassembly.rs` holds a message arriving in several frames, and `budget.rs`
 //! counts what a connection makes its application hold.
 //!

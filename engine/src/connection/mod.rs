@@ -1,9 +1,13 @@
 //! The per-connection state machine: protocol headers, SASL, OPEN/CLOSE, timers, and dispatch of
-//! frames to the session and link logic (`session.rs`, `link.rs`).
+//! frames to the session and link logic ([`sessions`], [`links`]), which keep each session's and
+//! link's state in `crate::session` and `crate::link`.
 //!
 //! Sans-IO: bytes come in through [`Connection::handle_input`], bytes go out through
 //! [`Connection::poll_transmit`], the application reads [`Event`]s with [`Connection::poll_event`]
 //! and answers with commands. Time is passed in; nothing here reads a clock or touches a socket.
+
+mod links;
+mod sessions;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -14,18 +18,18 @@ use fe2o3_amqp_types::performatives::{Close, Open};
 use fe2o3_amqp_types::primitives::{Array, Symbol};
 use fe2o3_amqp_types::sasl::{SaslCode, SaslMechanisms, SaslOutcome};
 
-use super::admission::Admission;
-use super::auth::{
+use crate::admission::Admission;
+use crate::auth::{
     sanitize_client_id, AuthAttempt, AuthFailure, AuthPolicy, ClientCertificate, Identity,
 };
-use super::budget::{ConnectionBudget, ProcessBudget};
-use super::codec::{self, decode_performative, decode_sasl, Performative, SaslFrame};
-use super::error::{AmqpError, Condition};
-use super::event::{Event, SaslReport, SaslResult};
-use super::frame::{split_frame, write_frame, RawFrame, TYPE_AMQP, TYPE_SASL};
-use super::link::Link;
-use super::session::{PendingDisposition, Session};
-use super::LinkId;
+use crate::budget::{ConnectionBudget, ProcessBudget};
+use crate::codec::{self, decode_performative, decode_sasl, Performative, SaslFrame};
+use crate::error::{AmqpError, Condition};
+use crate::event::{Event, SaslReport, SaslResult};
+use crate::frame::{split_frame, write_frame, RawFrame, TYPE_AMQP, TYPE_SASL};
+use crate::link::Link;
+use crate::session::{PendingDisposition, Session};
+use crate::LinkId;
 
 /// Smallest max-frame-size AMQP allows (CONN-8).
 pub const MIN_MAX_FRAME_SIZE: u32 = 512;
@@ -69,7 +73,7 @@ pub struct EngineConfig {
     pub close_timeout: Duration,
     /// How clients authenticate.
     pub auth: AuthPolicy,
-    /// Bytes one connection may make the connector hold (see [`super::budget`]).
+    /// Bytes one connection may make the connector hold (see [`crate::budget`]).
     pub connection_memory: u64,
     /// The budget all connections share beyond their guaranteed share.
     pub process_memory: Arc<ProcessBudget>,
@@ -128,7 +132,7 @@ impl Transport {
 
 /// Which protocol headers are acceptable next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum HeaderStage {
+enum HeaderStage {
     /// First header of the connection.
     Initial,
     /// After the TLS header was echoed.
@@ -138,7 +142,7 @@ pub(super) enum HeaderStage {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
+enum State {
     Header(HeaderStage),
     Sasl,
     Opening,
@@ -149,26 +153,26 @@ pub(super) enum State {
 
 /// One AMQP connection, server side.
 pub struct Connection {
-    pub(super) cfg: Arc<EngineConfig>,
+    cfg: Arc<EngineConfig>,
     transport: Transport,
     admission: Box<dyn Admission>,
-    pub(super) state: State,
-    pub(super) out: BytesMut,
+    state: State,
+    out: BytesMut,
     /// Reused to size a delivery's first TRANSFER before it is written.
-    pub(super) scratch: BytesMut,
-    pub(super) events: VecDeque<Event>,
-    pub(super) now: Instant,
+    scratch: BytesMut,
+    events: VecDeque<Event>,
+    now: Instant,
     /// The negotiated frame size, both directions (CONN-8); 512 until OPEN.
-    pub(super) max_frame: u32,
+    max_frame: u32,
     channel_max: u16,
     identity: Option<Identity>,
     /// A SASL success whose ClientID is the container-id, reported once OPEN names it.
     sasl_report: Option<SaslReport>,
-    pub(super) sessions: super::FastMap<u16, Session>,
+    pub(crate) sessions: crate::FastMap<u16, Session>,
     /// Channels whose BEGIN we refused, until the client's END (SESS-2).
-    pub(super) refused: super::session::RefusedChannels,
-    pub(super) links: super::FastMap<LinkId, Link>,
-    pub(super) next_link_id: LinkId,
+    refused: crate::session::RefusedChannels,
+    pub(crate) links: crate::FastMap<LinkId, Link>,
+    next_link_id: LinkId,
     last_recv: Instant,
     last_sent: Instant,
     peer_idle: Option<Duration>,
@@ -177,27 +181,27 @@ pub struct Connection {
     credential_deadline: Option<Instant>,
     close_deadline: Option<Instant>,
     closed_event_sent: bool,
-    pub(super) pending_disposition: Option<PendingDisposition>,
+    pending_disposition: Option<PendingDisposition>,
     /// Error conditions written since last taken, by scope (ERR-6).
-    pub(super) errors_sent: ErrorCounts,
+    errors_sent: ErrorCounts,
     /// Inbound messages dropped by the engine (oversize) since last taken (MET-8).
-    pub(super) dropped_in: u64,
+    dropped_in: u64,
     /// What this connection makes the connector hold.
-    pub(super) budget: ConnectionBudget,
+    budget: ConnectionBudget,
     /// A receiver link's credit was not topped up because the budget was half used; credit is
     /// granted again once it falls below half.
-    pub(super) credit_withheld: bool,
+    credit_withheld: bool,
     /// Output handed to the transport and not yet written by it ([`Connection::set_unwritten`]).
-    pub(super) unwritten: usize,
+    unwritten: usize,
     /// The transport was full since senders last heard it had room: transfers may wait in
     /// their sessions and senders may have seen every window shut. Once it has taken half, the
     /// transfers go and senders hear so.
-    pub(super) held_for_transport: bool,
+    held_for_transport: bool,
 }
 
 /// Whether transfers wait for the transport with `pending` bytes unwritten: from
 /// [`MAX_UNWRITTEN`] up, and, once they waited, until it has taken half.
-pub(super) fn transport_full(pending: usize, held: bool) -> bool {
+fn transport_full(pending: usize, held: bool) -> bool {
     pending >= MAX_UNWRITTEN || (held && pending >= MAX_UNWRITTEN / 2)
 }
 
@@ -346,7 +350,7 @@ impl Connection {
     }
 
     /// Whether the transport holds so much unwritten output that transfers wait.
-    pub(super) fn transport_full(&self) -> bool {
+    fn transport_full(&self) -> bool {
         transport_full(self.out.len() + self.unwritten, self.held_for_transport)
     }
 
@@ -798,7 +802,7 @@ impl Connection {
     }
 
     /// A connection-level protocol error: CLOSE with it.
-    pub(super) fn protocol_failure(&mut self, err: AmqpError) {
+    fn protocol_failure(&mut self, err: AmqpError) {
         match self.state {
             State::Open => {
                 tracing::info!(error = %err, "closing the connection on a protocol error");
@@ -864,15 +868,15 @@ impl Connection {
     }
 
     /// The channel-max we advertised.
-    pub(super) fn channel_max(&self) -> u16 {
+    fn channel_max(&self) -> u16 {
         self.channel_max
     }
 }
 
 /// Our view of an error the client sent; conditions outside our 13 are kept as internal errors
 /// with the original symbol in the description, since they are only ever logged.
-pub(super) fn wire_to_error(e: &fe2o3_amqp_types::definitions::Error) -> AmqpError {
-    let sym = super::error::wire_symbol(e);
+fn wire_to_error(e: &fe2o3_amqp_types::definitions::Error) -> AmqpError {
+    let sym = crate::error::wire_symbol(e);
     match Condition::from_symbol(&sym) {
         Some(c) => AmqpError {
             condition: c,
