@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::engine::{Connection, LinkView};
+use crate::engine::{Connection, LinkId, LinkView};
 
 /// How long one connection may take to answer a probe; one that takes longer (it is closing) is
 /// left out of that answer.
@@ -73,6 +73,26 @@ pub struct LinkDetail {
     pub dynamic: bool,
 }
 
+/// What the application says a link serves (OBS-3).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinkLabel {
+    /// The resolved terminus address.
+    pub address: String,
+    /// The pattern it serves: `queues`, `events`, `events-store`, `commands`, `queries`, or a
+    /// synthetic one such as `responses`.
+    pub pattern: &'static str,
+    /// The KubeMQ channel (empty for an anonymous or dynamic link).
+    pub channel: String,
+    /// A durable events-store subscription (DUR-1).
+    pub durable: bool,
+}
+
+/// Where the labels of one connection's links come from: what serves them.
+pub trait LinkLabels {
+    /// What `link` serves; `None` while nothing does.
+    fn link_label(&self, link: LinkId) -> Option<LinkLabel>;
+}
+
 /// One connection's answer to a probe.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
@@ -103,11 +123,17 @@ pub struct Identity {
 }
 
 impl Identity {
-    /// The connection's state now, from its engine.
-    pub fn snapshot(&self, conn: &Connection) -> Snapshot {
+    /// The connection's state now, from its engine, its links labelled by `labels`.
+    pub fn snapshot(&self, conn: &Connection, labels: &dyn LinkLabels) -> Snapshot {
         let views = conn.link_views();
         let sasl = conn.identity().map_or("none", |i| i.mechanism.audit_name());
-        let links = views.into_iter().map(|v| self.link(v)).collect::<Vec<_>>();
+        let links = views
+            .into_iter()
+            .map(|v| {
+                let label = labels.link_label(v.id).unwrap_or_default();
+                self.link(v, label)
+            })
+            .collect::<Vec<_>>();
         Snapshot {
             connection: ConnectionView {
                 client_id: self.client_id.clone(),
@@ -125,8 +151,7 @@ impl Identity {
         }
     }
 
-    fn link(&self, v: LinkView) -> LinkDetail {
-        let label = v.label.unwrap_or_default();
+    fn link(&self, v: LinkView, label: LinkLabel) -> LinkDetail {
         LinkDetail {
             client_id: self.client_id.clone(),
             name: v.name,
@@ -168,9 +193,12 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// The next probe for this connection.
-    pub async fn probed(&mut self) -> Option<Probe> {
-        self.probes.recv().await
+    /// The next probe for this connection, if one is waiting; wakes `cx` when one comes.
+    pub fn poll_probe(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Probe>> {
+        self.probes.poll_recv(cx)
     }
 }
 

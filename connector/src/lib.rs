@@ -16,5 +16,6 @@ pub use engine;
 pub mod http;
 pub mod kubemq;
 pub mod metrics;
+pub mod observed;
 pub mod pattern;
 pub mod store;

@@ -16,6 +16,7 @@ use connector::config::Settings;
 use connector::driver::{serve, Listeners, ServeOptions, TlsSource};
 use connector::http::Health;
 use connector::metrics::Metrics;
+use connector::observed::Observing;
 use connector::store::Store;
 
 /// glibc's malloc cost the connector about a tenth of its CPU per message (mostly frees across
@@ -241,13 +242,13 @@ async fn serve_amqp<B: Backend + Clone>(
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),
         broker_ready: Some(ready.clone()),
-        registry,
     };
+    let bridge = Bridge::new(backend, settings, metrics, security.access);
     serve(
         listener,
         cfg,
         opts,
-        Arc::new(Bridge::new(backend, settings, metrics, security.access)),
+        Arc::new(Observing::new(bridge, registry)),
         shutdown_signal(),
     )
     .await;

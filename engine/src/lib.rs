@@ -43,7 +43,7 @@ pub use connection::{
 };
 pub use error::{AmqpError, Condition, ALL_CONDITIONS};
 pub use event::{CommandError, Delivery, Event, LinkId, SaslReport, SaslResult};
-pub use link::{LinkAccept, LinkLabel, LinkView, ServerRole, SessionRoom};
+pub use link::{LinkAccept, LinkView, ServerRole, SessionRoom};
 pub use outcome::DeliveryOutcome;
 pub use session::SESSION_WINDOW;
 

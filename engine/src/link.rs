@@ -11,6 +11,7 @@ use fe2o3_amqp_types::performatives::Attach;
 
 use super::budget::{Charge, Reserved};
 use super::reassembly::Reassembly;
+use super::LinkId;
 
 /// Ids of one DISPOSITION range considered beyond the first (Q-28: 65536 ids in all).
 pub const MAX_DISPOSITION_SPAN: u32 = 65_535;
@@ -135,8 +136,6 @@ pub(crate) struct Link {
     pub(crate) request: Option<Box<Attach>>,
     /// The client asked for a dynamic node (ADDR-11).
     pub(crate) dynamic: bool,
-    /// What the application says the link serves, once it told (OBS-3).
-    pub(crate) label: Option<Box<LinkLabel>>,
     /// `EngineConfig::link_state_bytes` reserved in the process budget while the link lives
     /// (none for a link refused at once).
     pub(crate) state: Option<Reserved>,
@@ -172,20 +171,6 @@ pub struct SessionRoom {
     pub waiting: u32,
 }
 
-/// What the application says a link serves, kept with the link for the links endpoint (OBS-3).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LinkLabel {
-    /// The resolved terminus address.
-    pub address: String,
-    /// The pattern it serves: `queues`, `events`, `events-store`, `commands`, `queries`, or a
-    /// synthetic one such as `responses`.
-    pub pattern: &'static str,
-    /// The KubeMQ channel (empty for an anonymous or dynamic link).
-    pub channel: String,
-    /// A durable events-store subscription (DUR-1).
-    pub durable: bool,
-}
-
 /// Which side of a link the server is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerRole {
@@ -208,6 +193,8 @@ impl ServerRole {
 /// One attached link as the server sees it now (OBS-3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkView {
+    /// The link.
+    pub id: LinkId,
     /// The link's name, chosen by the client.
     pub name: String,
     /// The server's role.
@@ -220,8 +207,6 @@ pub struct LinkView {
     pub unsettled: usize,
     /// A dynamic-node terminus (ADDR-11).
     pub dynamic: bool,
-    /// What the application said of it; `None` if it said nothing.
-    pub label: Option<LinkLabel>,
 }
 
 /// What the application decides when it accepts a link.

@@ -453,10 +453,11 @@ impl TestConnector {
             max_connections: settings.max_connections,
             shutdown_grace: Duration::from_secs(5),
             broker_ready: None,
-            registry: Default::default(),
         };
         let bridge = connector::bridge::Bridge::new(backend, &settings, metrics, security.access);
-        serve(listener, cfg, opts, Arc::new(bridge), async {
+        // Audited, paced and listed as the binary's connections are.
+        let observed = connector::observed::Observing::new(bridge, Default::default());
+        serve(listener, cfg, opts, Arc::new(observed), async {
             let _ = stop.await;
         })
         .await;

@@ -178,7 +178,6 @@ fn conn_15_16_broker_readiness() {
                 max_connections: settings.max_connections,
                 shutdown_grace: Duration::from_secs(5),
                 broker_ready: Some(ready),
-                registry: Default::default(),
             };
             let bridge = Bridge::new(
                 backend,
@@ -187,7 +186,9 @@ fn conn_15_16_broker_readiness() {
                 connector::auth::Access::open(),
             );
             let cfg = Arc::new(settings.engine_config_no_auth());
-            serve(listener, cfg, opts, Arc::new(bridge), async {
+            // CONN-15's pause is the observed handler's.
+            let observed = connector::observed::Observing::new(bridge, Default::default());
+            serve(listener, cfg, opts, Arc::new(observed), async {
                 let _ = stop.await;
             })
             .await;

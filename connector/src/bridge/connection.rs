@@ -4,7 +4,6 @@
 //! What a message of an anonymous link becomes is decided here too, message by message
 //! (ADDR-13 … ADDR-18).
 
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -19,14 +18,15 @@ use super::caller::Caller;
 use super::context::Ctx;
 use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
 use super::events::{self, ConsumeRequest, EventLinks};
-use super::links::{label, LinkEntry, Links, Serves};
+use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{ingress_or_refuse, settle_inbound};
 use super::queues::QueueLinks;
 use super::rpc::{ResponderRequest, RpcLinks};
 use super::Bridge;
 use crate::auth::policy::Action;
 use crate::backend::Backend;
-use crate::driver::{Handler, HandlerFactory};
+use crate::detail::{LinkLabel, LinkLabels};
+use crate::driver::{Arrival, Handler, HandlerFactory};
 use crate::engine::{AmqpError, Condition, Connection, Delivery, Event, LinkAccept, LinkId};
 use crate::metrics::{self, Counted, Direction};
 use crate::pattern::{Pattern, Target};
@@ -34,7 +34,7 @@ use crate::pattern::{Pattern, Target};
 impl<B: Backend> HandlerFactory for Arc<Bridge<B>> {
     type Handler = ConnectionHandler<B>;
 
-    fn new_handler(&self, _peer: SocketAddr) -> ConnectionHandler<B> {
+    fn new_handler(&self, _arrival: &Arrival) -> ConnectionHandler<B> {
         let metrics = self.metrics.clone();
         ConnectionHandler {
             bridge: self.clone(),
@@ -152,10 +152,10 @@ impl<B: Backend> ConnectionHandler<B> {
                 {
                     return Ok(()); // detached while attaching
                 }
-                label(conn, link, Serves::Dynamic(&address));
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
                 self.dynamic.consume(link, &address, presettled);
-                self.links.insert(link, LinkEntry::DynamicSource);
+                let serves = Serves::Dynamic(&address);
+                self.links.insert(link, LinkEntry::DynamicSource, serves);
                 self.dynamic.pump(conn, &address);
                 return Ok(());
             }
@@ -175,8 +175,12 @@ impl<B: Backend> ConnectionHandler<B> {
             Resolved::Node { pattern, channel } => (pattern, channel),
             // ADDR-10, AUTHZ-5: a reply token, not subject to authorization; only for senders.
             Resolved::Response { request_id } if client_sends => {
-                if self.rpc.attach_response_link(conn, link, request_id) {
-                    self.links.insert(link, LinkEntry::ReplySender);
+                let serves = Serves::Response(&request_id);
+                if self
+                    .rpc
+                    .attach_response_link(conn, link, request_id.clone())
+                {
+                    self.links.insert(link, LinkEntry::ReplySender, serves);
                 }
                 return Ok(());
             }
@@ -191,11 +195,13 @@ impl<B: Backend> ConnectionHandler<B> {
         )?;
         match (pattern, client_sends) {
             (Pattern::Queues, true) => {
+                let shared = &self.bridge.queues;
                 if self
                     .queues
-                    .accept_producer(conn, link, Some(channel), &self.bridge.queues)
+                    .accept_producer(conn, link, Some(channel.clone()), shared)
                 {
-                    self.links.insert(link, LinkEntry::QueueProducer);
+                    let serves = Serves::queue(&channel);
+                    self.links.insert(link, LinkEntry::QueueProducer, serves);
                 }
             }
             (Pattern::Queues, false) => {
@@ -204,11 +210,12 @@ impl<B: Backend> ConnectionHandler<B> {
                     conn,
                     link,
                     terminus,
-                    channel,
+                    channel.clone(),
                     &self.ctx,
                     &self.bridge.queues,
                 )? {
-                    self.links.insert(link, LinkEntry::QueueConsumer);
+                    let serves = Serves::queue(&channel);
+                    self.links.insert(link, LinkEntry::QueueConsumer, serves);
                 }
             }
             (Pattern::Events | Pattern::EventsStore, true) => {
@@ -219,12 +226,16 @@ impl<B: Backend> ConnectionHandler<B> {
                         "selectors apply only to receiving links",
                     ));
                 }
-                let target = Target { pattern, channel };
+                let target = Target {
+                    pattern,
+                    channel: channel.clone(),
+                };
                 if self
                     .events
                     .attach_publisher(conn, link, target, &self.bridge.events)
                 {
-                    self.links.insert(link, LinkEntry::EventPublisher);
+                    let serves = Serves::node(pattern, &channel);
+                    self.links.insert(link, LinkEntry::EventPublisher, serves);
                 }
             }
             (Pattern::Events | Pattern::EventsStore, false) => {
@@ -245,9 +256,13 @@ impl<B: Backend> ConnectionHandler<B> {
                     .attach_subscriber(link, request, &self.ctx, &self.bridge.events)?;
             }
             (Pattern::Commands | Pattern::Queries, true) => {
-                let target = Target { pattern, channel };
+                let target = Target {
+                    pattern,
+                    channel: channel.clone(),
+                };
                 if self.rpc.attach_requester(conn, link, target) {
-                    self.links.insert(link, LinkEntry::Requester);
+                    let serves = Serves::node(pattern, &channel);
+                    self.links.insert(link, LinkEntry::Requester, serves);
                 }
             }
             (Pattern::Commands | Pattern::Queries, false) => {
@@ -279,7 +294,9 @@ impl<B: Backend> ConnectionHandler<B> {
                     .queues
                     .accept_producer(conn, link, None, &self.bridge.queues)
                 {
-                    self.links.insert(link, LinkEntry::AnonymousProducer);
+                    let serves = Serves::Anonymous;
+                    self.links
+                        .insert(link, LinkEntry::AnonymousProducer, serves);
                 }
                 return Ok(());
             }
@@ -301,15 +318,14 @@ impl<B: Backend> ConnectionHandler<B> {
         {
             return Ok(()); // detached while attaching
         }
-        label(conn, link, Serves::Dynamic(&address));
         let (consumer, entry) = if client_sends {
             (None, LinkEntry::DynamicTarget)
         } else {
             let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
             (Some(presettled), LinkEntry::DynamicSource)
         };
+        self.links.insert(link, entry, Serves::Dynamic(&address));
         self.dynamic.add(link, address, consumer, conn.budget());
-        self.links.insert(link, entry);
         Ok(())
     }
 
@@ -510,6 +526,12 @@ impl<B: Backend> ConnectionHandler<B> {
     }
 }
 
+impl<B: Backend> LinkLabels for ConnectionHandler<B> {
+    fn link_label(&self, link: LinkId) -> Option<LinkLabel> {
+        self.links.link_label(link)
+    }
+}
+
 impl<B: Backend> Handler for ConnectionHandler<B> {
     fn on_event(&mut self, conn: &mut Connection, event: Event) {
         match event {
@@ -647,7 +669,11 @@ mod tests {
                 .fetchers
                 .lock()
                 .insert(LoopKey::shared("q"), tx);
-            let handler = bridge.new_handler(([127, 0, 0, 1], 5672).into());
+            let handler = bridge.new_handler(&Arrival {
+                peer: ([127, 0, 0, 1], 5672).into(),
+                tls: false,
+                connected_at: std::time::SystemTime::now(),
+            });
             let cfg = Arc::new(settings.engine_config_no_auth());
             Rig {
                 conn: Connection::new(cfg, Transport::Plain, AdmitAll, Instant::now()),

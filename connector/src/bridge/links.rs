@@ -1,8 +1,11 @@
-//! What each link of a connection is: the part of the bridge that serves it ([`LinkEntry`]), the
-//! connection's table of them, which keeps the links gauge (MET-3), and the label the engine
-//! shows for a link (OBS-3).
+//! What each link of a connection is: the part of the bridge that serves it ([`LinkEntry`]) and
+//! what it serves ([`Serves`], shown by the links endpoint, OBS-3), in the connection's table of
+//! them, which keeps the links gauge (MET-3).
 
-use crate::engine::{Connection, FastMap, LinkId, LinkLabel};
+use std::sync::Arc;
+
+use crate::detail::{LinkLabel, LinkLabels};
+use crate::engine::{FastMap, LinkId};
 use crate::metrics::{self, Metrics};
 use crate::pattern::Pattern;
 
@@ -34,38 +37,46 @@ impl<'a> Serves<'a> {
             durable: false,
         }
     }
-}
 
-/// Tells the engine what `link` serves; a link gone meanwhile needs nothing.
-pub(crate) fn label(conn: &mut Connection, link: LinkId, serves: Serves<'_>) {
-    let label = match serves {
+    /// A node of a pattern, not durable.
+    pub(crate) fn node(pattern: Pattern, channel: &'a str) -> Self {
         Serves::Node {
             pattern,
             channel,
-            durable,
-        } => LinkLabel {
-            address: format!("{}/{channel}", pattern.name()),
-            pattern: pattern.name(),
-            channel: channel.to_string(),
-            durable,
-        },
-        Serves::Dynamic(address) => LinkLabel {
-            address: address.to_string(),
-            pattern: "dynamic",
-            ..LinkLabel::default()
-        },
-        Serves::Anonymous => LinkLabel {
-            pattern: "anonymous",
-            ..LinkLabel::default()
-        },
-        Serves::Response(request_id) => LinkLabel {
-            address: format!("responses/{request_id}"),
-            pattern: "responses",
-            channel: request_id.to_string(),
             durable: false,
-        },
-    };
-    let _ = conn.label_link(link, label);
+        }
+    }
+
+    /// As the links endpoint shows it.
+    fn label(self) -> LinkLabel {
+        match self {
+            Serves::Node {
+                pattern,
+                channel,
+                durable,
+            } => LinkLabel {
+                address: format!("{}/{channel}", pattern.name()),
+                pattern: pattern.name(),
+                channel: channel.to_string(),
+                durable,
+            },
+            Serves::Dynamic(address) => LinkLabel {
+                address: address.to_string(),
+                pattern: "dynamic",
+                ..LinkLabel::default()
+            },
+            Serves::Anonymous => LinkLabel {
+                pattern: "anonymous",
+                ..LinkLabel::default()
+            },
+            Serves::Response(request_id) => LinkLabel {
+                address: format!("responses/{request_id}"),
+                pattern: "responses",
+                channel: request_id.to_string(),
+                durable: false,
+            },
+        }
+    }
 }
 
 /// What a link is, by the part of the bridge that serves it; that part keeps the link's state.
@@ -115,42 +126,58 @@ impl LinkEntry {
 
 /// A connection's accepted links, each counted in the links gauge while it is here (MET-3).
 pub(crate) struct Links {
-    entries: FastMap<LinkId, LinkEntry>,
-    metrics: std::sync::Arc<Metrics>,
+    entries: FastMap<LinkId, Accepted>,
+    metrics: Arc<Metrics>,
+}
+
+/// One accepted link.
+struct Accepted {
+    entry: LinkEntry,
+    label: LinkLabel,
 }
 
 impl Links {
     /// No links yet, counted in `metrics`.
-    pub(crate) fn new(metrics: std::sync::Arc<Metrics>) -> Links {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Links {
         Links {
             entries: FastMap::default(),
             metrics,
         }
     }
 
-    /// Records a link the engine accepted.
-    pub(crate) fn insert(&mut self, link: LinkId, entry: LinkEntry) {
-        if let Some(old) = self.entries.insert(link, entry) {
-            self.metrics.link(old.role()).dec();
+    /// Records a link the engine accepted: what it is and what it serves.
+    pub(crate) fn insert(&mut self, link: LinkId, entry: LinkEntry, serves: Serves<'_>) {
+        let accepted = Accepted {
+            entry,
+            label: serves.label(),
+        };
+        if let Some(old) = self.entries.insert(link, accepted) {
+            self.metrics.link(old.entry.role()).dec();
         }
         self.metrics.link(entry.role()).inc();
     }
 
     /// What `link` is, if it is accepted.
     pub(crate) fn get(&self, link: LinkId) -> Option<LinkEntry> {
-        self.entries.get(&link).copied()
+        self.entries.get(&link).map(|a| a.entry)
     }
 
     /// Forgets a link that ended; what it was.
     pub(crate) fn remove(&mut self, link: LinkId) -> Option<LinkEntry> {
-        let entry = self.entries.remove(&link)?;
-        self.metrics.link(entry.role()).dec();
-        Some(entry)
+        let gone = self.entries.remove(&link)?;
+        self.metrics.link(gone.entry.role()).dec();
+        Some(gone.entry)
     }
 
     /// Whether there are none.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+}
+
+impl LinkLabels for Links {
+    fn link_label(&self, link: LinkId) -> Option<LinkLabel> {
+        self.entries.get(&link).map(|a| a.label.clone())
     }
 }

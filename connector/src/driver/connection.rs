@@ -17,12 +17,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_stream::StreamExt;
 
 use super::Handler;
-use crate::auth::audit;
-use crate::auth::throttle::LoginThrottle;
-use crate::detail::{self, Membership, Registry};
-use crate::engine::{
-    Admission, Connection, EngineConfig, Event, SaslResult, Transport, MAX_UNWRITTEN,
-};
+use crate::engine::{Admission, Connection, EngineConfig, Transport, MAX_UNWRITTEN};
 
 /// Spare room kept in the read buffer before each read: a client's window of a hundred or two
 /// 1 KiB messages arrives as one read and one turn (only the touched part costs memory).
@@ -31,12 +26,6 @@ const READ_CHUNK: usize = 256 * 1024;
 const EAGER_WRITE: usize = 64 * 1024;
 /// Turns whose output may gather before it is written even when more input is ready.
 const EAGER_TURNS: u32 = 16;
-/// How long a refusal at OPEN waits before it is written (CONN-15).
-const REFUSAL_PAUSE: Duration = Duration::from_secs(1);
-/// Refused connections waiting out [`REFUSAL_PAUSE`] at a time, in the whole process: they no
-/// longer hold a handshake place, so this bounds the sockets they keep.
-const MAX_PACED: usize = 256;
-static PACED: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_PACED);
 /// How long the last bytes (a CLOSE) may take to leave once the connection is over.
 const FINAL_FLUSH: Duration = Duration::from_secs(2);
 
@@ -95,7 +84,7 @@ pub struct Accepted<S> {
     pub read: BytesMut,
     /// When it was accepted.
     pub at: std::time::Instant,
-    /// The client's address, for the audit events.
+    /// The client's address.
     pub peer: std::net::SocketAddr,
 }
 
@@ -109,10 +98,6 @@ pub struct Surroundings {
     pub shutdown: watch::Receiver<bool>,
     /// The broker's readiness; turning false closes the connection like `shutdown`.
     pub broker_ready: Option<watch::Receiver<bool>>,
-    /// Failed logins by source, which slow a source down (AUD-5).
-    pub logins: Arc<LoginThrottle>,
-    /// Where the connection is listed once open (OBS-2, OBS-3).
-    pub registry: Arc<Registry>,
 }
 
 /// Runs one accepted connection to its end.
@@ -126,20 +111,14 @@ pub async fn run_connection<S: Wire, H: Handler>(
         admission,
         shutdown,
         mut broker_ready,
-        registry,
-        logins,
     } = around;
     let Accepted {
         stream,
         read: mut rbuf,
         at,
-        peer,
+        ..
     } = socket;
     let transport = stream.transport();
-    let tls = transport != Transport::Plain;
-    let connected_at = std::time::SystemTime::now() - at.elapsed();
-    // Joined at OPEN: what the detail endpoints list, and how they ask.
-    let mut listed: Option<(detail::Identity, Membership)> = None;
     let (mut rd, mut wr) = stream.split();
     let mut engine = Connection::new(cfg, transport, admission, at);
     let mut wbuf = BytesMut::new();
@@ -166,55 +145,13 @@ pub async fn run_connection<S: Wire, H: Handler>(
     }
     loop {
         while let Some(ev) = engine.poll_event() {
-            match &ev {
-                Event::Authenticated(report) => {
-                    if matches!(report.outcome, SaslResult::Failure { .. }) {
-                        let verdict = logins.failed(peer.ip(), Instant::now().into_std());
-                        if verdict.logged {
-                            audit::authenticated(peer.ip(), report);
-                        }
-                        if let Some(count) = verdict.summary {
-                            audit::failures_summarized(peer.ip(), count);
-                        }
-                        // AUD-5: the outcome (already in the engine's output) waits.
-                        tokio::time::sleep(verdict.delay).await;
-                    } else {
-                        audit::authenticated(peer.ip(), report);
-                    }
-                }
-                Event::OpenRefused { error } => {
-                    tracing::debug!(%error, "connection refused at open");
-                    // CONN-15: the refusal (already in the engine's output) waits, so that a
-                    // client reconnecting at once asks about once a second, not thousands of
-                    // times, while the broker is away or the slots are full. At most
-                    // MAX_PACED wait at a time; past that a refusal goes at once.
-                    if let Ok(_paced) = PACED.try_acquire() {
-                        tokio::time::sleep(REFUSAL_PAUSE).await;
-                    }
-                }
-                Event::Opened {
-                    client_id,
-                    container_id,
-                    product,
-                    version,
-                    ..
-                } => {
-                    let identity = detail::Identity {
-                        client_id: client_id.clone(),
-                        container_id: crate::engine::sanitize_client_id(container_id),
-                        product: product.clone(),
-                        version: version.clone(),
-                        connected_at,
-                        source_ip: peer.ip(),
-                        tls,
-                    };
-                    listed = Some((identity, registry.join()));
-                }
-                _ => {}
-            }
             handler.on_event(&mut engine, ev);
         }
         handler.after_turn(&mut engine);
+        if let Some(hold) = handler.hold_output() {
+            // The turn's output (a refusal) waits; `hold` keeps its place meanwhile.
+            tokio::time::sleep(hold.delay).await;
+        }
         engine.poll_transmit(&mut wbuf);
         // Output waits while more input is ready at once (the select below takes input before
         // writing), so one write carries the replies to many frames and arrivals: on a busy
@@ -265,7 +202,6 @@ pub async fn run_connection<S: Wire, H: Handler>(
                     r = rd.read_buf(&mut rbuf), if may_read => Input::Read(r),
                     () = &mut timer, if armed.is_some() => Input::Timeout,
                     _ = poll_fn(|cx| handler.poll_ready(cx)) => Input::Work,
-                    Some(probe) = probed(&mut listed) => Input::Probe(probe),
                     r = shutdown.next(), if !shutting_down => Input::Shutdown(r.is_some()),
                     r = changed(&mut broker_ready), if !shutting_down => Input::Broker(r),
                 }
@@ -287,11 +223,6 @@ pub async fn run_connection<S: Wire, H: Handler>(
             }
             Input::Timeout => engine.handle_timeout(Instant::now().into_std()),
             Input::Work => handler.on_ready(&mut engine),
-            Input::Probe(probe) => {
-                if let Some((identity, _)) = &listed {
-                    let _ = probe.send(identity.snapshot(&engine));
-                }
-            }
             Input::Shutdown(sent) => {
                 shutting_down = true;
                 if sent {
@@ -309,8 +240,6 @@ pub async fn run_connection<S: Wire, H: Handler>(
             },
         }
     }
-    // Closed: no longer listed.
-    drop(listed);
     while let Some(ev) = engine.poll_event() {
         handler.on_event(&mut engine, ev);
     }
@@ -334,8 +263,6 @@ enum Input {
     Timeout,
     /// The handler has background work.
     Work,
-    /// The detail endpoint asks for this connection's snapshot.
-    Probe(detail::Probe),
     /// The process is shutting down (`false`: nobody will say so any more).
     Shutdown(bool),
     /// The broker's readiness changed (`None`: nobody will say so any more).
@@ -360,14 +287,6 @@ async fn write_or_flush<W: AsyncWrite + Unpin>(
         wr.flush().await.map(|()| Written::Flushed)
     } else {
         wr.write_buf(buf).await.map(|_| Written::Some)
-    }
-}
-
-/// The next probe of a listed connection; never, before OPEN.
-async fn probed(listed: &mut Option<(detail::Identity, Membership)>) -> Option<detail::Probe> {
-    match listed {
-        Some((_, membership)) => membership.probed().await,
-        None => std::future::pending().await,
     }
 }
 

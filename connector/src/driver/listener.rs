@@ -27,10 +27,8 @@ use tracing::Instrument;
 
 use super::connection::Wire;
 use super::tls::TlsSource;
-use super::{run_connection, Accepted, HandlerFactory, Surroundings};
-use crate::auth::throttle::LoginThrottle;
-use crate::detail::Registry;
-use crate::engine::{Admission, AmqpError, Condition, EngineConfig};
+use super::{run_connection, Accepted, Arrival, HandlerFactory, Surroundings};
+use crate::engine::{Admission, AmqpError, Condition, EngineConfig, Transport};
 
 /// How the listener runs.
 #[derive(Debug, Clone)]
@@ -43,8 +41,6 @@ pub struct ServeOptions {
     /// at OPEN with `amqp:not-allowed`, `broker not ready` (CONN-15), and when it turns false the
     /// open ones are closed with `amqp:connection:forced` (CONN-16). None: always ready.
     pub broker_ready: Option<watch::Receiver<bool>>,
-    /// Where open connections are listed for the detail endpoints (OBS-1).
-    pub registry: Arc<Registry>,
 }
 
 /// Places for connections that have not opened yet (TLS, protocol header, SASL, up to OPEN):
@@ -83,13 +79,10 @@ struct Shared<F> {
     slots: Arc<Semaphore>,
     /// Handshakes dropped to make room, for a rate-limited warning.
     dropped: RateLimited,
-    /// Failed logins by source (AUD-5).
-    logins: Arc<LoginThrottle>,
     cfg: Arc<EngineConfig>,
     factory: Arc<F>,
     stop: watch::Receiver<bool>,
     ready: Option<watch::Receiver<bool>>,
-    registry: Arc<Registry>,
 }
 
 /// Serves AMQP on `listeners` until `shutdown` resolves, then closes every connection.
@@ -111,12 +104,10 @@ pub async fn serve<F: HandlerFactory>(
         handshakes: Held::new(handshake_pool(opts.max_connections)),
         slots: Arc::new(Semaphore::new(slots)),
         dropped: RateLimited::default(),
-        logins: Arc::default(),
         cfg,
         factory,
         stop: stop_rx,
         ready: opts.broker_ready.clone(),
-        registry: opts.registry.clone(),
     });
     let mut tasks = JoinSet::new();
     let mut next_id: u64 = 0;
@@ -271,6 +262,11 @@ fn spawn<F, S, O, Fut>(
                     return;
                 };
                 tracing::debug!("accepted");
+                let arrival = Arrival {
+                    peer,
+                    tls: stream.transport() != Transport::Plain,
+                    connected_at: std::time::SystemTime::now() - at.elapsed(),
+                };
                 let socket = Accepted {
                     stream,
                     read: BytesMut::new(),
@@ -282,10 +278,9 @@ fn spawn<F, S, O, Fut>(
                     admission: Box::new(admission),
                     shutdown: shared.stop.clone(),
                     broker_ready: shared.ready.clone(),
-                    registry: shared.registry.clone(),
-                    logins: shared.logins.clone(),
                 };
-                run_connection(socket, around, shared.factory.new_handler(peer)).await;
+                let handler = shared.factory.new_handler(&arrival);
+                run_connection(socket, around, handler).await;
                 tracing::debug!("finished");
             };
             tokio::pin!(run);

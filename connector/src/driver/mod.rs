@@ -8,6 +8,7 @@ mod tls;
 
 use std::net::SocketAddr;
 use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
 
 use crate::engine::{Connection, Event};
 
@@ -33,12 +34,38 @@ pub trait Handler: Send + 'static {
     /// Called once per turn of the connection loop, after that turn's events: for engine state
     /// that changes without an event (a BEGIN or END, error tallies).
     fn after_turn(&mut self, _conn: &mut Connection) {}
+
+    /// Asked after each turn: how long that turn's output waits before it is written (a refusal
+    /// paced, so that a client retrying at once does not spin); none by default.
+    fn hold_output(&mut self) -> Option<Hold> {
+        None
+    }
+}
+
+/// A wait before a turn's output is written.
+#[derive(Debug)]
+pub struct Hold {
+    /// How long.
+    pub delay: Duration,
+    /// A place among a bounded number of waits, given back when the wait ends.
+    pub permit: Option<tokio::sync::SemaphorePermit<'static>>,
+}
+
+/// Where and when a connection came from.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// Whether it came over TLS.
+    pub tls: bool,
+    /// When its socket was accepted.
+    pub connected_at: SystemTime,
 }
 
 /// Makes one [`Handler`] per accepted connection.
 pub trait HandlerFactory: Send + Sync + 'static {
     /// The handler type.
     type Handler: Handler;
-    /// A handler for a new connection from `peer`.
-    fn new_handler(&self, peer: SocketAddr) -> Self::Handler;
+    /// A handler for a new connection.
+    fn new_handler(&self, arrival: &Arrival) -> Self::Handler;
 }

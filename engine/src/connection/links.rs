@@ -8,8 +8,8 @@ use crate::error::{AmqpError, Condition};
 use crate::event::{CommandError, Delivery, Event};
 use crate::frame::{write_frame, HEADER_LEN, TYPE_AMQP};
 use crate::link::{
-    Delivered, InFlight, Link, LinkAccept, LinkLabel, LinkView, Partial, Phase, ReceiverState,
-    SenderState, ServerRole, SessionRoom, Side, MAX_DISPOSITION_SPAN, MAX_TAG_LEN,
+    Delivered, InFlight, Link, LinkAccept, LinkView, Partial, Phase, ReceiverState, SenderState,
+    ServerRole, SessionRoom, Side, MAX_DISPOSITION_SPAN, MAX_TAG_LEN,
 };
 use crate::outcome::{DeliveryOutcome, DispositionFrame};
 use crate::reassembly::Reassembly;
@@ -72,7 +72,6 @@ impl Connection {
             side,
             request: None,
             dynamic: false,
-            label: None,
             state: None,
         };
         let refusal = match frame {
@@ -473,17 +472,6 @@ impl Connection {
         Ok(())
     }
 
-    /// Tells what an attached link serves, for [`Connection::link_views`].
-    pub fn label_link(&mut self, id: LinkId, label: LinkLabel) -> Result<(), CommandError> {
-        let link = self
-            .links
-            .get_mut(&id)
-            .filter(|l| l.phase == Phase::Attached)
-            .ok_or(CommandError::NoLink)?;
-        link.label = Some(Box::new(label));
-        Ok(())
-    }
-
     /// Every attached link, as the server sees it now (OBS-3).
     pub fn link_views(&self) -> Vec<LinkView> {
         let mut views: Vec<(LinkId, LinkView)> = self
@@ -496,12 +484,12 @@ impl Connection {
                     Side::Receiver(r) => (ServerRole::Receiver, r.in_flight.len()),
                 };
                 let view = LinkView {
+                    id: *id,
                     name: l.name.to_string(),
                     role,
                     credit: l.credit,
                     unsettled,
                     dynamic: l.dynamic,
-                    label: l.label.as_deref().cloned(),
                 };
                 (*id, view)
             })

@@ -25,7 +25,7 @@ use self::durable::Claim;
 use self::options::StartPosition;
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
-use super::links::{label, LinkEntry, Links, Serves};
+use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{
     ingress_or_refuse, run_out, settling, subscribe_refusal, subscription_ended, Pending, Settling,
 };
@@ -150,12 +150,6 @@ impl EventLinks {
         if conn.accept_link(link, accept).is_err() {
             return false;
         }
-        let serves = Serves::Node {
-            pattern: target.pattern,
-            channel: &target.channel,
-            durable: false,
-        };
-        label(conn, link, serves);
         self.publishers.insert(link, target);
         true
     }
@@ -405,16 +399,12 @@ impl EventLinks {
                         continue;
                     }
                     tracing::debug!(link = o.link, "subscription open");
-                    label(
-                        conn,
-                        o.link,
-                        Serves::Node {
-                            pattern: o.subscriber.pattern,
-                            channel: &o.channel,
-                            durable: o.subscriber.claim.is_some(),
-                        },
-                    );
-                    links.insert(o.link, LinkEntry::EventSubscriber);
+                    let serves = Serves::Node {
+                        pattern: o.subscriber.pattern,
+                        channel: &o.channel,
+                        durable: o.subscriber.claim.is_some(),
+                    };
+                    links.insert(o.link, LinkEntry::EventSubscriber, serves);
                     self.subscribers.insert(o.link, o.subscriber);
                     self.streams.insert(o.link, stream);
                 }
@@ -440,16 +430,12 @@ impl EventLinks {
                         .is_ok()
                     {
                         // It names a durable subscription, on no channel.
-                        label(
-                            conn,
-                            f.link,
-                            Serves::Node {
-                                pattern: Pattern::EventsStore,
-                                channel: "",
-                                durable: true,
-                            },
-                        );
-                        links.insert(f.link, LinkEntry::EventSubscriber);
+                        let serves = Serves::Node {
+                            pattern: Pattern::EventsStore,
+                            channel: "",
+                            durable: true,
+                        };
+                        links.insert(f.link, LinkEntry::EventSubscriber, serves);
                         self.subscribers.insert(
                             f.link,
                             Subscriber {

@@ -28,7 +28,6 @@ use self::fetcher::{
 use self::sender::{Done, Lane, ToStore};
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
-use super::links::{label, Serves};
 use super::outcome::{ingress_or_refuse, rejected, settle_inbound};
 use crate::backend::Backend;
 use crate::engine::{
@@ -166,11 +165,6 @@ impl QueueLinks {
         {
             return false;
         }
-        let serves = match &channel {
-            Some(c) => Serves::queue(c),
-            None => Serves::Anonymous,
-        };
-        label(conn, link, serves);
         // Lanes in turn: links opened one after another use different streams of the backend
         // (a hash of the link's ids put two producers on one stream in about one run in four,
         // where each then waited for the other's batch).
@@ -216,7 +210,6 @@ impl QueueLinks {
         {
             return Ok(false);
         }
-        label(conn, link, Serves::queue(&channel));
         let loop_key = LoopKey {
             channel,
             credential: ctx.credential.clone(),

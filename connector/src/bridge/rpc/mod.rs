@@ -32,7 +32,7 @@ use self::responder::{NoRequest, Tokens};
 use super::context::Ctx;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
-use super::links::{label, LinkEntry, Links, Serves};
+use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{
     ingress_or_refuse, rejected, run_out, settle_inbound, settling, subscribe_refusal,
     subscription_ended, Pending, Settling,
@@ -204,12 +204,7 @@ impl RpcLinks {
         link: LinkId,
         target: Target,
     ) -> bool {
-        let serves = Serves::Node {
-            pattern: target.pattern,
-            channel: &target.channel,
-            durable: false,
-        };
-        if !self.accept_sender(conn, link, serves) {
+        if !self.accept_sender(conn, link) {
             return false;
         }
         self.requesters.insert(link, target);
@@ -224,7 +219,7 @@ impl RpcLinks {
         link: LinkId,
         request_id: String,
     ) -> bool {
-        if !self.accept_sender(conn, link, Serves::Response(&request_id)) {
+        if !self.accept_sender(conn, link) {
             return false;
         }
         self.response_links.insert(link, request_id);
@@ -233,15 +228,11 @@ impl RpcLinks {
 
     /// Accepts a link the client sends on, with the produce credit window; `false` when it is
     /// gone (detached while attaching).
-    fn accept_sender(&self, conn: &mut Connection, link: LinkId, serves: Serves<'_>) -> bool {
+    fn accept_sender(&self, conn: &mut Connection, link: LinkId) -> bool {
         let accept = LinkAccept {
             credit_window: self.shared.credit_window,
         };
-        if conn.accept_link(link, accept).is_err() {
-            return false;
-        }
-        label(conn, link, serves);
-        true
+        conn.accept_link(link, accept).is_ok()
     }
 
     /// Starts a responder's subscription; the link is answered when it is open (RPC-11).
@@ -638,16 +629,8 @@ impl RpcLinks {
                     {
                         continue; // detached while the subscription opened
                     }
-                    label(
-                        conn,
-                        o.link,
-                        Serves::Node {
-                            pattern: o.pattern,
-                            channel: &o.channel,
-                            durable: false,
-                        },
-                    );
-                    links.insert(o.link, LinkEntry::Responder);
+                    let serves = Serves::node(o.pattern, &o.channel);
+                    links.insert(o.link, LinkEntry::Responder, serves);
                     self.responders.insert(
                         o.link,
                         Responder {
