@@ -15,6 +15,7 @@ mod context;
 pub mod dynamic;
 pub mod envelope;
 pub mod events;
+mod in_flight;
 mod links;
 mod outcome;
 pub mod queues;

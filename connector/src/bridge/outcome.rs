@@ -65,23 +65,20 @@ pub(crate) struct Settling {
     result: Result<(), BackendError>,
 }
 
-/// A boxed future, as the bridges keep their backend calls in flight.
-pub(crate) type Pending<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
-
 /// `call`, made for delivery `d`: its [`Settling`] once it is over.
 pub(crate) fn settling<T>(
     d: &Delivery,
     call: impl std::future::Future<Output = Result<T, BackendError>> + Send + 'static,
-) -> Pending<Settling> {
+) -> impl std::future::Future<Output = Settling> + Send + 'static {
     let (link, delivery_id, presettled) = (d.link, d.delivery_id, d.settled);
-    Box::pin(async move {
+    async move {
         Settling {
             link,
             delivery_id,
             presettled,
             result: call.await.map(|_| ()),
         }
-    })
+    }
 }
 
 impl Settling {
@@ -134,27 +131,6 @@ pub(crate) fn ingress_or_refuse(
         let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
     }
     None
-}
-
-/// Lets backend calls a connection left in flight run to their end in a task of their own,
-/// `each` seeing every outcome. `false` when there is no runtime to run them on (they are
-/// dropped, as at process exit).
-pub(crate) fn run_out<T: Send + 'static>(
-    mut pending: futures_util::stream::FuturesUnordered<Pending<T>>,
-    mut each: impl FnMut(T) + Send + 'static,
-) -> bool {
-    if pending.is_empty() {
-        return true;
-    }
-    if tokio::runtime::Handle::try_current().is_err() {
-        return false;
-    }
-    tokio::spawn(async move {
-        while let Some(outcome) = futures_util::StreamExt::next(&mut pending).await {
-            each(outcome);
-        }
-    });
-    true
 }
 
 /// Settles an inbound delivery of any pattern, counting a rejection as a link-scope error when

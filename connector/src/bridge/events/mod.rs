@@ -25,9 +25,10 @@ use self::durable::Claim;
 use self::options::StartPosition;
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
+use super::in_flight::InFlight;
 use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{
-    ingress_or_refuse, run_out, settling, subscribe_refusal, subscription_ended, Pending, Settling,
+    ingress_or_refuse, settling, subscribe_refusal, subscription_ended, Settling,
 };
 use super::selector::{EnvelopeOperands, Selector};
 use crate::auth::Access;
@@ -105,12 +106,12 @@ pub struct EventLinks {
     publishers: FastMap<LinkId, Target>,
     subscribers: FastMap<LinkId, Subscriber>,
     streams: StreamMap<LinkId, EventStream>,
-    opening: futures_util::stream::FuturesUnordered<Pending<Opening>>,
-    sends: futures_util::stream::FuturesUnordered<Pending<Settling>>,
-    forgetting: futures_util::stream::FuturesUnordered<Pending<Forgotten>>,
-    ready_opened: Vec<Opening>,
-    ready_sent: Vec<Settling>,
-    ready_forgotten: Vec<Forgotten>,
+    /// Subscriptions the backend is opening.
+    opening: InFlight<Opening>,
+    /// Event sends, each settling its delivery.
+    sends: InFlight<Settling>,
+    /// Durable subscriptions being deleted.
+    forgetting: InFlight<Forgotten>,
     arrived: Vec<(LinkId, Result<EventReceive, BackendError>)>,
     egress: Egress,
 }
@@ -119,7 +120,7 @@ impl Drop for EventLinks {
     fn drop(&mut self) {
         // The connection ended: what its publishers sent is still sent (their outcomes find no
         // link), like a queue producer's messages are still stored.
-        run_out(std::mem::take(&mut self.sends), |_| {});
+        self.sends.run_out(|_| {});
     }
 }
 
@@ -209,7 +210,7 @@ impl EventLinks {
         let backend = ctx.backend.clone();
         let durable = subscriber.claim.is_some();
         let channel = request.channel.clone();
-        self.opening.push(Box::pin(async move {
+        self.opening.push(async move {
             let mut result = backend.subscribe_events(request.clone()).await;
             // A durable subscription re-attached right after its last link ended: the backend
             // lets go of the ClientID once that subscription's reader has stopped and saved its
@@ -227,7 +228,7 @@ impl EventLinks {
                 subscriber,
                 result,
             }
-        }));
+        });
         Ok(())
     }
 
@@ -247,10 +248,10 @@ impl EventLinks {
             ));
         }
         let backend = ctx.backend.clone();
-        self.forgetting.push(Box::pin(async move {
+        self.forgetting.push(async move {
             let result = backend.forget_cursor(&identity).await;
             Forgotten { link, result }
-        }));
+        });
         Ok(())
     }
 
@@ -351,29 +352,19 @@ impl EventLinks {
 
     /// Collects finished backend work; Ready when there is some to apply.
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        while let Poll::Ready(Some(o)) = Pin::new(&mut self.opening).poll_next(cx) {
-            self.ready_opened.push(o);
-        }
-        while let Poll::Ready(Some(s)) = Pin::new(&mut self.sends).poll_next(cx) {
-            self.ready_sent.push(s);
-        }
-        while let Poll::Ready(Some(f)) = Pin::new(&mut self.forgetting).poll_next(cx) {
-            self.ready_forgotten.push(f);
-        }
+        let opened = self.opening.poll(cx);
+        let sent = self.sends.poll(cx);
+        let forgotten = self.forgetting.poll(cx);
         while self.arrived.len() < ARRIVALS_PER_TURN {
             match Pin::new(&mut self.streams).poll_next(cx) {
                 Poll::Ready(Some((link, item))) => self.arrived.push((link, item)),
                 _ => break,
             }
         }
-        if self.ready_opened.is_empty()
-            && self.ready_sent.is_empty()
-            && self.ready_forgotten.is_empty()
-            && self.arrived.is_empty()
-        {
-            Poll::Pending
-        } else {
+        if opened || sent || forgotten || !self.arrived.is_empty() {
             Poll::Ready(())
+        } else {
+            Poll::Pending
         }
     }
 
@@ -385,10 +376,10 @@ impl EventLinks {
         shared: &Shared,
         metrics: &Metrics,
     ) {
-        for s in std::mem::take(&mut self.ready_sent) {
+        for s in self.sends.take() {
             s.settle(conn, metrics);
         }
-        for o in std::mem::take(&mut self.ready_opened) {
+        for o in self.opening.take() {
             match o.result {
                 Ok(stream) => {
                     if conn
@@ -414,7 +405,7 @@ impl EventLinks {
                 }
             }
         }
-        for f in std::mem::take(&mut self.ready_forgotten) {
+        for f in self.forgetting.take() {
             match f.result {
                 Ok(existed) => {
                     // DUR-9: done; the link stays until the client detaches it. The reply names

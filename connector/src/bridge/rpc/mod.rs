@@ -25,17 +25,17 @@ use std::time::{Duration, Instant};
 use fe2o3_amqp_types::definitions::SenderSettleMode;
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
 use fe2o3_amqp_types::performatives::Attach;
-use futures_util::stream::FuturesUnordered;
 
 use self::requester::Asked;
 use self::responder::{NoRequest, Tokens};
 use super::context::Ctx;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
+use super::in_flight::InFlight;
 use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{
-    ingress_or_refuse, rejected, run_out, settle_inbound, settling, subscribe_refusal,
-    subscription_ended, Pending, Settling,
+    ingress_or_refuse, rejected, settle_inbound, settling, subscribe_refusal, subscription_ended,
+    Settling,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{
@@ -99,21 +99,21 @@ pub struct RpcLinks {
     streams: FastMap<LinkId, RequestStream>,
     /// Responders that took requests this turn.
     fed: Vec<LinkId>,
-    opening: FuturesUnordered<Pending<Opening>>,
-    calls: FuturesUnordered<Pending<Answered>>,
+    /// Responder subscriptions the backend is opening.
+    opening: InFlight<Opening>,
+    /// Requests waiting for their response.
+    calls: InFlight<Answered>,
     /// Each call's request bytes in the connection's budget, by [`Asked::call`]: kept here,
     /// not in the call, so that they are given back on the connection's task.
     call_charges: FastMap<u64, Charge>,
     next_call: u64,
-    responses: FuturesUnordered<Pending<Settling>>,
+    /// Responses being sent, each settling its delivery.
+    responses: InFlight<Settling>,
     tokens: Tokens,
     /// Wakes the task when the next token expires (or earlier: it is not moved back).
     expiry: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The expiry timer fired: tokens are to be looked at.
     expiry_due: bool,
-    ready_opened: Vec<Opening>,
-    ready_answered: Vec<Answered>,
-    ready_responded: Vec<Settling>,
     /// Subscriptions that failed this turn.
     failed: Vec<(LinkId, BackendError)>,
     next_token: u64,
@@ -129,10 +129,9 @@ impl Drop for RpcLinks {
         // The connection ended with requests in flight: they run to their end, and a response
         // that still comes has no requester left (RPC-14, MET-11). The tokens go now; the
         // requests still count until they end.
-        let calls = std::mem::take(&mut self.calls);
-        let in_flight = calls.len() as i64;
+        let in_flight = self.calls.len() as i64;
         let metrics = self.metrics.clone();
-        let running = run_out(calls, move |a: Answered| {
+        let running = self.calls.run_out(move |a: Answered| {
             metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
             if a.result.is_ok() {
                 metrics.rpc_late_responses.inc();
@@ -140,7 +139,7 @@ impl Drop for RpcLinks {
         });
         self.held(if running { in_flight } else { 0 });
         // What responders answered is still sent to KubeMQ.
-        run_out(std::mem::take(&mut self.responses), |_| {});
+        self.responses.run_out(|_| {});
     }
 }
 
@@ -163,17 +162,14 @@ impl RpcLinks {
             responders: FastMap::default(),
             streams: FastMap::default(),
             fed: Vec::new(),
-            opening: FuturesUnordered::new(),
-            calls: FuturesUnordered::new(),
+            opening: InFlight::default(),
+            calls: InFlight::default(),
             call_charges: FastMap::default(),
             next_call: 0,
-            responses: FuturesUnordered::new(),
+            responses: InFlight::default(),
             tokens: Tokens::default(),
             expiry: None,
             expiry_due: false,
-            ready_opened: Vec::new(),
-            ready_answered: Vec::new(),
-            ready_responded: Vec::new(),
             failed: Vec::new(),
             next_token: 1,
             metrics,
@@ -264,7 +260,7 @@ impl RpcLinks {
         let backend = ctx.backend.clone();
         let (pattern, channel) = (req.pattern, req.channel.to_string());
         let presettled = req.attach.snd_settle_mode == SenderSettleMode::Settled;
-        self.opening.push(Box::pin(async move {
+        self.opening.push(async move {
             let result = backend.subscribe_requests(request).await;
             Opening {
                 link,
@@ -273,7 +269,7 @@ impl RpcLinks {
                 channel,
                 result,
             }
-        }));
+        });
         Ok(())
     }
 
@@ -370,10 +366,10 @@ impl RpcLinks {
         );
         tracing::debug!(request_id = %request.request_id, pattern = %target.pattern, channel = %request.channel, ?timeout, "request sent");
         let backend = ctx.backend.clone();
-        self.calls.push(Box::pin(async move {
+        self.calls.push(async move {
             let result = backend.send_request(request).await;
             Answered { asked, result }
-        }));
+        });
         self.count_held();
     }
 
@@ -543,16 +539,9 @@ impl RpcLinks {
 
     /// Collects what the backend finished; ready when there is work for [`RpcLinks::work`].
     pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        use futures_util::StreamExt;
-        while let Poll::Ready(Some(o)) = self.opening.poll_next_unpin(cx) {
-            self.ready_opened.push(o);
-        }
-        while let Poll::Ready(Some(a)) = self.calls.poll_next_unpin(cx) {
-            self.ready_answered.push(a);
-        }
-        while let Poll::Ready(Some(r)) = self.responses.poll_next_unpin(cx) {
-            self.ready_responded.push(r);
-        }
+        let opened = self.opening.poll(cx);
+        let answered = self.calls.poll(cx);
+        let responded = self.responses.poll(cx);
         self.take_requests(cx);
         if self
             .expiry
@@ -563,9 +552,9 @@ impl RpcLinks {
             self.expiry_due = true;
         }
         if self.expiry_due
-            || !self.ready_opened.is_empty()
-            || !self.ready_answered.is_empty()
-            || !self.ready_responded.is_empty()
+            || opened
+            || answered
+            || responded
             || !self.fed.is_empty()
             || !self.failed.is_empty()
         {
@@ -620,7 +609,7 @@ impl RpcLinks {
         links: &mut Links,
         dynamic: &mut DynamicNodes,
     ) {
-        for o in std::mem::take(&mut self.ready_opened) {
+        for o in self.opening.take() {
             match o.result {
                 Ok(stream) => {
                     if conn
@@ -649,7 +638,7 @@ impl RpcLinks {
                 }
             }
         }
-        for a in std::mem::take(&mut self.ready_answered) {
+        for a in self.calls.take() {
             self.call_charges.remove(&a.asked.call);
             match requester::reply(&a.asked, &a.result) {
                 Some(reply) => {
@@ -665,7 +654,7 @@ impl RpcLinks {
                 None => dynamic.unreserve(&a.asked.reply_to),
             }
         }
-        for r in std::mem::take(&mut self.ready_responded) {
+        for r in self.responses.take() {
             r.settle(conn, &self.metrics);
         }
         let mut fed = std::mem::take(&mut self.fed);
