@@ -141,13 +141,28 @@ enum HeaderStage {
     AfterSasl,
 }
 
+/// Where the connection is, with what only that stage has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
+    /// Waiting for a protocol header.
     Header(HeaderStage),
+    /// In the SASL exchange.
     Sasl,
+    /// Waiting for the client's OPEN.
     Opening,
-    Open,
-    CloseSent,
+    /// OPEN exchanged.
+    Open {
+        /// The client's idle timeout, when it asked for one: an empty frame goes out before
+        /// half of it passes (CONN-12).
+        peer_idle: Option<Duration>,
+    },
+    /// Our CLOSE went out (the application heard `Closed`); the client's is awaited until
+    /// `deadline`.
+    CloseSent {
+        /// When the connection is dropped without the client's CLOSE.
+        deadline: Instant,
+    },
+    /// Over; the application heard `Closed`.
     Closed,
 }
 
@@ -175,12 +190,9 @@ pub struct Connection {
     next_link_id: LinkId,
     last_recv: Instant,
     last_sent: Instant,
-    peer_idle: Option<Duration>,
     handshake_deadline: Instant,
     /// When the client's token expires; the connection is closed then (SASL-13).
     credential_deadline: Option<Instant>,
-    close_deadline: Option<Instant>,
-    closed_event_sent: bool,
     pending_disposition: Option<PendingDisposition>,
     /// Error conditions written since last taken, by scope (ERR-6).
     errors_sent: ErrorCounts,
@@ -256,11 +268,8 @@ impl Connection {
             next_link_id: 1,
             last_recv: now,
             last_sent: now,
-            peer_idle: None,
             handshake_deadline,
             credential_deadline: None,
-            close_deadline: None,
-            closed_event_sent: false,
             pending_disposition: None,
             errors_sent: ErrorCounts::default(),
             dropped_in: 0,
@@ -301,7 +310,7 @@ impl Connection {
                 },
             }
         }
-        if self.state == State::Open {
+        if self.is_open() {
             self.replenish_windows();
             self.grant_withheld_credit();
         }
@@ -373,15 +382,15 @@ impl Connection {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match self.state {
             State::Header(_) | State::Sasl | State::Opening => Some(self.handshake_deadline),
-            State::Open => {
+            State::Open { peer_idle } => {
                 let idle = self.cfg.idle_timeout.map(|d| self.last_recv + d);
-                let beat = self.peer_idle.map(|d| self.last_sent + d / 2);
+                let beat = peer_idle.map(|d| self.last_sent + d / 2);
                 [idle, beat, self.credential_deadline]
                     .into_iter()
                     .flatten()
                     .min()
             }
-            State::CloseSent => self.close_deadline,
+            State::CloseSent { deadline } => Some(deadline),
             State::Closed => None,
         }
     }
@@ -396,7 +405,7 @@ impl Connection {
                     self.finish(None);
                 }
             }
-            State::Open => {
+            State::Open { peer_idle } => {
                 if self.credential_deadline.is_some_and(|d| now >= d) {
                     // SASL-13.
                     self.close(
@@ -421,7 +430,7 @@ impl Connection {
                         return;
                     }
                 }
-                if let Some(peer) = self.peer_idle {
+                if let Some(peer) = peer_idle {
                     if now >= self.last_sent + peer / 2 {
                         // CONN-12: an empty frame keeps the client's idle timer from firing.
                         write_frame(&mut self.out, TYPE_AMQP, 0, |_| {});
@@ -429,8 +438,8 @@ impl Connection {
                     }
                 }
             }
-            State::CloseSent => {
-                if self.close_deadline.is_some_and(|d| now >= d) {
+            State::CloseSent { deadline } => {
+                if now >= deadline {
                     self.finish(None);
                 }
             }
@@ -445,7 +454,7 @@ impl Connection {
 
     /// Whether OPEN has been exchanged and no CLOSE yet.
     pub fn is_open(&self) -> bool {
-        self.state == State::Open
+        matches!(self.state, State::Open { .. })
     }
 
     /// The connection's ClientID, once open.
@@ -463,17 +472,18 @@ impl Connection {
     pub fn close(&mut self, now: Instant, error: Option<AmqpError>) {
         self.now = now;
         match self.state {
-            State::Open => {
+            State::Open { .. } => {
                 self.teardown(error.clone());
                 self.write_close(error.clone());
-                self.state = State::CloseSent;
-                self.close_deadline = Some(now + self.cfg.close_timeout);
                 self.emit_closed(error);
+                self.state = State::CloseSent {
+                    deadline: now + self.cfg.close_timeout,
+                };
             }
             State::Opening => self
                 .refuse_open(error.unwrap_or_else(|| AmqpError::bare(Condition::ConnectionForced))),
             State::Header(_) | State::Sasl => self.finish(error),
-            State::CloseSent | State::Closed => {}
+            State::CloseSent { .. } | State::Closed => {}
         }
     }
 
@@ -553,8 +563,8 @@ impl Connection {
         match self.state {
             State::Sasl => self.on_sasl_frame(frame),
             State::Opening => self.on_opening_frame(frame),
-            State::Open => self.on_open_frame(frame),
-            State::CloseSent => {
+            State::Open { .. } => self.on_open_frame(frame),
+            State::CloseSent { .. } => {
                 if frame.frame_type == TYPE_AMQP
                     && !frame.body.is_empty()
                     && matches!(decode_performative(&frame.body), Ok(Performative::Close(_)))
@@ -693,12 +703,12 @@ impl Connection {
             .max(MIN_MAX_FRAME_SIZE);
         let ours = u16::try_from(self.cfg.session_max.saturating_sub(1)).unwrap_or(u16::MAX);
         self.channel_max = open.channel_max.0.min(ours);
-        self.peer_idle = open
+        let peer_idle = open
             .idle_time_out
             .filter(|ms| *ms > 0)
             .map(|ms| Duration::from_millis(u64::from(ms)));
         self.write_server_open();
-        self.state = State::Open;
+        self.state = State::Open { peer_idle };
         let client_id = match self.identity.as_ref().and_then(|i| i.client_id.clone()) {
             Some(id) => id,
             None => sanitize_client_id(&open.container_id),
@@ -749,11 +759,12 @@ impl Connection {
         tracing::debug!(error = %err, "refusing the connection at open");
         self.write_server_open();
         self.write_close(Some(err.clone()));
-        self.state = State::CloseSent;
-        self.close_deadline = Some(self.now + self.cfg.close_timeout);
         self.events
             .push_back(Event::OpenRefused { error: err.clone() });
         self.emit_closed(Some(err));
+        self.state = State::CloseSent {
+            deadline: self.now + self.cfg.close_timeout,
+        };
     }
 
     fn on_open_frame(&mut self, frame: RawFrame) {
@@ -804,12 +815,12 @@ impl Connection {
     /// A connection-level protocol error: CLOSE with it.
     fn protocol_failure(&mut self, err: AmqpError) {
         match self.state {
-            State::Open => {
+            State::Open { .. } => {
                 tracing::info!(error = %err, "closing the connection on a protocol error");
                 self.close(self.now, Some(err));
             }
             State::Opening => self.refuse_open(err),
-            State::Header(_) | State::Sasl | State::CloseSent | State::Closed => {
+            State::Header(_) | State::Sasl | State::CloseSent { .. } | State::Closed => {
                 self.finish(Some(err))
             }
         }
@@ -837,17 +848,18 @@ impl Connection {
     /// Final state: everything torn down, `Closed` emitted once.
     fn finish(&mut self, error: Option<AmqpError>) {
         self.teardown(error.clone());
-        self.state = State::Closed;
         self.emit_closed(error);
+        self.state = State::Closed;
     }
 
+    /// Tells the application the connection is over, once: a connection that sent its CLOSE, or
+    /// is closed, has told it already.
     fn emit_closed(&mut self, error: Option<AmqpError>) {
         if let Some(report) = self.sasl_report.take() {
             // Authenticated, but gone before OPEN named the ClientID.
             self.events.push_back(Event::Authenticated(report));
         }
-        if !self.closed_event_sent {
-            self.closed_event_sent = true;
+        if !matches!(self.state, State::CloseSent { .. } | State::Closed) {
             self.events.push_back(Event::Closed { error });
         }
     }

@@ -2,7 +2,7 @@
 //! windows that pace transfers (SESS-*, FLOW-*), and the transfers that wait for them.
 
 use super::Connection;
-use super::{transport_full, wire_to_error, State};
+use super::{transport_full, wire_to_error};
 use crate::codec;
 use crate::error::{AmqpError, Condition};
 use crate::event::Event;
@@ -302,7 +302,7 @@ impl Connection {
     /// frames leave in the order they were produced.
     pub(super) fn flush_disposition(&mut self) {
         if let Some(p) = self.pending_disposition.take() {
-            if matches!(self.state, State::Open) {
+            if self.is_open() {
                 let d = Disposition {
                     role: p.role,
                     first: p.first,
