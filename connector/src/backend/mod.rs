@@ -103,7 +103,7 @@ impl From<StoreError> for BackendError {
 }
 
 /// The code of a KubeMQ error text (`Error NNN: ...`), if it has one.
-fn kubemq_code(text: &str) -> Option<u16> {
+pub(super) fn kubemq_code(text: &str) -> Option<u16> {
     let digits = text.strip_prefix("Error ")?.split(':').next()?;
     digits.trim().parse().ok()
 }

@@ -3,7 +3,7 @@
 
 use tonic::{Code, Status};
 
-use super::BackendError;
+use super::{kubemq_code, BackendError};
 
 /// The broker, or the connection to it, is gone.
 pub(super) fn unavailable(s: &Status) -> BackendError {
@@ -36,9 +36,9 @@ pub(super) fn failure(s: &Status) -> BackendError {
 }
 
 /// Whether a call may succeed when tried again: the server or the connection was away, not a
-/// refusal of KubeMQ's (its texts begin `Error `).
+/// refusal of KubeMQ's (its texts carry a code, `Error NNN: ...`).
 pub(super) fn retryable(s: &Status) -> bool {
-    matches!(s.code(), Code::Unavailable | Code::Unknown) && !s.message().starts_with("Error ")
+    matches!(s.code(), Code::Unavailable | Code::Unknown) && kubemq_code(s.message()).is_none()
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ use crate::kubemq::{
 };
 use crate::store::session::TxnWatcher;
 use crate::store::StoreError;
-use crate::store::{now_ns, Store};
+use crate::store::{now_ns, Sent, Store};
 use tonic::codegen::http;
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -81,7 +81,7 @@ impl Facade {
     }
 
     /// Stores `messages` and lets open transactions capture them, as KubeMQ's would.
-    async fn send(&self, messages: Vec<QueueMessage>) -> Vec<SendQueueMessageResult> {
+    async fn send(&self, messages: Vec<QueueMessage>) -> Sent {
         store_and_capture(&self.store, self.imitation.as_deref(), messages).await
     }
 
@@ -180,18 +180,18 @@ async fn store_and_capture(
     store: &Arc<Store>,
     imitation: Option<&dyn Imitation>,
     messages: Vec<QueueMessage>,
-) -> Vec<SendQueueMessageResult> {
+) -> Sent {
     let Some(c) = imitation else {
-        return store.send(messages).await;
+        return store.send_reporting(messages).await;
     };
     let mut channels: Vec<String> = messages.iter().map(|m| m.channel.clone()).collect();
     channels.sort_unstable();
     channels.dedup();
-    let results = store.send(messages).await;
+    let sent = store.send_reporting(messages).await;
     for ch in channels {
         c.arrived(store, &ch);
     }
-    results
+    sent
 }
 
 /// A store refusal as KubeMQ answers it: status `Internal` with KubeMQ's text.
@@ -328,7 +328,7 @@ impl Kubemq for Facade {
         &self,
         req: Request<QueueMessage>,
     ) -> Result<Response<SendQueueMessageResult>, Status> {
-        let mut r = self.send(vec![req.into_inner()]).await;
+        let mut r = self.send(vec![req.into_inner()]).await.results;
         r.pop()
             .map(Response::new)
             .ok_or_else(|| Status::internal("no result"))
@@ -342,11 +342,9 @@ impl Kubemq for Facade {
         if req.messages.is_empty() {
             return Err(Status::unknown("empty messages batch"));
         }
-        let results = self.send(req.messages).await;
+        let sent = self.send(req.messages).await;
         // HaveErrors reports store failures only, not validation failures (4.2 step 5).
-        let have_errors = results
-            .iter()
-            .any(|r| r.is_error && r.error.starts_with("Error 500"));
+        let (results, have_errors) = (sent.results, sent.storage_failed);
         Ok(Response::new(QueueMessagesBatchResponse {
             batch_id: req.batch_id,
             results,
@@ -470,7 +468,8 @@ impl Kubemq for Facade {
                     QueuesUpstreamResponse {
                         ref_request_id: request.request_id,
                         results: store_and_capture(&store, imitation.as_deref(), request.messages)
-                            .await,
+                            .await
+                            .results,
                         ..Default::default()
                     }
                 };

@@ -171,6 +171,16 @@ pub struct OpenReport {
 /// Where the events-store keeps its log, inside the store's directory.
 pub const STREAM_DIR: &str = "events-store";
 
+/// What a send did: each message's result, in order, and whether the write that held the valid
+/// ones failed (a batch's HaveErrors reports that alone, not refusals, 4.2 step 5).
+#[derive(Debug)]
+pub struct Sent {
+    /// Each message's result.
+    pub results: Vec<SendQueueMessageResult>,
+    /// The write failed: every message not refused up front has `Error 500`.
+    pub storage_failed: bool,
+}
+
 impl Store {
     /// Opens (or creates) the store in `dir`, replaying its log. In-flight messages of a previous
     /// run are ready again with their sequence and receive count unchanged.
@@ -334,13 +344,21 @@ impl Store {
         self: &Arc<Self>,
         messages: Vec<QueueMessage>,
     ) -> Vec<SendQueueMessageResult> {
+        self.send_reporting(messages).await.results
+    }
+
+    /// [`Store::send`], saying also whether the write that held the valid messages failed.
+    pub async fn send_reporting(self: &Arc<Self>, messages: Vec<QueueMessage>) -> Sent {
         let Placement {
             mut results,
             records,
             placed,
         } = self.place(messages);
         if placed.is_empty() {
-            return results;
+            return Sent {
+                results,
+                storage_failed: false,
+            };
         }
         let sent = results.len() as u64;
         let store = self.clone();
@@ -349,7 +367,12 @@ impl Store {
         )
         .await
         {
-            Some(Ok(())) => return results,
+            Some(Ok(())) => {
+                return Sent {
+                    results,
+                    storage_failed: false,
+                }
+            }
             Some(Err(e)) => e.to_string(),
             None => "store stopped".to_string(),
         };
@@ -359,7 +382,10 @@ impl Store {
             r.error = StoreError::Storage(failure.clone()).to_string();
             r.sent_at = 0;
         }
-        results
+        Sent {
+            results,
+            storage_failed: true,
+        }
     }
 
     /// Stamps `messages`, gives the valid ones their sequences (or delay ids) and frames their

@@ -618,9 +618,14 @@ pub(super) async fn in_flight<F: std::future::Future>(op: std::pin::Pin<&mut F>)
 fn a_failed_write_fails_every_placed_message() {
     Fixture::new().run(|_, store| async move {
         store.close();
-        let r = store
-            .send(vec![msg("q", "a"), msg("", "no channel"), msg("q", "b")])
+        let sent = store
+            .send_reporting(vec![msg("q", "a"), msg("", "no channel"), msg("q", "b")])
             .await;
+        assert!(
+            sent.storage_failed,
+            "the batch says its write failed (HaveErrors)"
+        );
+        let r = sent.results;
         assert_eq!(r.len(), 3);
         for i in [0, 2] {
             assert!(r[i].is_error, "{:?}", r[i]);
@@ -633,6 +638,11 @@ fn a_failed_write_fails_every_placed_message() {
         }
         assert_eq!(r[1].error, StoreError::QueueNameInvalid.to_string());
         assert_eq!(store.ready_count("q"), 0);
+        let refused = store.send_reporting(vec![msg("", "no channel")]).await;
+        assert!(
+            !refused.storage_failed,
+            "a refusal alone is no failed write"
+        );
     });
 }
 
