@@ -35,6 +35,21 @@ async fn livez(addr: std::net::SocketAddr) -> String {
     answer.lines().next().unwrap_or_default().to_string()
 }
 
+/// [`livez`] from a blocking socket, answered within 10 s or not at all.
+fn blocking_livez(addr: std::net::SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut probe = std::net::TcpStream::connect(addr).unwrap();
+    probe
+        .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    probe
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = probe.read_to_string(&mut answer);
+    answer.lines().next().unwrap_or_default().to_string()
+}
+
 #[test]
 fn silent_sockets_are_bounded_and_dropped() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -117,9 +132,12 @@ fn a_probe_is_answered_while_silent_clients_keep_reconnecting() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         for i in 0..20 {
-            let answer = tokio::time::timeout(Duration::from_secs(10), livez(addr))
+            // From a thread of its own, as a kubelet probes from another process: it sends its
+            // request as soon as it is connected, whatever the silent clients keep this
+            // runtime busy with.
+            let answer = tokio::task::spawn_blocking(move || blocking_livez(addr))
                 .await
-                .unwrap_or_else(|_| panic!("probe {i} was not answered in 10 s"));
+                .unwrap();
             assert!(answer.starts_with("HTTP/1.1 200"), "probe {i}: {answer}");
         }
         let reconnects = reconnects.load(std::sync::atomic::Ordering::Relaxed);
