@@ -48,7 +48,7 @@ COPY --from=builder --chown=65532:65532 /out/data /var/lib/kubemq-amqp
 WORKDIR /var/lib/kubemq-amqp
 VOLUME /var/lib/kubemq-amqp
 USER 65532:65532
-EXPOSE 5672/tcp 5671/tcp 8080/tcp
+EXPOSE 5672/tcp 5671/tcp 9090/tcp
 ENTRYPOINT ["/usr/local/bin/kubemq-amqp-connector"]
 
 FROM gcr.io/distroless/cc-debian12:nonroot AS operator

@@ -124,7 +124,7 @@ settings! {
     ServeKubemqGrpc => serve_kubemq_grpc: Option<SocketAddr> = None, parse::grpc_address;
     /// Where `/metrics`, `/livez` and `/readyz` are served (`ip:port`, or `off`).
     HttpAddress => http_address: Option<SocketAddr> =
-        Some(SocketAddr::from(([0, 0, 0, 0], 8080))), parse::http_address;
+        Some(SocketAddr::from(([0, 0, 0, 0], 9090))), parse::http_address;
     /// Bytes one connection may make the connector hold (partial and unconfirmed deliveries,
     /// transfers waiting for the client's window, dynamic-node mailboxes).
     MaxConnectionMemory => max_connection_memory: u64 = 256 * 1024 * 1024,

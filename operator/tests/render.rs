@@ -407,6 +407,18 @@ fn sasl_3_spec_sasl_mounts_the_key_and_the_policy() {
         .any(|v| v.name == "jwt" || v.name == "policy"));
 }
 
+/// The HTTP port the operator runs a connector on by default is the connector's own default, the
+/// one its image declares.
+#[test]
+fn the_default_http_port_is_the_connectors() {
+    let d = desired(&fixture("minimal.yaml")).expect("renders");
+    let rendered = connector_settings(&d).http_address.expect("served");
+    let default = connector::config::Settings::default()
+        .http_address
+        .expect("served by default");
+    assert_eq!(rendered.port(), default.port());
+}
+
 /// The connector's settings from the rendered file, read by the connector's own parser.
 fn connector_settings(d: &Desired) -> connector::config::Settings {
     use connector::config::{read_yaml, Settings};

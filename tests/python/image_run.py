@@ -67,7 +67,7 @@ def wait_port(port, what):
 
 def http_status(path):
     try:
-        return urllib.request.urlopen("http://127.0.0.1:8080" + path, timeout=2).status
+        return urllib.request.urlopen("http://127.0.0.1:9090" + path, timeout=2).status
     except urllib.error.HTTPError as e:
         return e.code
     except OSError:

@@ -4,7 +4,7 @@
 //! PROBES times, one after another, and the latency of each answer is reported as percentiles.
 //!
 //! Usage: `http-siege ADDR HOSTILE silent|trickle PROBES`, e.g.
-//! `http-siege 127.0.0.1:8080 1000 silent 200`.
+//! `http-siege 127.0.0.1:9090 1000 silent 200`.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
