@@ -67,6 +67,13 @@ fn blob(layout: &Path, digest: &str) -> Value {
 /// [`VERSION`].
 fn oci_config(target: &str) -> Value {
     let layout = layout(target);
+    let manifest = manifest(target);
+    blob(&layout, manifest["config"]["digest"].as_str().unwrap())
+}
+
+/// The OCI manifest of `target` tagged [`VERSION`].
+fn manifest(target: &str) -> Value {
+    let layout = layout(target);
     let index: Value =
         serde_json::from_slice(&std::fs::read(layout.join("index.json")).unwrap()).unwrap();
     let tagged: Vec<&Value> = index["manifests"]
@@ -76,8 +83,7 @@ fn oci_config(target: &str) -> Value {
         .filter(|m| m["annotations"]["org.opencontainers.image.ref.name"] == VERSION)
         .collect();
     assert_eq!(tagged.len(), 1, "one manifest tagged {VERSION}: {index}");
-    let manifest = blob(&layout, tagged[0]["digest"].as_str().unwrap());
-    blob(&layout, manifest["config"]["digest"].as_str().unwrap())
+    blob(&layout, tagged[0]["digest"].as_str().unwrap())
 }
 
 /// `target`'s image unpacked by umoci into a fresh runtime bundle (`rootfs/` and the runtime's
@@ -279,6 +285,37 @@ fn the_images_hold_the_binary_and_what_it_needs_only() {
 fn the_connector_image_serves_amqp_from_a_chroot() {
     let facade = root().join("target/release/kubemq-amqp-connector");
     run_image("connector", facade.to_str().unwrap());
+}
+
+/// README's "about N MB compressed" for each image is what its layers weigh as built, to within
+/// 1 MB (a pull downloads them compressed).
+#[test]
+fn readme_states_what_each_image_weighs() {
+    let readme = std::fs::read_to_string(root().join("README.md")).expect("README.md");
+    for target in TARGETS {
+        let row = format!("| `ghcr.io/kubemq-io/kubemq-amqp-{target}:<version>` |");
+        let line = readme
+            .lines()
+            .find(|l| l.starts_with(&row))
+            .unwrap_or_else(|| panic!("README has a row for the {target} image"));
+        let stated: f64 = line
+            .split("about ")
+            .nth(1)
+            .and_then(|rest| rest.split(" MB compressed").next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the {target} row says how much: {line}"));
+        let layers: u64 = manifest(target)["layers"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .map(|l| l["size"].as_u64().expect("a layer's size"))
+            .sum();
+        let measured = layers as f64 / 1e6;
+        assert!(
+            (measured - stated).abs() <= 1.0,
+            "the {target} image weighs {measured:.1} MB compressed; README says about {stated}"
+        );
+    }
 }
 
 /// The operator image's entrypoint prints its version.
