@@ -206,7 +206,11 @@ fn the_images_are_configured_as_the_dockerfile_declares() {
     // The HTTP port is the one the connector serves by default, and the operator's.
     let settings = connector::config::Settings::default();
     let http = settings.http_address.expect("served by default").port();
-    for port in ["5672/tcp".to_string(), "5671/tcp".into(), format!("{http}/tcp")] {
+    for port in [
+        "5672/tcp".to_string(),
+        "5671/tcp".into(),
+        format!("{http}/tcp"),
+    ] {
         assert!(connector.exposed.contains(&port), "{port}");
     }
 }
