@@ -3,7 +3,8 @@
 //! (user, entrypoint, ports, labels, working directory, volume), their root filesystems hold the
 //! binary and what it needs and no shell, the connector image serves AMQP when run from its
 //! unpacked root filesystem in a chroot inside a private network namespace (tests/python/
-//! image_run.py), the operator image prints its version, and every version string of a release
+//! image_run.py), the operator image prints its version, README states what each weighs, and
+//! every version string of a release
 //! agrees. Needs root, as images/build.sh and chroot do.
 
 use std::collections::BTreeMap;
