@@ -4,8 +4,7 @@
 //! binary and what it needs and no shell, the connector image serves AMQP when run from its
 //! unpacked root filesystem in a chroot inside a private network namespace (tests/python/
 //! image_run.py), the operator image prints its version, README states what each weighs, and
-//! every version string of a release
-//! agrees. Needs root, as images/build.sh and chroot do.
+//! every version string of a release agrees. Needs root, as images/build.sh and chroot do.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
