@@ -158,12 +158,13 @@ impl<H: Handler + LinkLabels> Handler for Observed<H> {
     }
 
     fn on_ready(&mut self, conn: &mut Connection) {
+        // A probe of a connection no longer listed is dropped: the endpoint leaves it out.
+        let probes = std::mem::take(&mut self.probes);
         if let Some((identity, _)) = &self.listed {
-            for probe in self.probes.drain(..) {
+            for probe in probes {
                 let _ = probe.send(identity.snapshot(conn, &self.inner));
             }
         }
-        self.probes.clear();
         self.inner.on_ready(conn);
     }
 

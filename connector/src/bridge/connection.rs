@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::definitions::{Role, SenderSettleMode};
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected, TargetArchetype};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, TargetArchetype};
 use fe2o3_amqp_types::performatives::Attach;
 use fe2o3_amqp_types::primitives::{Array, Symbol};
 
@@ -19,7 +19,7 @@ use super::context::Ctx;
 use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
 use super::events::{self, ConsumeRequest, EventLinks};
 use super::links::{LinkEntry, Links, Serves};
-use super::outcome::{ingress_or_refuse, settle_inbound};
+use super::outcome::{ingress_or_refuse, refused, settle_delivery};
 use super::queues::QueueLinks;
 use super::rpc::{ResponderRequest, RpcLinks};
 use super::Bridge;
@@ -402,17 +402,7 @@ impl<B: Backend> ConnectionHandler<B> {
                 // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
                 // is dropped (settle sends nothing for it).
                 tracing::debug!(error = %e, "unroutable message on an anonymous link");
-                let state = DeliveryState::Rejected(Rejected {
-                    error: Some(e.to_wire()),
-                });
-                settle_inbound(
-                    conn,
-                    &self.ctx.metrics,
-                    d.link,
-                    d.delivery_id,
-                    d.settled,
-                    state,
-                );
+                settle_delivery(conn, &self.ctx.metrics, &d, refused(&e));
             }
         }
     }
@@ -422,18 +412,9 @@ impl<B: Backend> ConnectionHandler<B> {
     fn push_to_node(&mut self, conn: &mut Connection, d: &Delivery, address: &str) {
         let state = match self.dynamic.push(address, d.payload.clone()) {
             Ok(()) => DeliveryState::Accepted(Accepted {}),
-            Err(e) => DeliveryState::Rejected(Rejected {
-                error: Some(e.to_wire()),
-            }),
+            Err(e) => refused(&e),
         };
-        settle_inbound(
-            conn,
-            &self.ctx.metrics,
-            d.link,
-            d.delivery_id,
-            d.settled,
-            state,
-        );
+        settle_delivery(conn, &self.ctx.metrics, d, state);
         self.dynamic.pump(conn, address);
     }
 

@@ -10,8 +10,13 @@ use crate::metrics::{self, Metrics};
 
 /// A `rejected` outcome with `condition` and `text` (cut as ERR-3 says by [`AmqpError::new`]).
 pub(crate) fn rejected(condition: Condition, text: impl Into<String>) -> DeliveryState {
+    refused(&AmqpError::new(condition, text))
+}
+
+/// A `rejected` outcome carrying `error`.
+pub(crate) fn refused(error: &AmqpError) -> DeliveryState {
     DeliveryState::Rejected(Rejected {
-        error: Some(AmqpError::new(condition, text).to_wire()),
+        error: Some(error.to_wire()),
     })
 }
 
@@ -28,9 +33,7 @@ pub(crate) fn send_failure(e: &BackendError) -> DeliveryState {
         BackendError::Rejected(t) | BackendError::ClientIdInUse(t) => {
             rejected(Condition::InternalError, t.clone())
         }
-        BackendError::Unauthorized(_) => DeliveryState::Rejected(Rejected {
-            error: Some(crate::auth::refused_by_kubemq().to_wire()),
-        }),
+        BackendError::Unauthorized(_) => refused(&crate::auth::refused_by_kubemq()),
     }
 }
 
@@ -125,12 +128,21 @@ pub(crate) fn ingress_or_refuse(
         ),
         Err(e) => (Condition::DecodeError, e.to_string()),
     };
-    let state = rejected(condition, text.clone());
-    settle_inbound(conn, metrics, d.link, d.delivery_id, d.settled, state);
+    settle_delivery(conn, metrics, d, rejected(condition, text.clone()));
     if condition == Condition::NotImplemented {
         let _ = conn.detach(d.link, Some(AmqpError::new(condition, text)));
     }
     None
+}
+
+/// Settles delivery `d` ([`settle_inbound`]).
+pub(crate) fn settle_delivery(
+    conn: &mut Connection,
+    metrics: &Metrics,
+    d: &Delivery,
+    state: DeliveryState,
+) {
+    settle_inbound(conn, metrics, d.link, d.delivery_id, d.settled, state);
 }
 
 /// Settles an inbound delivery of any pattern, counting a rejection as a link-scope error when

@@ -59,15 +59,19 @@ impl Downstream {
         &mut self,
         req: QueuesDownstreamRequest,
     ) -> Option<QueuesDownstreamResponse> {
-        let Ok(op) = Op::try_from(req.request_type_data) else {
-            // A real KubeMQ echoes the referenced transaction here too.
+        // A type this stream does not serve; a real KubeMQ echoes the referenced transaction here
+        // too.
+        let unknown = |req: &QueuesDownstreamRequest| {
             let id = &req.ref_transaction_id;
-            return Some(error(
+            Some(error(
                 id,
-                &req,
+                req,
                 Op::PollRequestTypeUnknown,
                 TxnError::Unknown,
-            ));
+            ))
+        };
+        let Ok(op) = Op::try_from(req.request_type_data) else {
+            return unknown(&req);
         };
         let txn = TxnId::from(req.ref_transaction_id.as_str());
         let listed = || Which::Listed(req.sequence_range.clone());
@@ -95,15 +99,7 @@ impl Downstream {
                     Err(e) => error(txn.as_str(), &req, op, e),
                 });
             }
-            _ => {
-                let id = &req.ref_transaction_id;
-                return Some(error(
-                    id,
-                    &req,
-                    Op::PollRequestTypeUnknown,
-                    TxnError::Unknown,
-                ));
-            }
+            _ => return unknown(&req),
         };
         settled.err().map(|e| error(txn.as_str(), &req, op, e))
     }

@@ -28,7 +28,7 @@ use self::fetcher::{
 use self::sender::{Done, Lane, ToStore};
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
-use super::outcome::{ingress_or_refuse, rejected, settle_inbound};
+use super::outcome::{ingress_or_refuse, rejected, settle_delivery, settle_inbound};
 use crate::backend::Backend;
 use crate::engine::{
     AmqpError, Condition, Connection, Delivery, DeliveryOutcome, FastMap, LinkAccept, LinkId,
@@ -271,14 +271,10 @@ impl QueueLinks {
                 presettled: d.settled,
                 message,
             }),
-            None => settle_inbound(
-                conn,
-                &ctx.metrics,
-                d.link,
-                d.delivery_id,
-                d.settled,
-                rejected(Condition::InternalError, "the link's sends are gone"),
-            ),
+            None => {
+                let gone = rejected(Condition::InternalError, "the link's sends are gone");
+                settle_delivery(conn, &ctx.metrics, d, gone);
+            }
         }
     }
 

@@ -23,7 +23,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use fe2o3_amqp_types::definitions::SenderSettleMode;
-use fe2o3_amqp_types::messaging::{Accepted, DeliveryState, Rejected};
+use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp_types::performatives::Attach;
 
 use self::requester::Asked;
@@ -34,8 +34,8 @@ use super::envelope::Stored;
 use super::in_flight::InFlight;
 use super::links::{LinkEntry, Links, Serves};
 use super::outcome::{
-    ingress_or_refuse, rejected, settle_inbound, settling, subscribe_refusal, subscription_ended,
-    Settling,
+    ingress_or_refuse, refused, rejected, settle_delivery, settling, subscribe_refusal,
+    subscription_ended, Settling,
 };
 use crate::backend::{Backend, BackendError, RequestStream};
 use crate::engine::{
@@ -329,22 +329,13 @@ impl RpcLinks {
         let (reply_to, charge) = match checked {
             Ok(r) => r,
             Err(e) => {
-                let state = DeliveryState::Rejected(Rejected {
-                    error: Some(e.to_wire()),
-                });
-                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
+                settle_delivery(conn, &self.metrics, d, refused(&e));
                 return;
             }
         };
         // RPC-4: accepted once routed; the reply is independent of this outcome.
-        settle_inbound(
-            conn,
-            &self.metrics,
-            d.link,
-            d.delivery_id,
-            d.settled,
-            DeliveryState::Accepted(Accepted {}),
-        );
+        let accepted = DeliveryState::Accepted(Accepted {});
+        settle_delivery(conn, &self.metrics, d, accepted);
         // MET-6.
         self.metrics.rpc_request(target.pattern.name());
         let timeout = requester::timeout(stored.ttl, self.shared.default_timeout);
@@ -424,7 +415,7 @@ impl RpcLinks {
                     Condition::NotFound,
                     "no pending request for this reply token",
                 );
-                settle_inbound(conn, &self.metrics, d.link, d.delivery_id, d.settled, state);
+                settle_delivery(conn, &self.metrics, d, state);
                 return;
             }
         };
