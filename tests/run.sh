@@ -79,8 +79,10 @@ if cargo tree -p kubemq-amqp-engine -e normal --prefix none | grep -E '^(tokio|t
   echo "the engine crate must stay sans-IO"; exit 1
 fi
 echo "== cargo clippy"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
 echo "== cargo test"
+# `--all-features` turns on `external-tools`: the tests that run the clients and tools installed
+# above, which a bare `cargo test` leaves out (README, "Tests").
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # Every connector and operator process the tests start logs here, and the tests record the
@@ -92,15 +94,15 @@ rm -rf "$KUBEMQ_AMQP_TEST_LOGS"
 # harness where their binaries exist; the suite never builds them. KubeMQ binds every interface
 # and reports usage to an outside host, so as root the tests run in a network namespace that has
 # nothing but loopback (built first, outside it, where the registries are reachable).
-cargo test --workspace --no-run --quiet
+cargo test --workspace --all-features --no-run --quiet
 netns=()
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && unshare --net true 2>/dev/null; then
   echo "   (in a network namespace with nothing but loopback)"
   netns=(unshare --net -- sh -c 'ip link set lo up && exec "$@"' sh)
 fi
-"${netns[@]}" cargo test --workspace --offline 2>&1 | tee "$log"
+"${netns[@]}" cargo test --workspace --all-features --offline 2>&1 | tee "$log"
 echo "== no secret in any log the suite wrote"
-cargo test -p kubemq-amqp-connector --test secrets_in_logs 2>&1 | tee -a "$log"
+cargo test -p kubemq-amqp-connector --features external-tools --test secrets_in_logs 2>&1 | tee -a "$log"
 # What the real-KubeMQ tier ran: the binaries it found, and how many tests used each.
 tier() { # label env-var cached-file record
   local bin="${!2:-$HOME/.cache/kubemq-amqp/$3}" f="$KUBEMQ_AMQP_TEST_LOGS/$4-tests.txt"

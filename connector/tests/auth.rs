@@ -181,6 +181,10 @@ fn audited(c: &Secured, event: &str, field: &str, value: &str) -> serde_json::Va
 /// the mechanism in lower case, the transport and the source address, and nothing else is an
 /// audit event (no connect or disconnect events); no token or key reaches the log.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn sasl_3_plain_with_kubemq_jwts() {
     let c = Secured::start(None);
     let good = token("app", SECRET, 300);
@@ -252,6 +256,10 @@ fn sasl_9_bare_header_refused() {
 /// and its receiver on it is refused `amqp:unauthorized-access` "not authorized for orders";
 /// the denial is audited.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn authz_2_write_without_read_refuses_the_receiver() {
     let c = Secured::start(None);
     let writer = token("writer", SECRET, 300);
@@ -265,6 +273,10 @@ fn authz_2_write_without_read_refuses_the_receiver() {
 /// channel the client may not write is rejected `amqp:unauthorized-access` and the next, to one
 /// it may, is accepted on the same link (python-qpid-proton and rhea-promise).
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn authz_4_anonymous_terminus_checked_per_message() {
     let c = Secured::start(None);
     let app = token("app", SECRET, 300);
@@ -283,6 +295,10 @@ fn authz_4_anonymous_terminus_checked_per_message() {
 /// `sub.x.y` or `sub.deep.er.z`); a subscription string the policy does not match (`>`, `*.x`,
 /// `sub.*.>`) is refused at attach.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn authz_7_wildcard_subscriptions_get_only_readable_channels() {
     let c = Secured::start(None);
     c.python(
@@ -319,6 +335,10 @@ fn failed_login(port: u16, token: &str) -> Duration {
 /// the failures are audited as one line a second with a count; a good login from the same
 /// source still succeeds.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn aud_5_repeated_failed_logins_are_slowed_and_summed_up() {
     let c = Secured::start(None);
     let forged = token("app", "not-the-key", 300);
@@ -360,6 +380,10 @@ fn aud_5_repeated_failed_logins_are_slowed_and_summed_up() {
 /// AUTHZ-5: dynamic reply nodes are private to their connection and not checked: a client the
 /// policy gives no right on them receives what its anonymous sender sends to its own node.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn authz_5_dynamic_nodes_are_not_checked() {
     let c = Secured::start(None);
     c.python("dynamic", &["app", &token("app", SECRET, 300)]);
@@ -375,6 +399,10 @@ fn authz_5_dynamic_nodes_are_not_checked() {
 /// SASL-7, SASL-6 (3), TLS-4: an mTLS client whose certificate names CN `billing` authenticates
 /// with SASL EXTERNAL and is authorized as `billing`.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn sasl_7_external_on_mtls() {
     let pki = Pki::new("test CA");
     pki.issue("server", "127.0.0.1", 10, false, false);
@@ -427,6 +455,10 @@ fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> (Chil
 /// clients' tokens, KubeMQ refuses them, and the client sees `amqp:unauthorized-access` on the
 /// message and on its receiver.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn sasl_3_client_token_is_what_kubemq_checks() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();

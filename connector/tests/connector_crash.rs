@@ -275,6 +275,10 @@ fn sigkill_during_produce_keeps_every_accepted_message() {
 /// the subscription resumes with exactly those four; the channel's sequences continue
 /// (ES-2: never reused).
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton: tests/run.sh"
+)]
 fn dur_4_durable_subscription_survives_sigkill() {
     let dir = tempfile::tempdir().expect("dir");
     let port = free_port();

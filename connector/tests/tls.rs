@@ -148,6 +148,10 @@ fn tls_7_a_plain_port_beside_tls_is_warned_about() {
 /// TLS-3, TLS-5: in tls mode python-qpid-proton and rhea send and receive over TLS (server
 /// certificate verified, with its host name), and the AMQP header is answered inside TLS.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_3_5_proton_and_rhea_over_tls() {
     let (pki, c) = served(&[]);
     let ca = pki.path("ca.pem");
@@ -159,6 +163,10 @@ fn tls_3_5_proton_and_rhea_over_tls() {
 /// A client that trusts another CA refuses the connector's certificate: the connector presents
 /// the configured one.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_client_of_another_ca_refuses_the_server() {
     let (_pki, c) = served(&[]);
     let other = Pki::new("another CA");
@@ -167,6 +175,10 @@ fn tls_client_of_another_ca_refuses_the_server() {
 
 /// TLS-2: TLS 1.2 is accepted, TLS 1.1 refused.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_2_minimum_version() {
     let (pki, c) = served(&[]);
     let ca = pki.path("ca.pem");
@@ -178,6 +190,10 @@ fn tls_2_minimum_version() {
 /// rhea with one get through; no certificate, one from another CA and an expired one are
 /// refused.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_4_mtls_requires_a_verified_client_certificate() {
     let pki = Pki::new("test CA");
     pki.issue("server", "127.0.0.1", 10, false, false);
@@ -237,6 +253,10 @@ fn secret_volume(dir: &Path, version: &str, pki: &Pki, name: &str) {
 /// A certificate replaced while connections are open: new connections get the new one, the
 /// open connection goes on with the old one, and nothing restarts.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_certificate_rotation_reaches_new_connections() {
     let pki = Pki::new("test CA");
     pki.issue("first", "127.0.0.1", 21, false, false);
@@ -276,6 +296,10 @@ fn tls_certificate_rotation_reaches_new_connections() {
 /// match the old key) leave the last good certificate in use; once the set loads again, new
 /// connections get it.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton and rhea: tests/run.sh"
+)]
 fn tls_files_that_stop_loading_keep_the_last_good_certificate() {
     let pki = Pki::new("test CA");
     pki.issue("first", "127.0.0.1", 31, false, false);

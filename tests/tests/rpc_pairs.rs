@@ -277,6 +277,10 @@ fn text(body: Body<Value>) -> String {
 
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13: proton asks, rhea answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_proton_requester_rhea_responder() {
     pair(Client::Proton, Client::Rhea);
 }
@@ -284,30 +288,50 @@ fn rpc_proton_requester_rhea_responder() {
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13, ADDR-18: rhea asks through one anonymous sender,
 /// proton answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_rhea_requester_proton_responder() {
     pair(Client::Rhea, Client::Proton);
 }
 
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13: proton asks, fe2o3 answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_proton_requester_fe2o3_responder() {
     pair(Client::Proton, Client::Fe2o3);
 }
 
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13: fe2o3 asks, proton answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_fe2o3_requester_proton_responder() {
     pair(Client::Fe2o3, Client::Proton);
 }
 
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13: rhea asks, fe2o3 answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_rhea_requester_fe2o3_responder() {
     pair(Client::Rhea, Client::Fe2o3);
 }
 
 /// RPC-1, RPC-7, RPC-8, RPC-12, RPC-13: fe2o3 asks, rhea answers.
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_fe2o3_requester_rhea_responder() {
     pair(Client::Fe2o3, Client::Rhea);
 }
@@ -317,6 +341,10 @@ fn rpc_fe2o3_requester_rhea_responder() {
 /// RPC-8, ADDR-16 (Qpid JMS opens its anonymous producer only with ANONYMOUS-RELAY offered),
 /// OP-ADDR-7 (the temporary queue is a node minted by a dynamic target).
 #[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs python-qpid-proton, rhea, go-amqp and Qpid JMS: tests/run.sh"
+)]
 fn rpc_qpid_jms_requester_go_amqp_responder() {
     const GO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/go/bin");
     const JAVA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java");
