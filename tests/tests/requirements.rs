@@ -1,6 +1,7 @@
 //! The repository stands alone: every requirement ID the code and tests cite is defined in
 //! docs/requirements.md (or, for `KMQ-` IDs, docs/kubemq-behaviour.md), and every document they
-//! cite is in the repository.
+//! cite is in the repository; every source file and folder docs/architecture.md walks through
+//! exists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -247,6 +248,33 @@ fn every_pinning_test_named_in_the_requirements_exists() {
     );
 }
 
+/// The source files and folders a page names in backticks (`a/b.rs`, `bridge/events/`).
+fn source_paths(text: &str) -> Vec<&str> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| {
+            (t.ends_with(".rs") || t.ends_with('/'))
+                && t.contains('/')
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c))
+        })
+        .collect()
+}
+
+#[test]
+fn every_file_the_architecture_page_names_exists() {
+    let page = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the page");
+    let named = source_paths(&page);
+    assert!(named.len() > 30, "only {} paths named", named.len());
+    // Paths inside the connector are written from `connector/src/`, as its modules name them.
+    let missing: Vec<&str> = named
+        .into_iter()
+        .filter(|p| !root().join(p).exists() && !root().join("connector/src").join(p).exists())
+        .collect();
+    assert!(missing.is_empty(), "docs/architecture.md names {missing:?}");
+}
+
 #[test]
 fn the_scanner_finds_ids_and_documents() {
     assert_eq!(
@@ -256,5 +284,9 @@ fn the_scanner_finds_ids_and_documents() {
     assert_eq!(
         documents("see docs/decisions.md, kubemq-grpc.md §4 and README.md."),
         ["docs/decisions.md", "kubemq-grpc.md", "README.md"]
+    );
+    assert_eq!(
+        source_paths("`store/log.rs` and `bridge/events/`, not `fdatasync` or `a b/`"),
+        ["store/log.rs", "bridge/events/"]
     );
 }
