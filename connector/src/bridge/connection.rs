@@ -19,6 +19,7 @@ use super::context::Ctx;
 use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
 use super::events::{self, ConsumeRequest, EventLinks};
 use super::links::{LinkEntry, Links, Serves};
+use super::outbound::DeliveryToken;
 use super::outcome::{ingress_or_refuse, refused, settle_delivery};
 use super::queues::QueueLinks;
 use super::rpc::{ResponderRequest, RpcLinks};
@@ -471,7 +472,7 @@ impl<B: Backend> ConnectionHandler<B> {
     }
 
     /// An accepted link ended: the part that served it lets go of it.
-    fn link_closed(&mut self, link: LinkId, unsettled: Vec<u64>) {
+    fn link_closed(&mut self, link: LinkId, unsettled: &[DeliveryToken]) {
         let Some(entry) = self.links.remove(link) else {
             return;
         };
@@ -488,7 +489,7 @@ impl<B: Backend> ConnectionHandler<B> {
                 self.rpc.closed(link)
             }
             LinkEntry::DynamicTarget | LinkEntry::DynamicSource => {
-                self.dynamic.closed(link, &unsettled)
+                self.dynamic.closed(link, unsettled)
             }
         }
     }
@@ -551,18 +552,27 @@ impl<B: Backend> Handler for ConnectionHandler<B> {
                 self.rpc.pump_all(conn);
                 self.dynamic.pump_all(conn);
             }
-            Event::Settled { link, token, state } => match self.links.get(link) {
-                Some(LinkEntry::QueueConsumer) => {
-                    self.queues.settled(link, token, state, &self.ctx.metrics)
+            Event::Settled { link, token, state } => {
+                let token = DeliveryToken::reported(token);
+                match self.links.get(link) {
+                    Some(LinkEntry::QueueConsumer) => {
+                        self.queues.settled(link, token, state, &self.ctx.metrics)
+                    }
+                    Some(LinkEntry::DynamicSource) => {
+                        self.dynamic.settled(conn, token, state.as_ref())
+                    }
+                    // OP-RPC-8: a request delivery's settlement changes nothing; its response or its
+                    // timeout ends it. Events go pre-settled.
+                    _ => {}
                 }
-                Some(LinkEntry::DynamicSource) => self.dynamic.settled(conn, token, state.as_ref()),
-                // OP-RPC-8: a request delivery's settlement changes nothing; its response or its
-                // timeout ends it. Events go pre-settled.
-                _ => {}
-            },
+            }
             Event::LinkClosed {
                 link, unsettled, ..
-            } => self.link_closed(link, unsettled),
+            } => {
+                let unsettled: Vec<DeliveryToken> =
+                    unsettled.into_iter().map(DeliveryToken::reported).collect();
+                self.link_closed(link, &unsettled)
+            }
             Event::Closed { .. } => {
                 if std::mem::take(&mut self.counted_open) {
                     self.ctx.metrics.connections.dec();

@@ -17,6 +17,8 @@ use crate::engine::{
     FastMap, LinkId,
 };
 
+use super::outbound::{DeliveryToken, Outbound};
+
 /// Bytes a dynamic node holds for its receiver at most, beyond a first message of any size.
 const MAILBOX_BYTES: u64 = 16 * 1024 * 1024;
 
@@ -71,8 +73,9 @@ pub struct DynamicNodes {
     nodes: FastMap<String, Node>,
     by_link: FastMap<LinkId, String>,
     /// Unsettled deliveries: token → (address, message), offered again if released.
-    unsettled: FastMap<u64, (String, Bytes)>,
-    next_token: u64,
+    unsettled: FastMap<DeliveryToken, (String, Bytes)>,
+    /// Numbers the deliveries sent.
+    outbound: Outbound,
     /// Messages a node holds at most (MaxUnsettledPerLink).
     capacity: usize,
 }
@@ -84,7 +87,7 @@ impl DynamicNodes {
             nodes: FastMap::default(),
             by_link: FastMap::default(),
             unsettled: FastMap::default(),
-            next_token: 1,
+            outbound: Outbound::default(),
             capacity: capacity.max(1),
         }
     }
@@ -217,11 +220,9 @@ impl DynamicNodes {
                 break;
             };
             node.charge.shrink(message.len() as u64);
-            let token = self.next_token;
-            self.next_token += 1;
-            match conn.send(link, &token.to_be_bytes(), &message, presettled, token) {
+            match self.outbound.send(conn, link, &message, presettled) {
                 Ok(_) if presettled => {}
-                Ok(_) => {
+                Ok(token) => {
                     self.unsettled.insert(token, (address.to_string(), message));
                 }
                 Err(_) => {
@@ -242,7 +243,12 @@ impl DynamicNodes {
 
     /// The client settled a dynamic-node delivery: accepted, rejected or no state ends it;
     /// anything else offers it again.
-    pub fn settled(&mut self, conn: &mut Connection, token: u64, state: Option<&DeliveryOutcome>) {
+    pub(crate) fn settled(
+        &mut self,
+        conn: &mut Connection,
+        token: DeliveryToken,
+        state: Option<&DeliveryOutcome>,
+    ) {
         let Some((address, message)) = self.unsettled.remove(&token) else {
             return;
         };
@@ -262,7 +268,7 @@ impl DynamicNodes {
     /// A link of a node ended: the link that minted it takes the node and whatever it holds
     /// with it (ADDR-11); a consumer that did not mint it just leaves, and what it left
     /// unsettled waits for the next.
-    pub fn closed(&mut self, link: LinkId, unsettled: &[u64]) {
+    pub(crate) fn closed(&mut self, link: LinkId, unsettled: &[DeliveryToken]) {
         let Some(address) = self.by_link.remove(&link) else {
             return;
         };

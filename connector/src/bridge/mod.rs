@@ -17,6 +17,7 @@ pub mod envelope;
 pub mod events;
 mod in_flight;
 mod links;
+mod outbound;
 mod outcome;
 pub mod queues;
 pub mod rpc;

@@ -28,6 +28,7 @@ use self::fetcher::{
 use self::sender::{Done, Lane, ToStore};
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
+use super::outbound::{DeliveryToken, Outbound};
 use super::outcome::{ingress_or_refuse, rejected, settle_delivery, settle_inbound};
 use crate::backend::Backend;
 use crate::engine::{
@@ -96,8 +97,9 @@ pub struct QueueLinks {
     handout_tx: mpsc::UnboundedSender<ToConsumer>,
     handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
     /// Unsettled consume deliveries, by delivery token.
-    deliveries: FastMap<u64, Unsettled>,
-    next_token: u64,
+    deliveries: FastMap<DeliveryToken, Unsettled>,
+    /// Numbers the consume deliveries.
+    outbound: Outbound,
     /// Fetchers of consume links that ended, for handouts still on their way to them; an entry
     /// goes when its fetcher confirms the link's Leave.
     closed: HashMap<LinkId, mpsc::UnboundedSender<Command>>,
@@ -126,7 +128,7 @@ impl Default for QueueLinks {
             handout_tx,
             handout_rx,
             deliveries: FastMap::default(),
-            next_token: 1,
+            outbound: Outbound::default(),
             closed: HashMap::new(),
             ready_done: Vec::new(),
             ready_handouts: Vec::new(),
@@ -315,7 +317,7 @@ impl QueueLinks {
     pub(crate) fn settled(
         &mut self,
         link: LinkId,
-        token: u64,
+        token: DeliveryToken,
         state: Option<DeliveryOutcome>,
         metrics: &Metrics,
     ) {
@@ -359,13 +361,18 @@ impl QueueLinks {
 
     /// A consume link ended: this turn's settlements first; then: every unsettled
     /// delivery NAcked, once (the engine reports each once), and the link leaves its Get loop.
-    pub(crate) fn consumer_closed(&mut self, link: LinkId, unsettled: Vec<u64>, connection: u64) {
+    pub(crate) fn consumer_closed(
+        &mut self,
+        link: LinkId,
+        unsettled: &[DeliveryToken],
+        connection: u64,
+    ) {
         let Some(Consumer { fetcher, .. }) = self.consumers.remove(&link) else {
             return;
         };
         let mut settled = self.take_settled(link);
         for token in unsettled {
-            if let Some(message) = self.deliveries.remove(&token) {
+            if let Some(message) = self.deliveries.remove(token) {
                 settled.push(message.settled(Outcome::Nack));
             }
         }
@@ -437,15 +444,13 @@ impl QueueLinks {
             &h.message.tags,
             DeliveryInfo { receive_count },
         );
-        let token = self.next_token;
-        self.next_token += 1;
-        let sent = conn.send(link, &token.to_be_bytes(), &payload, presettled, token);
+        let sent = self.outbound.send(conn, link, &payload, presettled);
         if sent.is_ok() {
             // MET-4.
             metrics.transfer(Direction::Out, Counted::Pattern(Pattern::Queues));
         }
         match sent {
-            Ok(_) => {
+            Ok(token) => {
                 let message = Unsettled {
                     transaction: h.transaction,
                     sequence: h.sequence,

@@ -33,6 +33,7 @@ use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
 use super::in_flight::InFlight;
 use super::links::{LinkEntry, Links, Serves};
+use super::outbound::Outbound;
 use super::outcome::{
     ingress_or_refuse, refused, rejected, settle_delivery, settling, subscribe_refusal,
     subscription_ended, Settling,
@@ -116,7 +117,8 @@ pub struct RpcLinks {
     expiry_due: bool,
     /// Subscriptions that failed this turn.
     failed: Vec<(LinkId, BackendError)>,
-    next_token: u64,
+    /// Numbers the deliveries sent.
+    outbound: Outbound,
     metrics: Arc<Metrics>,
     /// The bridge's settings.
     shared: Shared,
@@ -171,7 +173,7 @@ impl RpcLinks {
             expiry: None,
             expiry_due: false,
             failed: Vec::new(),
-            next_token: 1,
+            outbound: Outbound::default(),
             metrics,
             shared,
             counted_held: 0,
@@ -482,12 +484,7 @@ impl RpcLinks {
         };
         let answerable = responder::answerable_for(request, self.shared.default_timeout);
         let message = responder::delivered(request);
-        let token = self.next_token;
-        self.next_token += 1;
-        if conn
-            .send(link, &token.to_be_bytes(), &message, presettled, token)
-            .is_ok()
-        {
+        if self.outbound.send(conn, link, &message, presettled).is_ok() {
             self.metrics
                 .transfer(Direction::Out, Counted::Pattern(pattern));
             let expires = Instant::now() + answerable;
