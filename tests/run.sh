@@ -8,6 +8,15 @@ set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
 
+# Each stage's wall time, listed at the end.
+stage_times=() stage_name="" stage_start=$SECONDS
+stage() {
+  [ -n "$stage_name" ] && stage_times+=("$(printf '%6d s  %s' $((SECONDS - stage_start)) "$stage_name")")
+  stage_name=$1 stage_start=$SECONDS
+  [ -n "$1" ] && echo "== $1"
+  return 0
+}
+stage "installing the Python and Node.js clients and the tools (once)"
 if ! python3 -c 'import proton' 2>/dev/null; then
   echo "== installing python-qpid-proton"
   python3 -m pip install --quiet --disable-pip-version-check 'python-qpid-proton==0.40.0'
@@ -54,7 +63,7 @@ fi
 # harness's RPC workers (tests/go/rpcsoak): Azure/go-amqp from the Go module proxy, Qpid JMS
 # from Maven Central. Go's module and build caches and Maven's ~/.m2 make a
 # repeat build take seconds.
-echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
+stage "building the Go (go-amqp) and Java (Qpid JMS) clients"
 (cd tests/go && go build -o bin/ ./...)
 (cd tests/java && mvn -q -B compile dependency:build-classpath -Dmdep.outputFile=target/classpath.txt)
 
@@ -62,25 +71,25 @@ echo "== building the Go (go-amqp) and Java (Qpid JMS) clients"
 # kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14 (the chart's floor)
 # and of v1.37.2 (the newest minor served), and kwok, built from their Go modules (once; cached
 # by version under $TOOLS).
-echo "== building the Kubernetes control planes (tests/k8s)"
+stage "building the Kubernetes control planes (tests/k8s)"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
 
 # The connector and operator images, daemonless (images/build.sh: the release binaries, then
 # OCI image layouts written by Debian's umoci, installed there when missing); tests/tests/images.rs
 # checks and runs them.
-echo "== building the container images (images/build.sh)"
+stage "building the container images (images/build.sh)"
 bash images/build.sh >/dev/null
 
-echo "== cargo fmt --check"
+stage "cargo fmt --check"
 cargo fmt --all -- --check
-echo "== layering: the engine crate depends on no runtime, gRPC or protobuf crate"
+stage "layering: the engine crate depends on no runtime, gRPC or protobuf crate"
 if cargo tree -p kubemq-amqp-engine -e normal --prefix none | grep -E '^(tokio|tonic|prost|hyper)[ -]'; then
   echo "the engine crate must stay sans-IO"; exit 1
 fi
-echo "== cargo clippy"
+stage "cargo clippy"
 cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
-echo "== cargo test"
+stage "cargo test: building the tests"
 # `--all-features` turns on `external-tools`: the tests that run the clients and tools installed
 # above, which a bare `cargo test` leaves out (README, "Tests").
 log=$(mktemp)
@@ -95,14 +104,16 @@ rm -rf "$KUBEMQ_AMQP_TEST_LOGS"
 # and reports usage to an outside host, so as root the tests run in a network namespace that has
 # nothing but loopback (built first, outside it, where the registries are reachable).
 cargo test --workspace --all-features --no-run --quiet
+stage "cargo test: running them"
 netns=()
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && unshare --net true 2>/dev/null; then
   echo "   (in a network namespace with nothing but loopback)"
   netns=(unshare --net -- sh -c 'ip link set lo up && exec "$@"' sh)
 fi
 "${netns[@]}" cargo test --workspace --all-features --offline 2>&1 | tee "$log"
-echo "== no secret in any log the suite wrote"
-cargo test -p kubemq-amqp-connector --features external-tools --test secrets_in_logs 2>&1 | tee -a "$log"
+stage "no secret in any log the suite wrote"
+# The suite's own features and packages, so nothing is compiled again for this one check.
+cargo test --workspace --all-features --offline --test secrets_in_logs 2>&1 | tee -a "$log"
 # What the real-KubeMQ tier ran: the binaries it found, and how many tests used each.
 tier() { # label env-var cached-file record
   local bin="${!2:-$HOME/.cache/kubemq-amqp/$3}" f="$KUBEMQ_AMQP_TEST_LOGS/$4-tests.txt"
@@ -115,6 +126,9 @@ tier() { # label env-var cached-file record
 tier "real KubeMQ" KUBEMQ_BINARY kubemq-community real-kubemq
 tier "KubeMQ that authorizes" KUBEMQ_ENFORCING_BINARY kubemq-community-enforcing enforcing-kubemq
 tier "burn-in harness" BURNIN_BINARY burnin burnin
+stage ""
+echo "== stage times"
+printf '%s\n' "${stage_times[@]}"
 # One closing line with the totals of every test binary (the last binary run is often the empty
 # doc-test pass, which would otherwise be the closing line).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
