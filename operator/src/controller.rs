@@ -13,13 +13,13 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::crd::{AmqpConnector, AmqpConnectorStatus, Endpoints};
+use crate::events::{Announcement, Announcer, EventType};
 use crate::render::{self, RenderError, MANAGER};
 
 /// What reconciles share.
@@ -27,7 +27,7 @@ pub struct Context {
     /// The API client.
     pub client: Client,
     /// Publishes Kubernetes Events about AmqpConnectors.
-    recorder: Recorder,
+    announcer: Announcer,
     /// Consecutive failures per object, for backoff.
     failures: Mutex<HashMap<ObjectRef<AmqpConnector>, u32>>,
     /// Counters for `/metrics`.
@@ -41,12 +41,8 @@ impl Context {
         metrics: crate::metrics::Metrics,
         instance: Option<String>,
     ) -> Context {
-        let reporter = Reporter {
-            controller: MANAGER.into(),
-            instance,
-        };
         Context {
-            recorder: Recorder::new(client.clone(), reporter),
+            announcer: Announcer::new(client.clone(), MANAGER, instance),
             client,
             failures: Mutex::new(HashMap::new()),
             metrics,
@@ -95,14 +91,13 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
         tracing::info!(%ns, %name, "paused; not reconciling");
         let was_paused = paused_condition(cr.status.as_ref()).is_some();
         if !was_paused {
-            let event = Event {
+            let event = Announcement {
                 type_: EventType::Normal,
                 reason: "Paused".into(),
-                note: Some("spec.paused is true: the children are left as they are".into()),
+                note: "spec.paused is true: the children are left as they are".into(),
                 action: "Reconcile".into(),
-                secondary: None,
             };
-            if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
+            if let Err(e) = ctx.announcer.publish(&event, &cr.object_ref(&())).await {
                 tracing::warn!(%ns, %name, error = %e, "cannot publish an event");
             }
         }
@@ -471,24 +466,6 @@ fn observed(
 /// Publishes an Event for a real change: Normal `Applied` when a new generation of the spec was
 /// applied, Warning with the Degraded reason when the object becomes degraded or its reason or
 /// message changes. Nothing for a reconcile that found everything as it was.
-/// The API server refuses an Event whose note is longer than this many bytes.
-const NOTE_LIMIT: usize = 1024;
-
-/// `note` cut to fit an Event (at a character boundary, ending in `…`), whole when it fits.
-fn fit_note(note: String) -> String {
-    if note.len() <= NOTE_LIMIT {
-        return note;
-    }
-    let mut end = NOTE_LIMIT - '…'.len_utf8();
-    while !note.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut cut = note;
-    cut.truncate(end);
-    cut.push('…');
-    cut
-}
-
 async fn announce(cr: &AmqpConnector, status: &AmqpConnectorStatus, ctx: &Context) {
     let degraded = |s: Option<&AmqpConnectorStatus>| {
         s.and_then(|s| s.conditions.as_ref())
@@ -499,32 +476,30 @@ async fn announce(cr: &AmqpConnector, status: &AmqpConnectorStatus, ctx: &Contex
             .map(|c| (c.reason.clone(), c.message.clone()))
     };
     let event = match degraded(Some(status)) {
-        Some(now) if degraded(cr.status.as_ref()) != Some(now.clone()) => Event {
+        Some(now) if degraded(cr.status.as_ref()) != Some(now.clone()) => Announcement {
             type_: EventType::Warning,
             reason: now.0,
-            note: Some(fit_note(now.1)),
+            note: now.1,
             action: "Reconcile".into(),
-            secondary: None,
         },
         Some(_) => return,
         None if cr.status.as_ref().and_then(|s| s.observed_generation)
             != cr.metadata.generation =>
         {
-            Event {
+            Announcement {
                 type_: EventType::Normal,
                 reason: "Applied".into(),
-                note: Some(format!(
+                note: format!(
                     "generation {} applied (configuration {})",
                     cr.metadata.generation.unwrap_or(0),
                     status.config_hash.as_deref().unwrap_or("-")
-                )),
+                ),
                 action: "Apply".into(),
-                secondary: None,
             }
         }
         None => return,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
+    if let Err(e) = ctx.announcer.publish(&event, &cr.object_ref(&())).await {
         tracing::warn!(name = %cr.name_any(), error = %e, "cannot publish an event");
     }
 }
@@ -554,23 +529,4 @@ async fn write_status(
     .await
     .map(|_| ())
     .map_err(|e| Error::Api("status", e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A long error text still makes a valid Event: cut to the API server's limit at a
-    /// character boundary; a short one is whole.
-    #[test]
-    fn event_notes_fit_the_limit() {
-        assert_eq!(fit_note("short".into()), "short");
-        for filler in ["x", "é", "日本"] {
-            let long = filler.repeat(2000);
-            let note = fit_note(long.clone());
-            assert!(note.len() <= NOTE_LIMIT, "{} bytes", note.len());
-            assert!(note.ends_with('…'));
-            assert!(long.starts_with(note.trim_end_matches('…')));
-        }
-    }
 }

@@ -2,10 +2,11 @@
 //!
 //! The `AmqpConnector` custom resource ([`crd`]) and the CRD generated from it (`crdgen`), the
 //! objects one AmqpConnector wants ([`render`], pure functions), and the reconcile loop that
-//! applies them ([`controller`]); the binary adds `/livez`, `/readyz` and `/metrics` ([`http`]).
+//! applies them ([`controller`]), telling what it did in Events ([`events`]); the binary adds `/livez`, `/readyz` and `/metrics` ([`http`]).
 
 pub mod controller;
 pub mod crd;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod render;

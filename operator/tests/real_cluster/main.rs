@@ -643,6 +643,18 @@ fn helm3_cluster_wide_install_reconciles_under_the_charts_rbac(c: &Cluster) {
         || replica_sets() > before,
         || op.log(),
     );
+    // Each generation's Event says which generation it was, not the first one's.
+    let generation = amqpc(c, "apps", "orders")["metadata"]["generation"]
+        .as_i64()
+        .unwrap();
+    assert!(generation > 1, "{generation}");
+    wait_for_event(
+        c,
+        "apps",
+        "Normal",
+        "Applied",
+        &format!("generation {generation} applied"),
+    );
     // A changed token Secret reaches new pods only: README says to restart the rollout, and the
     // operator's applies leave that restart in place.
     let before = replica_sets();
@@ -909,6 +921,24 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     assert_eq!(
         after["status"], degraded["status"],
         "the status did not change"
+    );
+    // A second invalid field: its Warning names that field, not the first one.
+    c.kubectl_ok(&[
+        "-n",
+        "apps-invalid",
+        "patch",
+        "amqpc",
+        "orders",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"broker":{"clientIdPrefix":null},"metrics":{"serviceMonitor":{"enabled":true}}}}"#,
+    ]);
+    wait_for_event(
+        c,
+        "apps-invalid",
+        "Warning",
+        "InvalidSpec",
+        "spec.metrics.serviceMonitor",
     );
     c.kubectl_ok(&[
         "-n",
