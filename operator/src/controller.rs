@@ -107,8 +107,15 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
     let result = apply_children(&cr, &ns, ctx).await;
     let status = match &result {
         Ok((deployment, hash)) => observed(&cr, deployment.as_ref(), None, Some(hash)),
-        Err(Failure::Spec(e)) => observed(&cr, None, Some(("InvalidSpec", e.to_string())), None),
-        Err(Failure::Api(e)) => observed(&cr, None, Some(("ApplyFailed", e.to_string())), None),
+        Err(failure) => {
+            let degraded = match failure {
+                Failure::Spec(e) => ("InvalidSpec", e.to_string()),
+                Failure::Api(e) => ("ApplyFailed", e.to_string()),
+            };
+            // Nothing new was applied, but the pods of the last good spec may be serving.
+            let running = running_deployment(&cr, &ns, ctx).await;
+            observed(&cr, running.as_ref(), Some(degraded), None)
+        }
     };
     announce(&cr, &status, ctx).await;
     write_status(&cr, &ns, status, ctx).await?;
@@ -126,6 +133,21 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
             Ok(Action::await_change())
         }
         Err(Failure::Api(e)) => Err(e),
+    }
+}
+
+/// The Deployment this AmqpConnector already runs, if it can be read.
+async fn running_deployment(cr: &AmqpConnector, ns: &str, ctx: &Context) -> Option<Deployment> {
+    let uid = cr.metadata.uid.as_deref().unwrap_or_default();
+    match Api::<Deployment>::namespaced(ctx.client.clone(), ns)
+        .get_opt(&cr.name_any())
+        .await
+    {
+        Ok(found) => found.filter(|d| controlled_by(&d.metadata, uid)),
+        Err(e) => {
+            tracing::warn!(%ns, name = %cr.name_any(), error = %e, "cannot read the Deployment");
+            None
+        }
     }
 }
 
@@ -335,7 +357,13 @@ fn observed(
     let generation = cr.metadata.generation;
     let name = cr.name_any();
     let ns = cr.namespace().unwrap_or_default();
-    let want = cr.spec.replicas;
+    // While a spec cannot be applied, the pods that run are the last good spec's: counted from
+    // its Deployment, or as observed before when it could not be read.
+    let want = match (&degraded, deployment) {
+        (Some(_), Some(d)) => d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        (Some(_), None) => old.replicas.unwrap_or(cr.spec.replicas),
+        (None, _) => cr.spec.replicas,
+    };
     let ds = deployment
         .and_then(|d| d.status.clone())
         .unwrap_or_default();
@@ -344,7 +372,10 @@ fn observed(
         .and_then(|s| s.observed_generation)
         .zip(deployment.and_then(|d| d.metadata.generation))
         .is_some_and(|(seen, gen)| seen >= gen);
-    let ready = ds.ready_replicas.unwrap_or(0);
+    let ready = match (&degraded, deployment) {
+        (Some(_), None) => old.ready_replicas.unwrap_or(0),
+        _ => ds.ready_replicas.unwrap_or(0),
+    };
     let updated = ds.updated_replicas.unwrap_or(0);
     let (mut conds, mut status) = (Vec::new(), AmqpConnectorStatus::default());
     let cond = |t: &str, ok: bool, reason: &str, message: String| {
@@ -370,11 +401,10 @@ fn observed(
         Some((reason, message)) => {
             conds.push(cond("Ready", false, reason, message.clone()));
             conds.push(cond("Degraded", true, reason, message.clone()));
-            // What was observed before still describes the pods.
             status = AmqpConnectorStatus {
-                replicas: old.replicas,
-                ready_replicas: old.ready_replicas,
-                updated_replicas: old.updated_replicas,
+                replicas: deployment.map_or(old.replicas, |_| Some(ds.replicas.unwrap_or(0))),
+                ready_replicas: deployment.map_or(old.ready_replicas, |_| Some(ready)),
+                updated_replicas: deployment.map_or(old.updated_replicas, |_| Some(updated)),
                 config_hash: old.config_hash.clone(),
                 image: old.image.clone(),
                 ..status
@@ -529,4 +559,64 @@ async fn write_status(
     .await
     .map(|_| ())
     .map_err(|e| Error::Api("status", e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+
+    fn example() -> AmqpConnector {
+        let text = include_str!("../../examples/amqpconnector.yaml");
+        text.split("\n---\n")
+            .find(|d| d.contains("kind: AmqpConnector"))
+            .map(|d| serde_yaml::from_str(d).expect("the example's AmqpConnector"))
+            .expect("an AmqpConnector in the example")
+    }
+
+    fn condition<'a>(s: &'a AmqpConnectorStatus, type_: &str) -> &'a Condition {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == type_)
+            .expect("condition")
+    }
+
+    /// A spec that cannot be applied leaves the last good spec's pods serving: the status
+    /// counts them from their Deployment and says they are available.
+    #[test]
+    fn an_invalid_spec_reports_the_pods_that_still_serve() {
+        let mut cr = example();
+        cr.spec.replicas = 5;
+        let running = Deployment {
+            spec: Some(DeploymentSpec {
+                replicas: Some(3),
+                ..Default::default()
+            }),
+            status: Some(DeploymentStatus {
+                replicas: Some(3),
+                ready_replicas: Some(3),
+                updated_replicas: Some(3),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let s = observed(
+            &cr,
+            Some(&running),
+            Some(("InvalidSpec", "spec.x: unsupported".into())),
+            None,
+        );
+        assert_eq!(condition(&s, "Available").status, "True");
+        assert_eq!(condition(&s, "Available").message, "3 of 3 pods ready");
+        assert_eq!(condition(&s, "Ready").status, "False");
+        assert_eq!(condition(&s, "Degraded").reason, "InvalidSpec");
+        assert_eq!(s.ready_replicas, Some(3));
+        assert_eq!(s.replicas, Some(3));
+        // With no Deployment read, what was observed before stands.
+        cr.status = Some(s.clone());
+        let again = observed(&cr, None, Some(("ApplyFailed", "timeout".into())), None);
+        assert_eq!(condition(&again, "Available").status, "True");
+        assert_eq!(again.ready_replicas, Some(3));
+    }
 }

@@ -31,7 +31,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{/* What the operator may do with AmqpConnectors and their children (no Secrets, ever). */}}
 {{- define "aco.rules" -}}
 {{- /* Exactly what the operator asks for (the real-cluster test compares the API server's audit
-log with these): it watches AmqpConnectors and its children, server-side-applies the children
+log with these): it watches AmqpConnectors and its children, reads the Deployment that still
+runs while a spec cannot be applied (to report its pods), server-side-applies the children
 and its status (create is needed for an apply that creates), deletes only the metrics Service
 and the PDB (ConfigMap and Deployment go with their owner, by the garbage collector), and sets
 blockOwnerDeletion (which needs update on the finalizers). */}}
@@ -52,7 +53,7 @@ blockOwnerDeletion (which needs update on the finalizers). */}}
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]

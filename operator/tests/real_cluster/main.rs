@@ -1310,6 +1310,31 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
     for _ in 0..2 {
         patch(invalid);
         wait_for_condition(c, &op, "apps-rbac", "Degraded", "True", "InvalidSpec");
+        // Nothing new is applied, and the pods of the last good spec still serve: the status
+        // says so.
+        let deployment = json(
+            c,
+            &[
+                "-n",
+                "apps-rbac",
+                "get",
+                "deployment",
+                "orders",
+                "-o",
+                "json",
+            ],
+        );
+        let status = &amqpc(c, "apps-rbac", "orders")["status"];
+        let available = status["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(available["status"], "True", "{status}");
+        assert_eq!(
+            status["readyReplicas"], deployment["status"]["readyReplicas"],
+            "{status}"
+        );
         patch(valid);
         wait_ready(c, &op, "apps-rbac", "orders");
     }
