@@ -130,6 +130,7 @@ pub struct AmqpConnectorSpec {
     pub amqp: Option<AmqpTunables>,
     /// Compute resources of each connector container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resources_schema")]
     pub resources: Option<ResourceRequirements>,
     /// The Service AMQP clients connect to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -200,7 +201,7 @@ fn one() -> i32 {
 #[serde(rename_all = "camelCase")]
 pub struct Broker {
     /// KubeMQ gRPC address, `host:port` (e.g. `kubemq-cluster-grpc.kubemq:50000`).
-    #[x_kube(validation = Rule::new("self.matches('^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\\\\[[0-9A-Fa-f:.]+\\\\]):[0-9]{1,5}$')").message("must be host:port"))]
+    #[x_kube(validation = Rule::new("self.matches('^([A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?|\\\\[[0-9A-Fa-f:.]+\\\\]):([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])$')").message("must be host:port, the port from 1 to 65535"))]
     #[schemars(length(min = 3, max = 261))]
     pub address: String,
     /// TLS to the broker's gRPC port.
@@ -721,6 +722,29 @@ fn env_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
         "x-kubernetes-list-map-keys".into(),
         serde_json::json!(["name"]),
     );
+    s
+}
+
+/// A Kubernetes quantity written as a string (`500m`, `2`, `1.5Gi`, `1e3`): the API server's own
+/// grammar, so that a value it cannot parse is refused with its field named here rather than
+/// when the Deployment is applied.
+pub const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// Resource requirements whose limits and requests must be quantities.
+fn resources_schema(g: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut s = g.subschema_for::<Option<ResourceRequirements>>();
+    for map in ["limits", "requests"] {
+        if let Some(values) = s
+            .pointer_mut(&format!("/properties/{map}/additionalProperties"))
+            .and_then(|v| v.as_object_mut())
+        {
+            values.insert("pattern".into(), QUANTITY_PATTERN.into());
+            values.insert(
+                "description".into(),
+                "A quantity: a number with an optional suffix, such as 500m, 2 or 256Mi.".into(),
+            );
+        }
+    }
     s
 }
 

@@ -191,6 +191,16 @@ pub const RULES: &[RuleCase] = &[
         message: "must be host:port",
     },
     RuleCase {
+        name: "broker-port-above-65535",
+        change: |s| s["broker"]["address"] = "kubemq:99999".into(),
+        message: "the port from 1 to 65535",
+    },
+    RuleCase {
+        name: "broker-port-zero",
+        change: |s| s["broker"]["address"] = "kubemq:0".into(),
+        message: "the port from 1 to 65535",
+    },
+    RuleCase {
         name: "rust-log-and-logging-level",
         change: |s| {
             s["env"] = json!([{"name": "RUST_LOG", "value": "debug"}]);
@@ -292,6 +302,18 @@ pub const SCHEMA: &[SchemaCase] = &[
         spec: "broker: {address: 'k:1'}\n  podTemplate: {spec: {hostNetwork: true}}",
         jsonschema: Some("'podTemplate' was unexpected"),
         apiserver: "unknown field \"spec.podTemplate\"",
+    },
+    SchemaCase {
+        name: "bad-quantity",
+        spec: "broker: {address: 'k:1'}\n  resources: {limits: {cpu: lots}}",
+        jsonschema: Some("'lots' does not match"),
+        apiserver: "spec.resources.limits.cpu: Invalid value: \"lots\"",
+    },
+    SchemaCase {
+        name: "bad-request-quantity",
+        spec: "broker: {address: 'k:1'}\n  resources: {requests: {memory: 1GB}}",
+        jsonschema: Some("'1GB' does not match"),
+        apiserver: "spec.resources.requests.memory: Invalid value: \"1GB\"",
     },
     SchemaCase {
         name: "duplicate-env-names",

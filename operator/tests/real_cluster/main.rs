@@ -327,6 +327,19 @@ fn bad_specs_are_refused_with_their_messages(c: &Cluster) {
     if !r.ok {
         wrong.push(format!("the longest name was refused: {}", r.stderr));
     }
+    // Quantities in every form the API server parses, integers included, pass the pattern.
+    let mut quantities = example();
+    quantities["spec"]["resources"] = serde_json::json!({
+        "requests": {"cpu": 1, "memory": "1.5Gi"},
+        "limits": {"cpu": "2500m", "memory": "2e9", "ephemeral-storage": "+1k"}
+    });
+    let r = c.kubectl_in(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &quantities.to_string(),
+    );
+    if !r.ok {
+        wrong.push(format!("valid quantities were refused: {}", r.stderr));
+    }
     assert!(
         wrong.is_empty(),
         "not refused as promised:\n{}",
