@@ -61,6 +61,19 @@ pub enum Error {
     NoNamespace,
 }
 
+impl Error {
+    /// The error as a condition's or an Event's message: the API server's own words (what
+    /// failed, its message, reason and code), never a dump of its response.
+    pub fn for_people(&self) -> String {
+        match self {
+            Error::Api(what, kube::Error::Api(s)) => {
+                format!("{what}: {} ({} {})", s.message, s.reason, s.code)
+            }
+            other => other.to_string(),
+        }
+    }
+}
+
 /// How long a healthy object waits before the next drift check.
 const RESYNC: Duration = Duration::from_secs(600);
 /// First and largest retry delay after failures.
@@ -110,7 +123,7 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
         Err(failure) => {
             let degraded = match failure {
                 Failure::Spec(e) => ("InvalidSpec", e.to_string()),
-                Failure::Api(e) => ("ApplyFailed", e.to_string()),
+                Failure::Api(e) => ("ApplyFailed", e.for_people()),
             };
             // Nothing new was applied, but the pods of the last good spec may be serving.
             let running = running_deployment(&cr, &ns, ctx).await;
@@ -580,6 +593,22 @@ mod tests {
             .flatten()
             .find(|c| c.type_ == type_)
             .expect("condition")
+    }
+
+    /// An API failure reads as the API server's message, reason and code, not as a dump.
+    #[test]
+    fn an_api_failure_reads_as_the_servers_words() {
+        let status = kube::core::Status {
+            code: 500,
+            message: "quantities must match the regular expression".into(),
+            reason: "InternalError".into(),
+            ..Default::default()
+        };
+        let e = Error::Api("apply", kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            e.for_people(),
+            "apply: quantities must match the regular expression (InternalError 500)"
+        );
     }
 
     /// A spec that cannot be applied leaves the last good spec's pods serving: the status
