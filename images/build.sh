@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the connector and operator images without a Docker daemon: the release binaries with
 # cargo, then for each image a root filesystem holding the binary, exactly the shared libraries
-# it loads, CA certificates, /etc/passwd and /etc/group with the nonroot user 65532 and
-# nsswitch.conf (what the distroless base of the Dockerfile provides), written with umoci as an
+# it loads, CA certificates, /etc/passwd and /etc/group with the nonroot user 65532,
+# nsswitch.conf and a dpkg status file per Debian package copied in (what the distroless base of
+# the Dockerfile provides), written with umoci as an
 # OCI image layout tagged with the crate version. The image configuration (labels, user, ports,
 # entrypoint, working directory, volumes) is read from the Dockerfile's final stages
 # (images/stage.py), so both builds make the same images.
@@ -78,6 +79,24 @@ install_binary() { # r binary dest
   done
 }
 
+# What a vulnerability scanner reads in a distroless image: one dpkg status file per Debian
+# package whose files the image holds (/var/lib/dpkg/status.d/<package>), with the version that
+# was copied. The CA bundle is generated from the ca-certificates package, which owns no file
+# of that name.
+package_metadata() { # r
+  local r=$1 f pkg
+  mkdir -p "$r/var/lib/dpkg/status.d"
+  {
+    echo ca-certificates
+    find "$r" -type f -name '*.so*' | while read -r f; do
+      f=${f#"$r"}
+      dpkg -S "$f" 2>/dev/null || dpkg -S "$(realpath "$f")"
+    done | cut -d: -f1
+  } | sort -u | while read -r pkg; do
+    dpkg-query -W -f='Package: ${Package}\nStatus: install ok installed\nVersion: ${Version}\nArchitecture: ${Architecture}\nSource: ${Source}\nMaintainer: ${Maintainer}\nHomepage: ${Homepage}\n' "$pkg" |
+      grep -v ': $' > "$r/var/lib/dpkg/status.d/$pkg"
+  done
+}
 for target in connector operator; do
   name=kubemq-amqp-$target
   spec=$(python3 images/stage.py Dockerfile "$target" "$VERSION")
@@ -94,6 +113,7 @@ for target in connector operator; do
     esac
     [ "$owner" = None ] || chown -R "$owner" "$r$destination"
   done < <(field 'for c in d["copies"]: print(c["source"], c["destination"], c["owner"], sep="\t")')
+  package_metadata "$r"
 
   config=(--config.user "$(field 'print(d["user"])')")
   while read -r a; do config+=(--config.entrypoint "$a"); done < <(field 'print(*d["entrypoint"], sep="\n")')

@@ -269,6 +269,7 @@ fn the_images_hold_the_binary_and_what_it_needs_only() {
         for f in ok("find", out).lines() {
             let f = f.strip_prefix(rootfs.to_str().unwrap()).unwrap();
             let known = f.starts_with("/etc/")
+                || f.starts_with("/var/lib/dpkg/status.d/")
                 || f == format!("/usr/local/bin/kubemq-amqp-{target}")
                 || (f.starts_with("/lib") && f.contains(".so"));
             assert!(known, "{target}: unexpected {f}");
@@ -278,6 +279,55 @@ fn the_images_hold_the_binary_and_what_it_needs_only() {
     let volume = dir.path().join("bundle/rootfs/var/lib/kubemq-amqp");
     use std::os::unix::fs::MetadataExt;
     assert_eq!(std::fs::metadata(volume).unwrap().uid(), 65532);
+}
+
+/// What a scanner reads: a dpkg status file for every Debian package a library of the image
+/// comes from and for the CA bundle's package, each with the version that was copied in.
+#[test]
+fn the_images_name_the_debian_packages_they_copy() {
+    let host_version = |pkg: &str| {
+        let out = Command::new("dpkg-query")
+            .args(["-W", "-f", "${Version}", pkg])
+            .output()
+            .unwrap();
+        ok("dpkg-query", out)
+    };
+    for target in TARGETS {
+        let dir = unpack(target);
+        let rootfs = dir.path().join("bundle/rootfs");
+        let status = rootfs.join("var/lib/dpkg/status.d");
+        let mut owners = std::collections::BTreeSet::from(["ca-certificates".to_string()]);
+        let out = Command::new("find")
+            .arg(&rootfs)
+            .args(["-type", "f", "-name", "*.so*"])
+            .output()
+            .unwrap();
+        for lib in ok("find", out).lines() {
+            let lib = lib.strip_prefix(rootfs.to_str().unwrap()).unwrap();
+            let out = Command::new("dpkg").args(["-S", lib]).output().unwrap();
+            let owner = ok("dpkg -S", out);
+            owners.insert(owner.split(':').next().unwrap().to_string());
+        }
+        assert!(owners.contains("libc6"), "{target}: {owners:?}");
+        let listed: std::collections::BTreeSet<String> = std::fs::read_dir(&status)
+            .unwrap_or_else(|e| panic!("{target}: no {}: {e}", status.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(listed, owners, "{target}: status files");
+        for pkg in &owners {
+            let text = std::fs::read_to_string(status.join(pkg)).unwrap();
+            let field = |k: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{k}: ")))
+                    .unwrap_or_else(|| panic!("{target} {pkg}: no {k}\n{text}"))
+                    .to_string()
+            };
+            assert_eq!(field("Package"), *pkg);
+            assert_eq!(field("Version"), host_version(pkg), "{target} {pkg}");
+            assert_eq!(field("Status"), "install ok installed");
+            assert!(!field("Architecture").is_empty());
+        }
+    }
 }
 
 /// The connector image runs from its unpacked root filesystem in a chroot, in a private network
