@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Builds what a real node of the v1.30 control plane runs besides Debian's containerd, runc and
+# CNI plugins (tests/run.sh installs those): kubelet and kube-proxy from their Go module, as one
+# binary (tests/k8s/node), and the pod sandbox's pause image from the same module's pause.c
+# (static, with gcc), as an OCI image layout (umoci). Cached by version and by the hash of the
+# files that make it. Prints the folder.
+set -euo pipefail
+cd "$(dirname "$0")/node"
+K8S=v1.30.14
+TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
+KEY=$(cat go.mod go.sum main.go | sha256sum | cut -c1-12)
+OUT="$TOOLS/k8s-node-$K8S-$KEY"
+if [ ! -x "$OUT/node" ]; then
+  if ! command -v umoci >/dev/null; then
+    echo "== installing umoci (Debian)" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2 ||
+      { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2; }
+  fi
+  echo "== building kubelet and kube-proxy $K8S and the pause image (once; cached in $OUT)" >&2
+  rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
+  ld="-s -w"
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=30 -X $p.gitTreeState=clean"
+  done
+  go build -mod=readonly -trimpath -ldflags "$ld" -o "$OUT.tmp/node" .
+  src=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
+  work=$(mktemp -d)
+  gcc -Os -static -DVERSION=v3.9 -o "$work/pause" "$src"
+  umoci init --layout "$OUT.tmp/pause"
+  umoci new --image "$OUT.tmp/pause:3.9"
+  umoci unpack --image "$OUT.tmp/pause:3.9" "$work/bundle" >/dev/null
+  install -m 0755 "$work/pause" "$work/bundle/rootfs/pause"
+  umoci repack --image "$OUT.tmp/pause:3.9" "$work/bundle"
+  umoci config --image "$OUT.tmp/pause:3.9" --config.entrypoint /pause --config.user 65535:65535
+  umoci gc --layout "$OUT.tmp/pause"
+  rm -rf "$work"
+  rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+fi
+echo "$OUT"

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# The chart's connector pods on a real node: the v1.30 control plane (up.sh), a kubelet with
+# Debian's containerd and runc, the CNI bridge and host-local plugins and kube-proxy (iptables),
+# the project's images imported from their OCI layouts (no registry), the chart installed with
+# helm, an AmqpConnector applied, and python-qpid-proton sending and receiving through its
+# Service. KubeMQ is played by the embedded store's gRPC façade on the node's address.
+# Run by operator/tests/real_node.rs in a network and mount namespace of its own:
+#   unshare --net --mount --propagation private bash real-node.sh CP NODE IMAGES CONNECTOR OPERATOR HELM STATE
+# CP: build.sh 1.30's folder; NODE: build-node.sh's folder; IMAGES: images/build.sh's folder;
+# CONNECTOR, OPERATOR: the binaries (the façade, and the operator run as the chart's pod would);
+# HELM: helm 3; STATE: a folder for everything it writes. Prints `PASS <step>` per step.
+set -euo pipefail
+CP=$(realpath "$1") NODE=$(realpath "$2") IMAGES=$(realpath "$3") CONNECTOR=$(realpath "$4")
+OPERATOR=$(realpath "$5") HELM=$(realpath "$6") STATE=$(realpath -m "$7")
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+NODE_IP=10.22.0.1
+POD_CIDR=10.22.0.0/24
+mkdir -p "$STATE"
+cd "$STATE"
+pids=()
+# Everything started here ends with the script: the pods' containers (runc's own state), the
+# processes it spawned, the control plane; the mounts go with the mount namespace.
+cleanup() {
+  local id p
+  for id in $(runc --root "$STATE/runc/k8s.io" list -q 2>/dev/null); do
+    runc --root "$STATE/runc/k8s.io" delete --force "$id" >/dev/null 2>&1 || true
+  done
+  pkill -f "containerd-shim-runc-v2 .*-address $STATE/" 2>/dev/null || true
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 2
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  bash "$REPO/tests/k8s/down.sh" "$STATE/cp" >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+spawn() { # name args...
+  local name=$1; shift
+  "$@" > "$STATE/$name.log" 2>&1 &
+  pids+=($!)
+}
+wait_for() { # what seconds command...
+  local what=$1 limit=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then
+      echo "never happened: $what" >&2
+      for f in "$STATE"/*.log; do echo "--- $f" >&2; tail -15 "$f" >&2; done
+      exit 1
+    fi
+    sleep 1
+  done
+}
+
+# The node's address is the pods' gateway: the bridge the CNI plugin attaches pods to, made here
+# with its address so that the kubelet and the façade can bind to it before the first pod.
+ip link set lo up
+ip link add kmqa-br0 type bridge
+ip addr add "$NODE_IP/24" dev kmqa-br0
+ip link set kmqa-br0 up
+# Service addresses (up.sh's service range) are routed towards the pods, where kube-proxy's rules
+# translate them; without a route, a client here would find them unreachable before any rule.
+ip route add 10.0.0.0/24 dev kmqa-br0
+
+KUBECONFIG=$(bash "$REPO/tests/k8s/up.sh" "$CP" "$STATE/cp")
+export KUBECONFIG
+kubectl() { "$CP/kubectl" "$@"; }
+
+# containerd: its own root, state and socket; the pause image built from Kubernetes' pause.c;
+# pods may not lower their OOM score below containerd's own (this machine forbids it).
+mkdir -p containerd cni/net.d
+cat > containerd/config.toml <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$STATE/containerd/state"
+[grpc]
+  address = "$STATE/containerd/containerd.sock"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.9"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        Root = "$STATE/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$STATE/cni/net.d"
+EOF
+cat > cni/net.d/10-bridge.conflist <<EOF
+{"cniVersion": "0.4.0", "name": "kmqa", "plugins": [
+  {"type": "bridge", "bridge": "kmqa-br0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]],
+            "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$STATE/cni/ipam"}},
+  {"type": "portmap", "capabilities": {"portMappings": true}},
+  {"type": "loopback"}]}
+EOF
+spawn containerd containerd --config "$STATE/containerd/config.toml"
+ctr() { command ctr --address "$STATE/containerd/containerd.sock" -n k8s.io "$@"; }
+wait_for "containerd answers" 30 ctr version
+import() { # layout tag name
+  (cd "$1" && tar cf "$STATE/image.tar" .)
+  ctr images import --base-name "$3" --index-name "$3:$2" "$STATE/image.tar" >/dev/null
+}
+import "$NODE/pause" 3.9 registry.k8s.io/pause
+VERSION=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])' "$IMAGES/kubemq-amqp-connector/index.json")
+import "$IMAGES/kubemq-amqp-connector" "$VERSION" ghcr.io/kubemq-io/kubemq-amqp-connector
+import "$IMAGES/kubemq-amqp-operator" "$VERSION" ghcr.io/kubemq-io/kubemq-amqp-operator
+echo "PASS images imported from their OCI layouts"
+
+cat > kubelet.yaml <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication: {anonymous: {enabled: false}, webhook: {enabled: false}}
+authorization: {mode: AlwaysAllow}
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+address: 127.0.0.1
+readOnlyPort: 0
+healthzPort: 0
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+containerRuntimeEndpoint: unix://$STATE/containerd/containerd.sock
+evictionHard: {}
+localStorageCapacityIsolation: false
+EOF
+spawn kubelet "$NODE/node" kubelet --config kubelet.yaml --kubeconfig "$KUBECONFIG" \
+  --root-dir "$STATE/kubelet" --hostname-override real-node-0 --node-ip "$NODE_IP"
+wait_for "the real node is Ready" 120 kubectl wait --for=condition=Ready node/real-node-0 --timeout=1s
+spawn kube-proxy "$NODE/node" kube-proxy --kubeconfig "$KUBECONFIG" --hostname-override real-node-0 \
+  --proxy-mode iptables --cluster-cidr "$POD_CIDR" --bind-address "$NODE_IP" --conntrack-max-per-core 0 \
+  --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
+echo "PASS a kubelet with containerd and runc is Ready"
+
+# KubeMQ for the pods: the store's gRPC façade on the node's address.
+spawn facade "$CONNECTOR" --bind-address 127.0.0.1 --port 5673 --http-address 127.0.0.1:0 \
+  --serve-kubemq-grpc "$NODE_IP:50000" --data-dir "$STATE/facade"
+wait_for "the façade listens" 30 bash -c "echo > /dev/tcp/$NODE_IP/50000"
+
+# The chart; its operator pod goes to the simulated node (it could not reach the API server on
+# loopback from a pod), and runs here as that pod would, under its ServiceAccount's token.
+"$HELM" install aco "$REPO/helm/amqp-connector-operator" -n operators --create-namespace \
+  --set-string 'nodeSelector.type=kwok' --wait --timeout 120s >/dev/null
+token=$(kubectl -n operators create token aco --duration=1h)
+sed "s/^    token: .*/    token: $token/" "$KUBECONFIG" > operator.kubeconfig
+KUBECONFIG="$STATE/operator.kubeconfig" POD_NAME=aco-0 POD_NAMESPACE=operators \
+  spawn operator "$OPERATOR" --http-address=127.0.0.1:0 --leader-election=false
+echo "PASS the chart installed with helm"
+
+kubectl create namespace apps >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: amqp.kubemq.io/v1alpha1
+kind: AmqpConnector
+metadata: {name: orders, namespace: apps}
+spec:
+  broker: {address: "$NODE_IP:50000"}
+  replicas: 2
+  nodeSelector: {kubernetes.io/hostname: real-node-0}
+  service: {type: NodePort}
+EOF
+wait_for "the AmqpConnector is Ready on the real node" 180 \
+  kubectl -n apps wait --for=condition=Ready amqpc/orders --timeout=1s
+ready=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
+  -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.containerStatuses[0].ready}{"\n"}{end}')
+[ "$(echo "$ready" | grep -c '^real-node-0 true$')" = 2 ] || { echo "pods: $ready" >&2; exit 1; }
+echo "PASS two connector pods run and are ready on the real node"
+
+cluster_ip=$(kubectl -n apps get service orders -o jsonpath='{.spec.clusterIP}')
+node_port=$(kubectl -n apps get service orders -o jsonpath='{.spec.ports[?(@.name=="amqp")].nodePort}')
+roundtrip() { # url queue
+  python3 - "$1" "$2" <<'PY'
+import sys
+from proton import Message
+from proton.utils import BlockingConnection
+url, queue = sys.argv[1], sys.argv[2]
+c = BlockingConnection(url, timeout=20)
+c.create_sender(queue).send(Message(body="through " + url))
+r = c.create_receiver(queue, credit=1)
+m = r.receive(timeout=20)
+r.accept()
+assert m.body == "through " + url, m.body
+c.close()
+PY
+}
+wait_for "kube-proxy routes the ClusterIP" 60 bash -c "echo > /dev/tcp/$cluster_ip/5672"
+roundtrip "amqp://$cluster_ip:5672" queues/real-node
+echo "PASS a client sends and receives through the Service's ClusterIP"
+roundtrip "amqp://$NODE_IP:$node_port" queues/real-node-port
+echo "PASS a client sends and receives through the NodePort"
