@@ -2,8 +2,11 @@
 # The chart's connector pods on a real node: the v1.30 control plane (up.sh), a kubelet with
 # Debian's containerd and runc, the CNI bridge and host-local plugins and kube-proxy (iptables),
 # the project's images imported from their OCI layouts (no registry), the chart installed with
-# helm, an AmqpConnector applied, and python-qpid-proton sending and receiving through its
-# Service. KubeMQ is played by the embedded store's gRPC façade on the node's address.
+# helm, an AmqpConnector applied, and python-qpid-proton (tests/python/real_node.py) sending and
+# receiving through its Service's ClusterIP and NodePort; then kubectl scale to 3 and back, a
+# rolling update under a producer (no accepted message lost) and a pod's connector killed with
+# SIGKILL (restarted, nothing lost). KubeMQ is played by the embedded store's gRPC façade on the
+# node's address.
 # Run by operator/tests/real_node.rs in a network and mount namespace of its own:
 #   unshare --net --mount --propagation private bash real-node.sh CP NODE IMAGES CONNECTOR OPERATOR HELM STATE
 # CP: build.sh 1.30's folder; NODE: build-node.sh's folder; IMAGES: images/build.sh's folder;
@@ -22,13 +25,14 @@ pids=()
 # processes it spawned, the control plane; the mounts go with the mount namespace.
 cleanup() {
   local id p
+  # The kubelet first, so that it restarts no container while they are removed.
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  sleep 2
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for id in $(runc --root "$STATE/runc/k8s.io" list -q 2>/dev/null); do
     runc --root "$STATE/runc/k8s.io" delete --force "$id" >/dev/null 2>&1 || true
   done
   pkill -f "containerd-shim-runc-v2 .*-address $STATE/" 2>/dev/null || true
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  sleep 2
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   bash "$REPO/tests/k8s/down.sh" "$STATE/cp" >/dev/null 2>&1 || true
 }
 trap cleanup EXIT
@@ -169,23 +173,69 @@ echo "PASS two connector pods run and are ready on the real node"
 
 cluster_ip=$(kubectl -n apps get service orders -o jsonpath='{.spec.clusterIP}')
 node_port=$(kubectl -n apps get service orders -o jsonpath='{.spec.ports[?(@.name=="amqp")].nodePort}')
-roundtrip() { # url queue
-  python3 - "$1" "$2" <<'PY'
+client() { python3 "$REPO/tests/python/real_node.py" "$@"; }
+pods_ready() { # count: that many pods of orders, all on the real node and ready
+  local ready
+  ready=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
+    -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.containerStatuses[0].ready}{"\n"}{end}')
+  [ "$(echo "$ready" | grep -c '^real-node-0 true$')" = "$1" ] && [ "$(echo "$ready" | grep -c .)" = "$1" ]
+}
+SERVICE="amqp://$cluster_ip:5672"
+wait_for "kube-proxy routes the ClusterIP" 60 bash -c "echo > /dev/tcp/$cluster_ip/5672"
+client roundtrip "$SERVICE" queues/real-node
+echo "PASS a client sends and receives through the Service's ClusterIP"
+client roundtrip "amqp://$NODE_IP:$node_port" queues/real-node-port
+echo "PASS a client sends and receives through the NodePort"
+
+kubectl -n apps scale amqpc/orders --replicas=3 >/dev/null
+wait_for "three pods ready" 120 pods_ready 3
+client roundtrip "$SERVICE" queues/scaled-up
+kubectl -n apps scale amqpc/orders --replicas=2 >/dev/null
+wait_for "two pods ready" 120 pods_ready 2
+client roundtrip "$SERVICE" queues/scaled-down
+echo "PASS kubectl scale to 3 and back to 2 keeps serving"
+
+# A rolling update (a tunable changed) while a producer sends: every message the connector
+# accepted is there afterwards.
+client produce "$SERVICE" queues/rolling "$STATE/stop-producing" > accepted.txt &
+producer=$!
+sleep 3
+kubectl -n apps patch amqpc orders --type=merge -p '{"spec":{"amqp":{"getBatchSize":64}}}' >/dev/null
+wait_for "the Deployment rolls to the new template" 60 bash -c \
+  "[ \"\$('$CP/kubectl' -n apps get replicasets -l app.kubernetes.io/instance=orders -o name | wc -l)\" -ge 2 ]"
+kubectl -n apps rollout status deployment/orders --timeout=180s >/dev/null
+wait_for "two pods ready after the rollout" 120 pods_ready 2
+sleep 3
+touch "$STATE/stop-producing"
+wait "$producer"
+sent=$(sort -u accepted.txt | wc -l)
+client drain "$SERVICE" queues/rolling "$sent" > received.txt
+missing=$(comm -23 <(sort -u accepted.txt) <(sort -u received.txt) | wc -l)
+[ "$sent" -gt 0 ] && [ "$missing" = 0 ] || { echo "accepted $sent, missing $missing" >&2; exit 1; }
+echo "PASS a rolling update loses none of the $sent accepted messages"
+
+# One pod's connector process killed with SIGKILL: the kubelet restarts it, and what was accepted
+# before is still there.
+for i in $(seq 1 20); do echo "k-$i"; done > before-kill.txt
+python3 - "$SERVICE" <<'PY'
 import sys
 from proton import Message
 from proton.utils import BlockingConnection
-url, queue = sys.argv[1], sys.argv[2]
-c = BlockingConnection(url, timeout=20)
-c.create_sender(queue).send(Message(body="through " + url))
-r = c.create_receiver(queue, credit=1)
-m = r.receive(timeout=20)
-r.accept()
-assert m.body == "through " + url, m.body
+c = BlockingConnection(sys.argv[1], timeout=20)
+s = c.create_sender("queues/killed")
+for i in range(1, 21):
+    s.send(Message(body="k-%d" % i, durable=True))
 c.close()
 PY
+pod=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders -o jsonpath='{.items[0].metadata.name}')
+container=$(kubectl -n apps get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}')
+pid=$(runc --root "$STATE/runc/k8s.io" state "${container#containerd://}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')
+kill -9 "$pid"
+restarted() {
+  [ "$(kubectl -n apps get pod "$pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')" -ge 1 ] &&
+    pods_ready 2
 }
-wait_for "kube-proxy routes the ClusterIP" 60 bash -c "echo > /dev/tcp/$cluster_ip/5672"
-roundtrip "amqp://$cluster_ip:5672" queues/real-node
-echo "PASS a client sends and receives through the Service's ClusterIP"
-roundtrip "amqp://$NODE_IP:$node_port" queues/real-node-port
-echo "PASS a client sends and receives through the NodePort"
+wait_for "the killed pod comes back" 120 restarted
+client drain "$SERVICE" queues/killed 20 > after-kill.txt
+[ -z "$(comm -23 <(sort before-kill.txt) <(sort -u after-kill.txt))" ] || { echo "lost after SIGKILL" >&2; exit 1; }
+echo "PASS a pod killed with SIGKILL comes back and nothing accepted is lost"

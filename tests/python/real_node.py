@@ -1,0 +1,91 @@
+"""python-qpid-proton against the connector pods of tests/k8s/real-node.sh, through their Service.
+
+  real_node.py roundtrip URL QUEUE        one message there and back
+  real_node.py produce URL QUEUE FILE     sends until FILE exists; prints every body the connector
+                                          accepted, one a line (at least once: a send that fails
+                                          is made again on a new connection)
+  real_node.py drain URL QUEUE N          receives and accepts until the queue has been quiet for
+                                          5 s; prints every body, one a line; fails with fewer than N
+"""
+import os
+import sys
+import time
+
+from proton import Message
+from proton.utils import BlockingConnection
+
+
+def connect(url):
+    deadline = time.time() + 60
+    while True:
+        try:
+            return BlockingConnection(url, timeout=10)
+        except Exception:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def roundtrip(url, queue):
+    c = connect(url)
+    body = "through " + url
+    c.create_sender(queue).send(Message(body=body))
+    r = c.create_receiver(queue, credit=1)
+    m = r.receive(timeout=20)
+    r.accept()
+    assert m.body == body, m.body
+    c.close()
+
+
+def produce(url, queue, stop):
+    n, c, s = 0, None, None
+    while not os.path.exists(stop):
+        body = "m-%d" % n
+        try:
+            if c is None:
+                c = connect(url)
+                s = c.create_sender(queue)
+            s.send(Message(body=body, durable=True))
+            print(body, flush=True)
+            n += 1
+        except Exception:
+            # The pod went away (a rolling update): the same message again, on a new connection.
+            try:
+                if c is not None:
+                    c.close()
+            except Exception:
+                pass
+            c = None
+            time.sleep(0.2)
+        time.sleep(0.01)
+    if c is not None:
+        c.close()
+
+
+def drain(url, queue, least):
+    c = connect(url)
+    r = c.create_receiver(queue, credit=100)
+    got = []
+    while True:
+        try:
+            m = r.receive(timeout=5)
+        except Exception:
+            break
+        r.accept()
+        got.append(m.body)
+    c.close()
+    for body in got:
+        print(body)
+    assert len(got) >= least, "%d of %d" % (len(got), least)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "roundtrip":
+        roundtrip(sys.argv[2], sys.argv[3])
+    elif mode == "produce":
+        produce(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif mode == "drain":
+        drain(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        sys.exit("unknown mode " + mode)
