@@ -18,11 +18,8 @@ if [ ! -x "$OUT/node" ]; then
   fi
   echo "== building kubelet and kube-proxy $K8S and the pause image (once; cached in $OUT)" >&2
   rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
-  ld="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=30 -X $p.gitTreeState=clean"
-  done
-  go build -mod=readonly -trimpath -ldflags "$ld" -o "$OUT.tmp/node" .
+  . ../ldflags.sh
+  go build -mod=readonly -trimpath -ldflags "$(k8s_ldflags "$K8S")" -o "$OUT.tmp/node" .
   src=$(go list -m -f '{{.Dir}}' k8s.io/kubernetes)/build/pause/linux/pause.c
   work=$(mktemp -d)
   gcc -Os -static -DVERSION=v3.9 -o "$work/pause" "$src"

@@ -13,21 +13,14 @@ case "${1:-1.30}" in
   1.37) K8S=v1.37.2 MODFILE=go.v1.37.mod ;;
   *) echo "build.sh: no control plane for Kubernetes ${1:-}" >&2; exit 2 ;;
 esac
-MINOR=${K8S#v1.}
-MINOR=${MINOR%%.*}
 TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
 KEY=$(cat "$MODFILE" "${MODFILE%.mod}.sum" main.go kwok/go.mod kwok/go.sum | sha256sum | cut -c1-12)
 OUT="$TOOLS/k8s-$K8S-$KEY"
 if [ ! -x "$OUT/kwok" ]; then
   echo "== building the Kubernetes $K8S control plane and kwok (once; cached in $OUT)" >&2
   rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
-  # The release's own version, as its build would stamp it: kubectl, helm and the chart's
-  # kubeVersion check read it from the API server.
-  ld="-s -w"
-  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld="$ld -X $p.gitVersion=$K8S -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean"
-  done
-  go build -mod=readonly -modfile "$MODFILE" -trimpath -ldflags "$ld" -o "$OUT.tmp/control-plane" .
+  . ./ldflags.sh
+  go build -mod=readonly -modfile "$MODFILE" -trimpath -ldflags "$(k8s_ldflags "$K8S")" -o "$OUT.tmp/control-plane" .
   ln -s control-plane "$OUT.tmp/kubectl"
   (cd kwok && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$OUT.tmp/kwok" sigs.k8s.io/kwok/cmd/kwok)
   # kwok's own stages, from its module: Nodes become Ready and keep a heartbeat, scheduled Pods
