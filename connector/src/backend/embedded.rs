@@ -125,14 +125,18 @@ impl Backend for Embedded {
     }
 
     async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-        let wanted: Vec<&str> = filter.split(';').filter(|s| !s.is_empty()).collect();
         let queues: Vec<crate::kubemq::QueueInfo> = self
             .store
-            .queue_stats()
+            .queue_stats(filter)
             .into_iter()
-            .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
-            .map(|(name, ready, locked, first, last)| {
-                crate::kubemq::queue_info(name, ready, locked, first, last)
+            .map(|s| {
+                crate::kubemq::queue_info(
+                    s.name,
+                    s.ready,
+                    s.locked,
+                    s.first_sequence,
+                    s.last_sequence,
+                )
             })
             .collect();
         Ok(crate::kubemq::queues_summary(queues))

@@ -101,25 +101,44 @@ fn pattern_of(to: Option<&str>) -> Counted {
     }
 }
 
-/// The address, capabilities and dynamic flag of the terminus a link attaches to: the target of
-/// a link the client sends on, the source of one it receives on.
-fn terminus(a: &Attach, client_sends: bool) -> (Option<String>, Vec<String>, bool) {
-    fn names(caps: &Option<Array<Symbol>>) -> Vec<String> {
-        caps.iter()
-            .flat_map(|c| c.0.iter().map(|s| s.as_str().to_string()))
-            .collect()
-    }
-    if client_sends {
-        match a.target.as_deref() {
-            Some(TargetArchetype::Target(t)) => {
-                (t.address.clone(), names(&t.capabilities), t.dynamic)
-            }
-            None => (None, Vec::new(), false),
+/// The terminus a link attaches to, as the bridge reads it: the target of a link the client
+/// sends on, the source of one it receives on.
+#[derive(Debug, Default)]
+struct Terminus {
+    /// The node's address, if it names one.
+    address: Option<String>,
+    /// Its capabilities (a pattern hint among them).
+    capabilities: Vec<String>,
+    /// Whether the client asks for a node to be made (ADDR-11).
+    dynamic: bool,
+}
+
+impl Terminus {
+    /// The terminus of `a` that the bridge serves.
+    fn of(a: &Attach, client_sends: bool) -> Terminus {
+        fn names(caps: &Option<Array<Symbol>>) -> Vec<String> {
+            caps.iter()
+                .flat_map(|c| c.0.iter().map(|s| s.as_str().to_string()))
+                .collect()
         }
-    } else {
-        match a.source.as_deref() {
-            Some(s) => (s.address.clone(), names(&s.capabilities), s.dynamic),
-            None => (None, Vec::new(), false),
+        if client_sends {
+            a.target
+                .as_deref()
+                .map(|TargetArchetype::Target(t)| Terminus {
+                    address: t.address.clone(),
+                    capabilities: names(&t.capabilities),
+                    dynamic: t.dynamic,
+                })
+                .unwrap_or_default()
+        } else {
+            a.source
+                .as_deref()
+                .map(|s| Terminus {
+                    address: s.address.clone(),
+                    capabilities: names(&s.capabilities),
+                    dynamic: s.dynamic,
+                })
+                .unwrap_or_default()
         }
     }
 }
@@ -129,7 +148,11 @@ impl<B: Backend> ConnectionHandler<B> {
     /// once the backend confirmed it), or refused.
     fn attach(&mut self, conn: &mut Connection, link: LinkId, a: &Attach) -> Result<(), AmqpError> {
         let client_sends = a.role == Role::Sender;
-        let (address, caps, dynamic) = terminus(a, client_sends);
+        let Terminus {
+            address,
+            capabilities: caps,
+            dynamic,
+        } = Terminus::of(a, client_sends);
         if !client_sends && a.source.is_none() {
             // DUR-9: a receiver with no source names a durable subscription to delete.
             let identity = self

@@ -487,17 +487,11 @@ impl Kubemq for Facade {
         req: Request<QueuesInfoRequest>,
     ) -> Result<Response<QueuesInfoResponse>, Status> {
         let req = req.into_inner();
-        let wanted: Vec<&str> = req
-            .queue_name
-            .split(';')
-            .filter(|s| !s.is_empty())
-            .collect();
         let queues: Vec<QueueInfo> = self
             .store
-            .queue_stats()
+            .queue_stats(&req.queue_name)
             .into_iter()
-            .filter(|(name, ..)| wanted.is_empty() || wanted.contains(&name.as_str()))
-            .map(|(name, ready, locked, first, last)| queue_info(name, ready, locked, first, last))
+            .map(|s| queue_info(s.name, s.ready, s.locked, s.first_sequence, s.last_sequence))
             .collect();
         let info = queues_summary(queues);
         Ok(Response::new(QueuesInfoResponse {

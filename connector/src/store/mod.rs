@@ -40,6 +40,21 @@ pub use errors::{StoreError, TxnError};
 use log::{Dropped, Location, Log};
 use record::{Ack, Checkpoint, Delay, Enqueue, Kind, Release};
 
+/// One queue's figures, as KubeMQ's QueuesInfo reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueStats {
+    /// The queue (channel) name.
+    pub name: String,
+    /// Messages ready to be taken.
+    pub ready: u64,
+    /// Messages a transaction holds.
+    pub locked: u64,
+    /// The lowest sequence still held (ready or locked), 0 when none is.
+    pub first_sequence: u64,
+    /// The last sequence the queue gave.
+    pub last_sequence: u64,
+}
+
 /// Unix time in nanoseconds.
 pub fn now_ns() -> i64 {
     SystemTime::now()
@@ -949,12 +964,15 @@ impl Store {
         seqs.len() as u64
     }
 
-    /// Per-queue figures for QueuesInfo: (name, ready, locked, first sequence held, last sequence).
-    pub fn queue_stats(&self) -> Vec<(String, u64, u64, u64, u64)> {
+    /// Per-queue figures for QueuesInfo, by name, of the queues `filter` names (KubeMQ's
+    /// `;`-separated list; empty for every queue).
+    pub fn queue_stats(&self, filter: &str) -> Vec<QueueStats> {
+        let wanted: Vec<&str> = filter.split(';').filter(|s| !s.is_empty()).collect();
         let st = self.lock();
-        let mut v: Vec<_> = st
+        let mut v: Vec<QueueStats> = st
             .queues
             .iter()
+            .filter(|(name, _)| wanted.is_empty() || wanted.contains(&name.as_str()))
             .map(|(name, q)| {
                 let first = q
                     .ready
@@ -965,16 +983,16 @@ impl Store {
                     .chain(q.locked.keys().copied())
                     .min()
                     .unwrap_or(0);
-                (
-                    name.clone(),
-                    q.ready.len() as u64,
-                    q.locked.len() as u64,
-                    first,
-                    q.last_sequence,
-                )
+                QueueStats {
+                    name: name.clone(),
+                    ready: q.ready.len() as u64,
+                    locked: q.locked.len() as u64,
+                    first_sequence: first,
+                    last_sequence: q.last_sequence,
+                }
             })
             .collect();
-        v.sort();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
         v
     }
 
