@@ -76,11 +76,14 @@ stage "building the Kubernetes control planes and the real node (tests/k8s)"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
 # A real node beside v1.30's simulated one (operator/tests/real_node.rs): Debian's containerd,
-# runc and CNI plugins, and kubelet, kube-proxy and the pause image built from their Go module.
-if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ]; then
-  echo "== installing containerd, runc and the CNI plugins (Debian)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q containerd runc containernetworking-plugins >/dev/null ||
-    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q containerd runc containernetworking-plugins >/dev/null; }
+# runc and CNI plugins, and kubelet, kube-proxy and the pause image (an OCI layout made with
+# umoci) built from their Go module.
+node_packages="containerd runc containernetworking-plugins umoci"
+if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ] ||
+  ! command -v umoci >/dev/null; then
+  echo "== installing $node_packages (Debian)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $node_packages >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $node_packages >/dev/null; }
 fi
 bash tests/k8s/build-node.sh >/dev/null
 

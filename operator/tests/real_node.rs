@@ -17,8 +17,11 @@
     clippy::indexing_slicing
 )]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
+
+use testkit::built_by;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -27,38 +30,14 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
-/// Standard output of a script that must succeed.
-fn ok(what: &str, out: Output) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Runs a build script of the repository and returns the folder it prints. What cargo set for
-/// this test would make images/build.sh's release build start over, so it is not passed on.
-fn built(script: &str, args: &[&Path]) -> PathBuf {
-    let mut cmd = Command::new("bash");
-    cmd.arg(root().join(script))
-        .args(args)
-        .stderr(Stdio::inherit());
-    for (key, _) in std::env::vars() {
-        if key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR" {
-            cmd.env_remove(key);
-        }
-    }
-    let out = cmd.output().expect("bash runs the build script");
-    PathBuf::from(ok(script, out).trim())
-}
-
 #[test]
 fn the_charts_connector_pods_serve_clients_through_their_service_on_a_real_node() {
-    let control_plane = built("tests/k8s/build.sh", &[Path::new("1.30")]);
-    let node = built("tests/k8s/build-node.sh", &[]);
-    let images = built("images/build.sh", &[&root().join("target/images")]);
+    let control_plane = built_by(&root().join("tests/k8s/build.sh"), &[OsStr::new("1.30")]);
+    let node = built_by(&root().join("tests/k8s/build-node.sh"), &[]);
+    let images = built_by(
+        &root().join("images/build.sh"),
+        &[root().join("target/images").as_os_str()],
+    );
     let helm = std::env::var("HELM3").expect("HELM3 names helm 3 (tests/run.sh sets it)");
     let state = tempfile::tempdir().expect("a state folder");
     let out = Command::new("unshare")
@@ -73,7 +52,12 @@ fn the_charts_connector_pods_serve_clients_through_their_service_on_a_real_node(
         .arg(state.path().join("node"))
         .output()
         .expect("unshare runs real-node.sh");
-    let printed = ok("tests/k8s/real-node.sh", out);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "tests/k8s/real-node.sh failed:\n{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for step in [
         "images imported from their OCI layouts",
         "a kubelet with containerd and runc is Ready",

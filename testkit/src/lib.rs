@@ -1,14 +1,18 @@
 //! What the workspace's tests share, in one place: a free loopback port, a blocking HTTP GET for
 //! the `/livez` `/readyz` `/metrics` endpoints, waiting until a condition holds, a raw-socket
-//! AMQP peer for what no client library can express, a TLS client configuration, and where the
-//! suite's logs and the secrets they must not hold are kept.
+//! AMQP peer for what no client library can express, a TLS client configuration, where the
+//! suite's logs and the secrets they must not hold are kept, and running the repository's build
+//! scripts.
 
 pub mod logs;
 pub mod raw;
 pub mod tls;
 
+use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -89,6 +93,30 @@ pub fn eventually(what: &str, within: Duration, done: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "never happened: {what}");
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+/// Runs `bash script args...` (one of the repository's build scripts, which print the folder
+/// they built into) and returns that folder; fails with what the script printed. What cargo set
+/// for the calling test is not passed on: ring's build script, for one, reruns when
+/// CARGO_MANIFEST_DIR changes, which would make a release build tests/run.sh did start over.
+pub fn built_by(script: &Path, args: &[&OsStr]) -> PathBuf {
+    let mut cmd = Command::new("bash");
+    cmd.arg(script).args(args).stderr(Stdio::inherit());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR" {
+            cmd.env_remove(key);
+        }
+    }
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("bash runs {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed:\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 #[cfg(test)]

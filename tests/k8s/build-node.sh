@@ -11,11 +11,7 @@ TOOLS="${KUBEMQ_AMQP_TOOLS:-$HOME/.cache/kubemq-amqp-tools}"
 KEY=$(cat go.mod go.sum main.go | sha256sum | cut -c1-12)
 OUT="$TOOLS/k8s-node-$K8S-$KEY"
 if [ ! -x "$OUT/node" ]; then
-  if ! command -v umoci >/dev/null; then
-    echo "== installing umoci (Debian)" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2 ||
-      { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2; }
-  fi
+  command -v umoci >/dev/null || { echo "build-node.sh needs umoci (tests/run.sh installs it)" >&2; exit 1; }
   echo "== building kubelet and kube-proxy $K8S and the pause image (once; cached in $OUT)" >&2
   rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
   . ../ldflags.sh

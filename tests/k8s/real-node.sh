@@ -164,22 +164,23 @@ spec:
   nodeSelector: {kubernetes.io/hostname: real-node-0}
   service: {type: NodePort}
 EOF
-wait_for "the AmqpConnector is Ready on the real node" 180 \
-  kubectl -n apps wait --for=condition=Ready amqpc/orders --timeout=1s
-ready=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
-  -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.containerStatuses[0].ready}{"\n"}{end}')
-[ "$(echo "$ready" | grep -c '^real-node-0 true$')" = 2 ] || { echo "pods: $ready" >&2; exit 1; }
-echo "PASS two connector pods run and are ready on the real node"
-
-cluster_ip=$(kubectl -n apps get service orders -o jsonpath='{.spec.clusterIP}')
-node_port=$(kubectl -n apps get service orders -o jsonpath='{.spec.ports[?(@.name=="amqp")].nodePort}')
-client() { python3 "$REPO/tests/python/real_node.py" "$@"; }
-pods_ready() { # count: that many pods of orders, all on the real node and ready
+pods_ready() { # count: exactly that many pods of orders, all on the real node and ready
   local ready
   ready=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
     -o jsonpath='{range .items[*]}{.spec.nodeName} {.status.containerStatuses[0].ready}{"\n"}{end}')
   [ "$(echo "$ready" | grep -c '^real-node-0 true$')" = "$1" ] && [ "$(echo "$ready" | grep -c .)" = "$1" ]
 }
+rolled() { # the Deployment made a second ReplicaSet (a new pod template)
+  [ "$(kubectl -n apps get replicasets -l app.kubernetes.io/instance=orders -o name | wc -l)" -ge 2 ]
+}
+client() { python3 "$REPO/tests/python/real_node.py" "$@"; }
+wait_for "the AmqpConnector is Ready on the real node" 180 \
+  kubectl -n apps wait --for=condition=Ready amqpc/orders --timeout=1s
+pods_ready 2 || { kubectl -n apps get pods -o wide >&2; exit 1; }
+echo "PASS two connector pods run and are ready on the real node"
+
+cluster_ip=$(kubectl -n apps get service orders -o jsonpath='{.spec.clusterIP}')
+node_port=$(kubectl -n apps get service orders -o jsonpath='{.spec.ports[?(@.name=="amqp")].nodePort}')
 SERVICE="amqp://$cluster_ip:5672"
 wait_for "kube-proxy routes the ClusterIP" 60 bash -c "echo > /dev/tcp/$cluster_ip/5672"
 client roundtrip "$SERVICE" queues/real-node
@@ -201,8 +202,7 @@ client produce "$SERVICE" queues/rolling "$STATE/stop-producing" > accepted.txt 
 producer=$!
 sleep 3
 kubectl -n apps patch amqpc orders --type=merge -p '{"spec":{"amqp":{"getBatchSize":64}}}' >/dev/null
-wait_for "the Deployment rolls to the new template" 60 bash -c \
-  "[ \"\$('$CP/kubectl' -n apps get replicasets -l app.kubernetes.io/instance=orders -o name | wc -l)\" -ge 2 ]"
+wait_for "the Deployment rolls to the new template" 60 rolled
 kubectl -n apps rollout status deployment/orders --timeout=180s >/dev/null
 wait_for "two pods ready after the rollout" 120 pods_ready 2
 sleep 3
@@ -216,17 +216,7 @@ echo "PASS a rolling update loses none of the $sent accepted messages"
 
 # One pod's connector process killed with SIGKILL: the kubelet restarts it, and what was accepted
 # before is still there.
-for i in $(seq 1 20); do echo "k-$i"; done > before-kill.txt
-python3 - "$SERVICE" <<'PY'
-import sys
-from proton import Message
-from proton.utils import BlockingConnection
-c = BlockingConnection(sys.argv[1], timeout=20)
-s = c.create_sender("queues/killed")
-for i in range(1, 21):
-    s.send(Message(body="k-%d" % i, durable=True))
-c.close()
-PY
+client send "$SERVICE" queues/killed 20 > before-kill.txt
 pod=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders -o jsonpath='{.items[0].metadata.name}')
 container=$(kubectl -n apps get pod "$pod" -o jsonpath='{.status.containerStatuses[0].containerID}')
 pid=$(runc --root "$STATE/runc/k8s.io" state "${container#containerd://}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["pid"])')

@@ -1,6 +1,8 @@
 """python-qpid-proton against the connector pods of tests/k8s/real-node.sh, through their Service.
 
   real_node.py roundtrip URL QUEUE        one message there and back
+  real_node.py send URL QUEUE N           sends N messages, each accepted before the next; prints
+                                          their bodies, one a line
   real_node.py produce URL QUEUE FILE     sends until FILE exists; prints every body the connector
                                           accepted, one a line (at least once: a send that fails
                                           is made again on a new connection)
@@ -34,6 +36,15 @@ def roundtrip(url, queue):
     m = r.receive(timeout=20)
     r.accept()
     assert m.body == body, m.body
+    c.close()
+
+
+def send(url, queue, count):
+    c = connect(url)
+    s = c.create_sender(queue)
+    for i in range(1, count + 1):
+        s.send(Message(body="k-%d" % i, durable=True))
+        print("k-%d" % i)
     c.close()
 
 
@@ -83,6 +94,8 @@ if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "roundtrip":
         roundtrip(sys.argv[2], sys.argv[3])
+    elif mode == "send":
+        send(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif mode == "produce":
         produce(sys.argv[2], sys.argv[3], sys.argv[4])
     elif mode == "drain":

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::OnceLock;
 
 use serde_json::Value;
@@ -35,20 +35,10 @@ fn ok(what: &str, out: Output) -> String {
 fn images() -> &'static Path {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
-        let mut build = Command::new("bash");
-        build
-            .arg(root().join("images/build.sh"))
-            .arg(root().join("target/images"))
-            .stderr(Stdio::inherit());
-        // What cargo set for this test (ring's build script, for one, reruns when
-        // CARGO_MANIFEST_DIR changes) would make the release build tests/run.sh did start over.
-        for (key, _) in std::env::vars() {
-            if key.starts_with("CARGO_") && key != "CARGO_HOME" && key != "CARGO_TARGET_DIR" {
-                build.env_remove(key);
-            }
-        }
-        let out = build.output().expect("bash runs images/build.sh");
-        PathBuf::from(ok("images/build.sh", out).trim())
+        testkit::built_by(
+            &root().join("images/build.sh"),
+            &[root().join("target/images").as_os_str()],
+        )
     })
 }
 

@@ -1337,13 +1337,13 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
                 "json",
             ],
         );
-        let status = &amqpc(c, "apps-rbac", "orders")["status"];
-        let available = status["conditions"]
-            .as_array()
-            .and_then(|cs| cs.iter().find(|c| c["type"] == "Available"))
-            .cloned()
-            .unwrap_or_default();
-        assert_eq!(available["status"], "True", "{status}");
+        let cr = amqpc(c, "apps-rbac", "orders");
+        let status = &cr["status"];
+        assert_eq!(
+            condition(&cr, "Available").map(|(s, _)| s).as_deref(),
+            Some("True"),
+            "{status}"
+        );
         assert_eq!(
             status["readyReplicas"], deployment["status"]["readyReplicas"],
             "{status}"
