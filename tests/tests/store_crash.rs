@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use connector::store::Store;
+use connector::store::{Seq, Store};
 
 fn probe() -> Command {
     Command::new(env!("CARGO_BIN_EXE_store-crash-probe"))
@@ -19,7 +19,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// Drains the queue, returning (message ids, sequences) in delivery order.
-fn drain(dir: &std::path::Path) -> (Vec<String>, Vec<u64>) {
+fn drain(dir: &std::path::Path) -> (Vec<String>, Vec<Seq>) {
     rt().block_on(async {
         let (store, _) = Store::open(dir).unwrap();
         let mut ids = Vec::new();
@@ -103,7 +103,7 @@ fn sigkill_during_sends_loses_nothing_confirmed() {
             assert!(!r[0].is_error);
             let got = store.get("crash", 1, Duration::from_millis(1000)).await;
             assert!(
-                got[0].sequence > seqs.last().copied().unwrap_or(0),
+                got[0].sequence > seqs.last().copied().unwrap_or(Seq::NONE),
                 "round {round}: sequence reused"
             );
             store.close();
@@ -148,7 +148,7 @@ fn sigkill_with_locked_messages_returns_them() {
     child.wait().unwrap();
     let (ids, seqs) = drain(dir.path());
     assert_eq!(
-        seqs,
+        seqs.iter().map(|s| s.get()).collect::<Vec<_>>(),
         [1, 2, 3, 4, 5],
         "locked messages are back at once, same sequences, in order"
     );

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use super::Imitation;
 use crate::kubemq::QueueMessage;
 use crate::store::session::{TxnId, TxnWatcher};
-use crate::store::Store;
+use crate::store::{Seq, Store};
 
 /// A message tag that makes the imitating façade store the QueuesUpstream request carrying it
 /// (as its first message) and never answer it, as KubeMQ v2.4 sometimes does (KMQ-19): the
@@ -40,7 +40,7 @@ struct Captor {
     /// Returned by its Get and not settled yet.
     unsettled: usize,
     /// Taken from the queue after its Get returned: invisible until it closes.
-    held: Vec<u64>,
+    held: Vec<Seq>,
 }
 
 impl Captor {
@@ -114,7 +114,7 @@ impl TxnWatcher for Capture {
 
     /// Like what the transaction held, what its client never settled moves to another open
     /// transaction of the queue regardless of room (hidden there), or back to the queue.
-    fn closing(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: &[u64]) {
+    fn closing(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: &[Seq]) {
         self.with(queue, |q| {
             match q.captors.iter_mut().find(|c| c.transaction != *txn) {
                 Some(other) => other.held.extend_from_slice(unsettled),

@@ -9,7 +9,7 @@ use crate::kubemq::{
     new_id, QueuesDownstreamRequest, QueuesDownstreamRequestType as Op, QueuesDownstreamResponse,
 };
 use crate::store::session::{Disposal, GetRequest, Session, TxnId, TxnWatcher, Which};
-use crate::store::{Store, TxnError};
+use crate::store::{Seq, Store, TxnError};
 
 /// One stream: its session, whose transactions live as long as the stream.
 pub struct Downstream {
@@ -93,7 +93,7 @@ impl Downstream {
                         transaction_id: txn.to_string(),
                         ref_request_id: req.request_id.clone(),
                         request_type_data: Op::ActiveOffsets as i32,
-                        active_offsets: offsets.into_iter().map(|s| s as i64).collect(),
+                        active_offsets: offsets.into_iter().map(Seq::to_wire).collect(),
                         ..Default::default()
                     },
                     Err(e) => error(txn.as_str(), &req, op, e),

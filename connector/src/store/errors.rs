@@ -2,6 +2,7 @@
 //! validation rules. Clients branch on the `Error NNN` code; where the reference's exact wording
 //! is not documented (133, 134, 135) the text is ours and says so in docs/decisions.md.
 
+use super::seq::Seq;
 use crate::kubemq::request::RequestType;
 
 /// Largest ExpirationSeconds and DelaySeconds (KMQ-9).
@@ -111,7 +112,7 @@ pub enum StoreError {
     #[error("nack message with seq {seq} failed, {why}")]
     Nack {
         /// The message.
-        seq: u64,
+        seq: Seq,
         /// Why.
         why: String,
     },
@@ -119,7 +120,7 @@ pub enum StoreError {
     #[error("re-queue message with seq {seq} failed, {why}")]
     Requeue {
         /// The message.
-        seq: u64,
+        seq: Seq,
         /// Why.
         why: String,
     },
@@ -368,11 +369,11 @@ pub(crate) fn every_refusal() -> Vec<StoreError> {
         StreamWrite("disk full".into()),
         StreamWriteAbandoned,
         Nack {
-            seq: 7,
+            seq: Seq::new(7),
             why: "message not found".into(),
         },
         Requeue {
-            seq: 7,
+            seq: Seq::new(7),
             why: "store stopped".into(),
         },
     ]

@@ -19,6 +19,7 @@ pub mod fanout;
 pub mod log;
 pub mod record;
 pub mod requests;
+pub mod seq;
 pub mod session;
 pub mod stream;
 
@@ -39,6 +40,7 @@ use errors::{valid_queue_name, MAX_POLICY_SECONDS, MAX_RECEIVE_COUNT};
 pub use errors::{StoreError, TxnError};
 use log::{Dropped, Location, Log};
 use record::{Ack, Checkpoint, Delay, Enqueue, Kind, Release};
+pub use seq::Seq;
 
 /// One queue's figures, as KubeMQ's QueuesInfo reports them.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,12 +73,20 @@ struct Entry {
 
 #[derive(Default)]
 struct QueueState {
-    last_sequence: u64,
+    last_sequence: Seq,
     /// Visible, not locked: sequence → entry. A Get takes the lowest sequences first.
-    ready: BTreeMap<u64, Entry>,
+    ready: BTreeMap<Seq, Entry>,
     /// Handed out by a Get and not yet settled or returned.
-    locked: HashMap<u64, Entry>,
+    locked: HashMap<Seq, Entry>,
     notify: Arc<Notify>,
+}
+
+impl QueueState {
+    /// Gives the queue's next sequence.
+    fn next_sequence(&mut self) -> Seq {
+        self.last_sequence = self.last_sequence.next();
+        self.last_sequence
+    }
 }
 
 #[derive(Default)]
@@ -110,7 +120,7 @@ impl State {
             last_sequence: self
                 .queues
                 .iter()
-                .map(|(k, q)| (k.clone(), q.last_sequence))
+                .map(|(k, q)| (k.clone(), q.last_sequence.get()))
                 .collect(),
             next_delay_id: self.next_delay_id,
             cursors: Vec::new(),
@@ -122,7 +132,7 @@ impl State {
 #[derive(Debug, Clone)]
 pub struct Delivered {
     /// The stored copy's sequence (the settlement handle).
-    pub sequence: u64,
+    pub sequence: Seq,
     /// The message with attributes for this delivery.
     pub message: QueueMessage,
 }
@@ -437,18 +447,15 @@ impl Store {
                             }),
                         );
                         placed.push(Placed {
-                            queue: None,
-                            number: id,
-                            due,
+                            goes: Goes::Delayed { id, due },
                             offset: off,
                             len: len as u32,
                         });
                     } else {
                         let q = st.queue(&msg.channel);
-                        q.last_sequence += 1;
-                        let seq = q.last_sequence;
+                        let seq = q.next_sequence();
                         if let Some(a) = msg.attributes.as_mut() {
-                            a.sequence = seq;
+                            a.sequence = seq.get();
                         }
                         let name = msg.channel.clone();
                         let len = record::frame(
@@ -456,9 +463,7 @@ impl Store {
                             Kind::Enqueue(Enqueue { message: Some(msg) }),
                         );
                         placed.push(Placed {
-                            queue: Some(name),
-                            number: seq,
-                            due: 0,
+                            goes: Goes::Queue { name, seq },
                             offset: off,
                             len: len as u32,
                         });
@@ -493,15 +498,15 @@ impl Store {
                 len: p.len,
             };
             st.add_live(e.loc.segment);
-            match p.queue {
-                Some(q) => {
-                    let qs = st.queue(&q);
-                    qs.ready.insert(p.number, e);
+            match p.goes {
+                Goes::Queue { name, seq } => {
+                    let qs = st.queue(&name);
+                    qs.ready.insert(seq, e);
                     qs.notify.notify_waiters();
                 }
-                None => {
-                    st.delayed.insert((p.due, p.number), e);
-                    st.delay_keys.insert(p.number, p.due);
+                Goes::Delayed { id, due } => {
+                    st.delayed.insert((due, id), e);
+                    st.delay_keys.insert(id, due);
                 }
             }
         }
@@ -597,14 +602,14 @@ impl Store {
     }
 
     /// The stored message of locked `seq`.
-    fn read_locked(&self, queue: &str, seq: u64) -> Option<QueueMessage> {
+    fn read_locked(&self, queue: &str, seq: Seq) -> Option<QueueMessage> {
         self.read_locked_many(queue, vec![seq]).pop()?.1
     }
 
     /// The stored messages of those of `seqs` that are locked, read together (messages sent
     /// together lie together on disk); one that cannot be read is dropped and logged.
-    fn read_locked_many(&self, queue: &str, seqs: Vec<u64>) -> Vec<(u64, Option<QueueMessage>)> {
-        let entries: Vec<(u64, Entry)> = {
+    fn read_locked_many(&self, queue: &str, seqs: Vec<Seq>) -> Vec<(Seq, Option<QueueMessage>)> {
+        let entries: Vec<(Seq, Entry)> = {
             let mut st = self.lock();
             let q = st.queue(queue);
             seqs.into_iter()
@@ -621,7 +626,7 @@ impl Store {
                     kind: Some(Kind::Enqueue(Enqueue { message: Some(m) })),
                 }) => (seq, Some(m)),
                 other => {
-                    tracing::error!(queue, seq, error = ?other.err(), "stored message unreadable; dropping it");
+                    tracing::error!(queue, seq = seq.get(), error = ?other.err(), "stored message unreadable; dropping it");
                     self.ack(queue, &[seq]);
                     (seq, None)
                 }
@@ -630,7 +635,7 @@ impl Store {
     }
 
     /// Removes locked copies for good (ack). Unknown sequences are ignored.
-    pub fn ack(&self, queue: &str, seqs: &[u64]) {
+    pub fn ack(&self, queue: &str, seqs: &[Seq]) {
         let mut buf = BytesMut::new();
         {
             let mut st = self.lock();
@@ -643,7 +648,7 @@ impl Store {
                     &mut buf,
                     Kind::Ack(Ack {
                         queue: queue.to_string(),
-                        sequence: seq,
+                        sequence: seq.get(),
                     }),
                 );
             }
@@ -668,7 +673,7 @@ impl Store {
     /// Locks up to `n` ready messages of `queue` (lowest sequences first) without delivering
     /// them, for the façade's imitation of KubeMQ's capture ([`capture`]); [`Store::release`]
     /// returns them.
-    pub fn take_ready(&self, queue: &str, n: usize) -> Vec<u64> {
+    pub fn take_ready(&self, queue: &str, n: usize) -> Vec<Seq> {
         let mut st = self.lock();
         let q = st.queue(queue);
         let mut taken = Vec::new();
@@ -684,7 +689,7 @@ impl Store {
 
     /// Returns locked copies to the queue unchanged: same sequence, same stored receive count
     /// (stream close, CloseByClient: 4.3.7). They go ahead of newer messages.
-    pub fn release(&self, queue: &str, seqs: &[u64]) {
+    pub fn release(&self, queue: &str, seqs: &[Seq]) {
         let mut st = self.lock();
         let q = st.queue(queue);
         let mut any = false;
@@ -702,7 +707,7 @@ impl Store {
     /// NAck of a locked copy shown with receive count `shown`: a copy at the tail with a new
     /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
     /// the original is acked (4.3.6). Durable when this returns.
-    pub async fn nack(self: &Arc<Self>, queue: &str, seq: u64) -> Result<(), StoreError> {
+    pub async fn nack(self: &Arc<Self>, queue: &str, seq: Seq) -> Result<(), StoreError> {
         let (store, q) = (self.clone(), queue.to_string());
         to_the_end(async move { store.nack_now(&q, seq).await })
             .await
@@ -714,7 +719,7 @@ impl Store {
             })
     }
 
-    async fn nack_now(&self, queue: &str, seq: u64) -> Result<(), StoreError> {
+    async fn nack_now(&self, queue: &str, seq: Seq) -> Result<(), StoreError> {
         let Some(mut msg) = self.read_locked(queue, seq) else {
             return Err(StoreError::Nack {
                 seq,
@@ -741,7 +746,7 @@ impl Store {
 
     /// Dead-letters a locked copy into its MaxReceiveQueue (count 0, ReRouted, policy zeroed), or
     /// drops it when there is none; the original is acked.
-    async fn dead_letter_or_drop(&self, queue: &str, seq: u64, mut msg: QueueMessage) {
+    async fn dead_letter_or_drop(&self, queue: &str, seq: Seq, mut msg: QueueMessage) {
         let dlq = msg
             .policy
             .as_ref()
@@ -759,23 +764,22 @@ impl Store {
         attrs.re_routed_from_queue = queue.to_string();
         attrs.timestamp = now_ns();
         if let Err(e) = self.move_copy(queue, seq, msg).await {
-            tracing::error!(queue, seq, error = %e, "dead-lettering failed; the message stays locked until returned");
+            tracing::error!(queue, seq = seq.get(), error = %e, "dead-lettering failed; the message stays locked until returned");
         }
     }
 
     /// Appends `copy` (already stamped) to its channel with a new sequence and acks the locked
     /// original in the same durable write.
-    async fn move_copy(&self, queue: &str, seq: u64, mut copy: QueueMessage) -> io::Result<()> {
+    async fn move_copy(&self, queue: &str, seq: Seq, mut copy: QueueMessage) -> io::Result<()> {
         let mut buf = BytesMut::new();
         let (target, new_seq, len) = {
             let mut st = self.lock();
             let target = copy.channel.clone();
             let q = st.queue(&target);
-            q.last_sequence += 1;
-            let new_seq = q.last_sequence;
+            let new_seq = q.next_sequence();
             copy.attributes
                 .get_or_insert_with(Default::default)
-                .sequence = new_seq;
+                .sequence = new_seq.get();
             let len = record::frame(
                 &mut buf,
                 Kind::Enqueue(Enqueue {
@@ -786,7 +790,7 @@ impl Store {
                 &mut buf,
                 Kind::Ack(Ack {
                     queue: queue.to_string(),
-                    sequence: seq,
+                    sequence: seq.get(),
                 }),
             );
             (target, new_seq, len as u32)
@@ -810,7 +814,7 @@ impl Store {
     pub async fn requeue(
         self: &Arc<Self>,
         queue: &str,
-        seq: u64,
+        seq: Seq,
         channel: &str,
     ) -> Result<(), StoreError> {
         let (store, q, to) = (self.clone(), queue.to_string(), channel.to_string());
@@ -827,7 +831,7 @@ impl Store {
     async fn requeue_now(
         self: &Arc<Self>,
         queue: &str,
-        seq: u64,
+        seq: Seq,
         channel: &str,
     ) -> Result<(), StoreError> {
         let failed = |why: &str| StoreError::Requeue {
@@ -890,9 +894,8 @@ impl Store {
             let (target, seq, len) = {
                 let mut st = self.lock();
                 let q = st.queue(&msg.channel);
-                q.last_sequence += 1;
-                let seq = q.last_sequence;
-                attrs.sequence = seq;
+                let seq = q.next_sequence();
+                attrs.sequence = seq.get();
                 let target = msg.channel.clone();
                 let len = record::frame(&mut buf, Kind::Enqueue(Enqueue { message: Some(msg) }));
                 record::frame(&mut buf, Kind::Release(Release { id }));
@@ -952,10 +955,10 @@ impl Store {
 
     /// Acks every ready message of `queue` (AckAllQueueMessages, 4.4); returns how many.
     pub fn purge(&self, queue: &str) -> u64 {
-        let seqs: Vec<u64> = {
+        let seqs: Vec<Seq> = {
             let mut st = self.lock();
             let q = st.queue(queue);
-            let taken: Vec<(u64, Entry)> = std::mem::take(&mut q.ready).into_iter().collect();
+            let taken: Vec<(Seq, Entry)> = std::mem::take(&mut q.ready).into_iter().collect();
             let seqs = taken.iter().map(|(s, _)| *s).collect();
             q.locked.extend(taken);
             seqs
@@ -982,13 +985,13 @@ impl Store {
                     .into_iter()
                     .chain(q.locked.keys().copied())
                     .min()
-                    .unwrap_or(0);
+                    .unwrap_or(Seq::NONE);
                 QueueStats {
                     name: name.clone(),
                     ready: q.ready.len() as u64,
                     locked: q.locked.len() as u64,
-                    first_sequence: first,
-                    last_sequence: q.last_sequence,
+                    first_sequence: first.get(),
+                    last_sequence: q.last_sequence.get(),
                 }
             })
             .collect();
@@ -1038,16 +1041,20 @@ struct Placement {
 
 /// Where one message of a send goes once its write is done.
 struct Placed {
-    /// Its queue, or `None` for a delayed message.
-    queue: Option<String>,
-    /// Its sequence in the queue, or its delay id.
-    number: u64,
-    /// When a delayed message is due (Unix ns); 0 otherwise.
-    due: i64,
+    /// Its queue or the delayed messages.
+    goes: Goes,
     /// Where its record starts in the written bytes.
     offset: usize,
     /// Its record's length.
     len: u32,
+}
+
+/// Where a placed message is counted.
+enum Goes {
+    /// Ready in queue `name` at `seq`.
+    Queue { name: String, seq: Seq },
+    /// Among the delayed messages, as `id`, until `due` (Unix ns).
+    Delayed { id: u64, due: i64 },
 }
 
 /// Messages a Get has locked but not yet handed over; returned to the queue if the Get is
@@ -1055,12 +1062,12 @@ struct Placed {
 struct Collected<'a> {
     store: &'a Store,
     queue: String,
-    seqs: Vec<u64>,
+    seqs: Vec<Seq>,
 }
 
 impl Collected<'_> {
     /// Stops answering for `seq`: it was settled, or is being moved, meanwhile.
-    fn forget(&mut self, seq: u64) {
+    fn forget(&mut self, seq: Seq) {
         self.seqs.retain(|s| *s != seq);
     }
 }
@@ -1079,19 +1086,19 @@ fn replay(st: &mut State, rec: record::Record, e: Entry) {
         Some(Kind::Checkpoint(cp)) => {
             for (q, last) in cp.last_sequence {
                 let qs = st.queue(&q);
-                qs.last_sequence = qs.last_sequence.max(last);
+                qs.last_sequence = qs.last_sequence.max(Seq::new(last));
             }
             st.next_delay_id = st.next_delay_id.max(cp.next_delay_id);
         }
         Some(Kind::Enqueue(Enqueue { message: Some(m) })) => {
-            let seq = m.attributes.as_ref().map_or(0, |a| a.sequence);
+            let seq = Seq::new(m.attributes.as_ref().map_or(0, |a| a.sequence));
             let qs = st.queue(&m.channel);
             qs.last_sequence = qs.last_sequence.max(seq);
             qs.ready.insert(seq, e);
             st.add_live(e.loc.segment);
         }
         Some(Kind::Ack(a)) => {
-            let removed = st.queue(&a.queue).ready.remove(&a.sequence);
+            let removed = st.queue(&a.queue).ready.remove(&Seq::new(a.sequence));
             if let Some(old) = removed {
                 st.drop_live(old.loc.segment);
             }

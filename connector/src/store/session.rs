@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::errors::{self, StoreError, TxnError};
-use super::Store;
+use super::{Seq, Store};
 use crate::kubemq::{new_id, QueueMessage};
 
 /// MaxItems used when a Get asks for ≤ 0 (4.3.2).
@@ -124,7 +124,7 @@ pub trait TxnWatcher: Send + Sync + 'static {
     fn settled(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: usize);
     /// `txn` is closing with `unsettled` messages its client never settled: the watcher puts
     /// them where they go (the session does not release them).
-    fn closing(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: &[u64]);
+    fn closing(&self, store: &Store, queue: &str, txn: &TxnId, unsettled: &[Seq]);
     /// `txn` closed.
     fn closed(&self, store: &Store, queue: &str, txn: &TxnId);
     /// Messages may have become ready on `queue`.
@@ -135,7 +135,7 @@ pub trait TxnWatcher: Send + Sync + 'static {
 struct Txn {
     queue: String,
     /// Sequences handed out and not yet settled, in delivery order.
-    unsettled: Vec<u64>,
+    unsettled: Vec<Seq>,
 }
 
 /// The ids of the session's most recently closed transactions, oldest first.
@@ -210,7 +210,7 @@ impl Session {
         let wait = Duration::from_millis(u64::try_from(r.wait_ms).unwrap_or(0).max(MIN_WAIT_MS));
         let delivered = self.store.get(r.channel, max, wait).await;
         let id = TxnId::new();
-        let seqs: Vec<u64> = delivered.iter().map(|d| d.sequence).collect();
+        let seqs: Vec<Seq> = delivered.iter().map(|d| d.sequence).collect();
         if r.auto_ack {
             self.store.ack(r.channel, &seqs);
         }
@@ -275,7 +275,7 @@ impl Session {
                 (valid, bad.map(invalid))
             }
         };
-        let done: HashSet<u64> = match &disposal {
+        let done: HashSet<Seq> = match &disposal {
             // Acks cannot fail and go to the store together.
             Disposal::Ack => {
                 self.store.ack(&queue, &seqs);
@@ -329,7 +329,7 @@ impl Session {
     }
 
     /// The unsettled sequences of `txn`, in delivery order (ActiveOffsets).
-    pub fn active_offsets(&self, txn: &TxnId) -> Result<Vec<u64>, TxnError> {
+    pub fn active_offsets(&self, txn: &TxnId) -> Result<Vec<Seq>, TxnError> {
         match self.txns.get(txn) {
             Some(t) => Ok(t.unsettled.clone()),
             None => Err(self.not_open(txn, TxnError::OffsetsClosed)),
@@ -388,12 +388,12 @@ fn closed_refusal(disposal: &Disposal, all: bool) -> TxnError {
 
 /// The listed sequences up to the first that is not an unsettled message of the transaction (or
 /// repeats an earlier entry), and that first bad entry.
-fn pick(unsettled: &[u64], listed: &[i64]) -> (Vec<u64>, Option<i64>) {
-    let unsettled: HashSet<u64> = unsettled.iter().copied().collect();
+fn pick(unsettled: &[Seq], listed: &[i64]) -> (Vec<Seq>, Option<i64>) {
+    let unsettled: HashSet<Seq> = unsettled.iter().copied().collect();
     let mut seen = HashSet::with_capacity(listed.len());
-    let mut valid: Vec<u64> = Vec::with_capacity(listed.len());
+    let mut valid: Vec<Seq> = Vec::with_capacity(listed.len());
     for &s in listed {
-        match u64::try_from(s) {
+        match Seq::try_from(s) {
             Ok(u) if unsettled.contains(&u) && seen.insert(u) => valid.push(u),
             _ => return (valid, Some(s)),
         }

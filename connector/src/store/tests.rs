@@ -150,7 +150,7 @@ fn send_get_ack() {
         );
         assert_eq!(bodies(&got), ["a", "b", "c"]);
         assert_eq!(
-            got.iter().map(|d| d.sequence).collect::<Vec<_>>(),
+            got.iter().map(|d| d.sequence.get()).collect::<Vec<_>>(),
             [1, 2, 3]
         );
         let a = got[0].message.attributes.clone().unwrap();
@@ -160,12 +160,12 @@ fn send_get_ack() {
             got[0].message.policy.as_ref().unwrap().max_receive_count,
             1024
         );
-        store.ack("q", &[1, 2, 3]);
+        store.ack("q", &[Seq::new(1), Seq::new(2), Seq::new(3)]);
         assert_eq!(store.ready_count("q") + store.locked_count("q"), 0);
         let r = store.send(vec![msg("q", "d")]).await;
         assert!(!r[0].is_error);
         let got = store.get("q", 1, WAIT).await;
-        assert_eq!(got[0].sequence, 4, "sequences are never reused");
+        assert_eq!(got[0].sequence.get(), 4, "sequences are never reused");
     });
 }
 
@@ -708,10 +708,10 @@ fn restart_keeps_everything() {
         assert_eq!((a.sequence, a.receive_count), (2, 1));
         let r = store.send(vec![msg("q", "e")]).await;
         assert!(!r[0].is_error);
-        store.release("q", &[2, 3]);
+        store.release("q", &[Seq::new(2), Seq::new(3)]);
         let got = store.get("q", 3, WAIT).await;
         assert_eq!(
-            got.iter().map(|d| d.sequence).collect::<Vec<_>>(),
+            got.iter().map(|d| d.sequence.get()).collect::<Vec<_>>(),
             [2, 3, 4]
         );
     });
@@ -763,7 +763,7 @@ fn segments_reclaimed() {
             store.send((0..20).map(|_| msg("q", &body)).collect()).await;
             let got = store.get("q", 20, WAIT).await;
             assert_eq!(got.len(), 20, "round {round}");
-            let seqs: Vec<u64> = got.iter().map(|d| d.sequence).collect();
+            let seqs: Vec<Seq> = got.iter().map(|d| d.sequence).collect();
             store.ack("q", &seqs);
         }
         // Acks are written without waiting: one more durable write flushes them.
@@ -782,7 +782,8 @@ fn segments_reclaimed() {
         assert!(!r[0].is_error);
         let got = store.get("q", 1, WAIT).await;
         assert_eq!(
-            got[0].sequence, 401,
+            got[0].sequence.get(),
+            401,
             "the checkpoint kept the sequence counter"
         );
     });
@@ -822,7 +823,7 @@ fn concurrent_senders() {
         }
         assert_eq!(store.ready_count("q"), 640);
         let got = store.get("q", 640, WAIT).await;
-        let mut seqs: Vec<u64> = got.iter().map(|d| d.sequence).collect();
+        let mut seqs: Vec<u64> = got.iter().map(|d| d.sequence.get()).collect();
         seqs.dedup();
         assert_eq!(seqs, (1..=640).collect::<Vec<u64>>());
     });
@@ -961,7 +962,7 @@ fn segments_closing_under_concurrent_sends_and_acks_lose_nothing() {
                     "round {round}: {} of {total} read back",
                     seen.len()
                 );
-                let seqs: Vec<u64> = got.iter().map(|d| d.sequence).collect();
+                let seqs: Vec<Seq> = got.iter().map(|d| d.sequence).collect();
                 for b in bodies(&got) {
                     assert!(seen.insert(b), "delivered twice");
                 }
