@@ -199,12 +199,22 @@ async fn run_embedded(listener: Listeners, settings: Settings, security: Securit
     };
     let code = serve_amqp(listener, &settings, security, Embedded::new(store.clone())).await;
     let _ = stop_tx.send(true);
-    if let Some(g) = grpc {
-        let _ = g.await;
+    if let Some(mut g) = grpc {
+        // A graceful stop waits for every open stream, and a KubeMQ client's subscriptions and
+        // downstream sessions end only when it hangs up: past the grace they are cut, as a
+        // stopping KubeMQ cuts them.
+        if tokio::time::timeout(GRPC_STOP_GRACE, &mut g).await.is_err() {
+            tracing::warn!(grace = ?GRPC_STOP_GRACE, "gRPC clients still attached after the grace; closing their streams");
+            g.abort();
+            let _ = g.await;
+        }
     }
     store.close();
     code
 }
+
+/// How long a stopping connector lets the gRPC façade's clients end their streams themselves.
+const GRPC_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves AMQP with the queues bridge over `backend` until SIGTERM or Ctrl-C.
 async fn serve_amqp<B: Backend + Clone>(

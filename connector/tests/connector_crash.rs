@@ -317,3 +317,90 @@ fn dur_4_durable_subscription_survives_sigkill() {
         "sequences 1 … 7, none reused"
     );
 }
+
+/// CONN-16: SIGTERM stops a connector that also serves its store as KubeMQ's gRPC API even while
+/// a gRPC client keeps a subscription open (as the connector pods in front of it do): the
+/// subscription ends and the process exits well within a pod's grace.
+#[test]
+fn sigterm_stops_the_kubemq_grpc_service_with_a_subscriber_attached() {
+    use connector::kubemq::kubemq_client::KubemqClient;
+    use connector::kubemq::subscribe::SubscribeType;
+    use connector::kubemq::{Event, Subscribe};
+    let dir = tempfile::tempdir().expect("dir");
+    let (port, grpc) = (free_port(), free_port());
+    let grpc_addr = format!("127.0.0.1:{grpc}");
+    let mut server =
+        common::start_connector(dir.path(), port, &["--serve-kubemq-grpc", &grpc_addr]);
+    common::wait_listening(grpc);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let url = format!("http://{grpc_addr}");
+    let (got_tx, mut got_rx) = tokio::sync::mpsc::unbounded_channel::<bool>();
+    let subscriber = {
+        let url = url.clone();
+        rt.spawn(async move {
+            let mut c = KubemqClient::connect(url).await.expect("gRPC connects");
+            let mut stream = c
+                .subscribe_to_events(Subscribe {
+                    subscribe_type_data: SubscribeType::Events as i32,
+                    client_id: "held-subscriber".into(),
+                    channel: "held".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("subscribed")
+                .into_inner();
+            // `true` per event; the stream's end (or error) is the last word.
+            while let Ok(Some(_)) = stream.message().await {
+                let _ = got_tx.send(true);
+            }
+            let _ = got_tx.send(false);
+        })
+    };
+    rt.block_on(async {
+        let mut c = KubemqClient::connect(url).await.expect("gRPC connects");
+        // Events until the subscriber has one: then its stream is surely open.
+        loop {
+            c.send_event(Event {
+                channel: "held".into(),
+                client_id: "sender".into(),
+                body: b"x".to_vec().into(),
+                store: false,
+                ..Default::default()
+            })
+            .await
+            .expect("event sent");
+            if let Ok(Some(true)) =
+                tokio::time::timeout(Duration::from_millis(200), got_rx.recv()).await
+            {
+                break;
+            }
+        }
+    });
+    let stopped_at = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    loop {
+        if let Ok(Some(s)) = server.try_wait() {
+            assert!(s.success(), "clean exit: {s}");
+            break;
+        }
+        if stopped_at.elapsed() > Duration::from_secs(30) {
+            let _ = server.kill();
+            panic!("still running 30 s after SIGTERM with a gRPC subscriber attached");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), subscriber)
+            .await
+            .expect("the subscription ended with the process")
+            .expect("the subscriber task");
+    });
+}
