@@ -1,11 +1,12 @@
 //! What the workspace's tests share, in one place: a free loopback port, a blocking HTTP GET for
 //! the `/livez` `/readyz` `/metrics` endpoints, waiting until a condition holds, a raw-socket
 //! AMQP peer for what no client library can express, a TLS client configuration, where the
-//! suite's logs and the secrets they must not hold are kept, and running the repository's build
-//! scripts.
+//! suite's logs and the secrets they must not hold are kept, where the real KubeMQ tier's
+//! binaries are, and running the repository's build scripts.
 
 pub mod logs;
 pub mod raw;
+pub mod reference;
 pub mod tls;
 
 use std::ffi::OsStr;

@@ -2,19 +2,24 @@
 # The chart's connector pods on a real node: the v1.30 control plane (up.sh), a kubelet with
 # Debian's containerd and runc, the CNI bridge and host-local plugins and kube-proxy (iptables),
 # the project's images imported from their OCI layouts (no registry), the chart installed with
-# helm, an AmqpConnector applied, and python-qpid-proton (tests/python/real_node.py) sending and
-# receiving through its Service's ClusterIP and NodePort; then kubectl scale to 3 and back, a
-# rolling update under a producer (no accepted message lost) and a pod's connector killed with
-# SIGKILL (restarted, nothing lost). KubeMQ is played by the embedded store's gRPC façade on the
-# node's address.
+# helm, CoreDNS answering for the cluster's Services, examples/amqpconnector.yaml applied as
+# written, and python-qpid-proton (tests/python/real_node.py) sending and receiving through its
+# Service's ClusterIP and NodePort; then kubectl scale to 3 and back, KubeMQ stopped (the pods
+# leave the Service by their readiness probe) and started again, a rolling update under a
+# producer (no accepted message lost; a consumer on a replaced pod closed with
+# amqp:connection:forced, its delivery back) and a pod's connector killed with SIGKILL
+# (restarted, nothing lost). KubeMQ runs beside the node on the node's address, behind the Service the
+# example names (kubemq-cluster-grpc.kubemq): the real KubeMQ when its binary is given, else the
+# embedded store's gRPC façade.
 # Run by operator/tests/real_node.rs in a network and mount namespace of its own:
-#   unshare --net --mount --propagation private bash real-node.sh CP NODE IMAGES CONNECTOR OPERATOR HELM STATE
+#   unshare --net --mount --propagation private bash real-node.sh CP NODE IMAGES CONNECTOR OPERATOR HELM STATE [KUBEMQ]
 # CP: build.sh 1.30's folder; NODE: build-node.sh's folder; IMAGES: images/build.sh's folder;
 # CONNECTOR, OPERATOR: the binaries (the façade, and the operator run as the chart's pod would);
-# HELM: helm 3; STATE: a folder for everything it writes. Prints `PASS <step>` per step.
+# HELM: helm 3; STATE: a folder for everything it writes; KUBEMQ: the real KubeMQ's binary.
+# Prints `PASS <step>` per step.
 set -euo pipefail
 CP=$(realpath "$1") NODE=$(realpath "$2") IMAGES=$(realpath "$3") CONNECTOR=$(realpath "$4")
-OPERATOR=$(realpath "$5") HELM=$(realpath "$6") STATE=$(realpath -m "$7")
+OPERATOR=$(realpath "$5") HELM=$(realpath "$6") STATE=$(realpath -m "$7") KUBEMQ=${8:-}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 NODE_IP=10.22.0.1
 POD_CIDR=10.22.0.0/24
@@ -55,7 +60,7 @@ wait_for() { # what seconds command...
 }
 
 # The node's address is the pods' gateway: the bridge the CNI plugin attaches pods to, made here
-# with its address so that the kubelet and the façade can bind to it before the first pod.
+# with its address so that the kubelet, CoreDNS and KubeMQ can bind to it before the first pod.
 ip link set lo up
 ip link add kmqa-br0 type bridge
 ip addr add "$NODE_IP/24" dev kmqa-br0
@@ -125,6 +130,7 @@ address: 127.0.0.1
 readOnlyPort: 0
 healthzPort: 0
 clusterDomain: cluster.local
+clusterDNS: [$NODE_IP]
 resolvConf: /etc/resolv.conf
 containerRuntimeEndpoint: unix://$STATE/containerd/containerd.sock
 evictionHard: {}
@@ -138,10 +144,67 @@ spawn kube-proxy "$NODE/node" kube-proxy --kubeconfig "$KUBECONFIG" --hostname-o
   --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256
 echo "PASS a kubelet with containerd and runc is Ready"
 
-# KubeMQ for the pods: the store's gRPC façade on the node's address.
-spawn facade "$CONNECTOR" --bind-address 127.0.0.1 --port 5673 --http-address 127.0.0.1:0 \
-  --serve-kubemq-grpc "$NODE_IP:50000" --data-dir "$STATE/facade"
-wait_for "the façade listens" 30 bash -c "echo > /dev/tcp/$NODE_IP/50000"
+# The cluster's DNS: CoreDNS on the node's address, which the kubelet gives the pods.
+cat > Corefile <<EOF
+.:53 {
+  errors
+  log
+  kubernetes cluster.local {
+    kubeconfig $KUBECONFIG
+  }
+}
+EOF
+spawn coredns "$NODE/coredns" -conf "$STATE/Corefile"
+wait_for "CoreDNS listens" 30 bash -c "echo > /dev/tcp/$NODE_IP/53"
+echo "PASS CoreDNS answers for the cluster's Services"
+
+# KubeMQ on the node's address, and the Service the example names pointing there (a Service
+# without selector, its EndpointSlice written here).
+start_kubemq() { # what it stored before is kept
+  if [ -n "$KUBEMQ" ]; then
+    # KubeMQ binds every interface: here those of this namespace only, which has no route out;
+    # its usage report also goes to a closed port as its proxy.
+    mkdir -p kubemq
+    (cd kubemq && exec env -u KUBERNETES_SERVICE_HOST -u NO_PROXY -u no_proxy GRPC_PORT=50000 \
+      REST_PORT=9091 API_PORT=8081 STORE_STORE_PATH=./store \
+      HTTPS_PROXY=http://127.0.0.1:9 HTTP_PROXY=http://127.0.0.1:9 \
+      "$KUBEMQ" server >> "$STATE/kubemq.log" 2>&1) &
+  else
+    "$CONNECTOR" --bind-address 127.0.0.1 --port 5673 --http-address 127.0.0.1:0 \
+      --serve-kubemq-grpc "$NODE_IP:50000" --data-dir "$STATE/facade" >> "$STATE/facade.log" 2>&1 &
+  fi
+  kubemq_pid=$!
+  pids+=($kubemq_pid)
+  wait_for "KubeMQ listens" 60 bash -c "echo > /dev/tcp/$NODE_IP/50000"
+}
+stop_kubemq() {
+  kill "$kubemq_pid"
+  wait "$kubemq_pid" 2>/dev/null || true
+}
+if [ -n "$KUBEMQ" ]; then backend="the real KubeMQ"; else backend="the embedded store's gRPC façade"; fi
+start_kubemq
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Namespace
+metadata: {name: kubemq}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kubemq-cluster-grpc, namespace: kubemq}
+spec:
+  ports: [{name: grpc, port: 50000, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: kubemq-cluster-grpc-node
+  namespace: kubemq
+  labels: {kubernetes.io/service-name: kubemq-cluster-grpc}
+addressType: IPv4
+ports: [{name: grpc, port: 50000, protocol: TCP}]
+endpoints: [{addresses: ["$NODE_IP"]}]
+EOF
+echo "PASS KubeMQ ($backend) serves behind kubemq-cluster-grpc.kubemq"
 
 # The chart; its operator pod goes to the simulated node (it could not reach the API server on
 # loopback from a pod), and runs here as that pod would, under its ServiceAccount's token.
@@ -151,19 +214,13 @@ token=$(kubectl -n operators create token aco --duration=1h)
 sed "s/^    token: .*/    token: $token/" "$KUBECONFIG" > operator.kubeconfig
 KUBECONFIG="$STATE/operator.kubeconfig" POD_NAME=aco-0 POD_NAMESPACE=operators \
   spawn operator "$OPERATOR" --http-address=127.0.0.1:0 --leader-election=false
+# Nothing more goes to the simulated node: the example's pods land on the real one.
+kubectl cordon kwok-node-0 >/dev/null
 echo "PASS the chart installed with helm"
 
-kubectl create namespace apps >/dev/null
-kubectl apply -f - >/dev/null <<EOF
-apiVersion: amqp.kubemq.io/v1alpha1
-kind: AmqpConnector
-metadata: {name: orders, namespace: apps}
-spec:
-  broker: {address: "$NODE_IP:50000"}
-  replicas: 2
-  nodeSelector: {kubernetes.io/hostname: real-node-0}
-  service: {type: NodePort}
-EOF
+kubectl apply -f "$REPO/examples/amqpconnector.yaml" >/dev/null
+# A NodePort too, for a client that is not routed to ClusterIPs (the pods are not re-made).
+kubectl -n apps patch amqpc orders --type=merge -p '{"spec":{"service":{"type":"NodePort"}}}' >/dev/null
 pods_ready() { # count: exactly that many pods of orders, all on the real node and ready
   local ready
   ready=$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
@@ -196,8 +253,32 @@ wait_for "two pods ready" 120 pods_ready 2
 client roundtrip "$SERVICE" queues/scaled-down
 echo "PASS kubectl scale to 3 and back to 2 keeps serving"
 
+# Readiness follows KubeMQ: without it the pods are taken out of the Service (their readiness
+# probe fails) and stay running; back, they serve again with what was stored before.
+client send "$SERVICE" queues/outage 5 > before-outage.txt
+stop_kubemq
+none_ready() {
+  [ "$(kubectl -n apps get endpointslices -l kubernetes.io/service-name=orders \
+    -o jsonpath='{range .items[*].endpoints[*]}{.conditions.ready}{"\n"}{end}' | grep -c '^true$')" = 0 ] &&
+    [ "$(kubectl -n apps get pods -l app.kubernetes.io/instance=orders \
+      -o jsonpath='{range .items[*]}{.status.containerStatuses[0].ready} {.status.containerStatuses[0].restartCount}{"\n"}{end}')" \
+      = "$(printf 'false 0\nfalse 0')" ]
+}
+wait_for "both pods unready, not restarted, out of the Service without KubeMQ" 60 none_ready
+start_kubemq
+wait_for "two pods ready with KubeMQ back" 120 pods_ready 2
+client drain "$SERVICE" queues/outage 5 > after-outage.txt
+[ -z "$(comm -23 <(sort before-outage.txt) <(sort -u after-outage.txt))" ] || { echo "lost in the outage" >&2; exit 1; }
+echo "PASS readiness follows KubeMQ: the pods leave the Service without it and serve again"
+
 # A rolling update (a tunable changed) while a producer sends: every message the connector
-# accepted is there afterwards.
+# accepted is there afterwards; a consumer holding an unsettled delivery on an old pod is closed
+# with amqp:connection:forced within the pod's termination grace, and the delivery is back.
+client send "$SERVICE" queues/held 1 > held-sent.txt
+# (bounded: a connection the connector never ended would otherwise hold the script)
+timeout 300 python3 "$REPO/tests/python/real_node.py" hold "$SERVICE" queues/held > held.txt &
+holder=$!
+wait_for "the consumer holds its delivery" 60 grep -q '^holding k-1$' held.txt
 client produce "$SERVICE" queues/rolling "$STATE/stop-producing" > accepted.txt &
 producer=$!
 sleep 3
@@ -213,6 +294,11 @@ client drain "$SERVICE" queues/rolling "$sent" > received.txt
 missing=$(comm -23 <(sort -u accepted.txt) <(sort -u received.txt) | wc -l)
 [ "$sent" -gt 0 ] && [ "$missing" = 0 ] || { echo "accepted $sent, missing $missing" >&2; exit 1; }
 echo "PASS a rolling update loses none of the $sent accepted messages"
+wait "$holder"
+[ "$(tail -1 held.txt)" = "amqp:connection:forced" ] || { echo "the holder saw: $(cat held.txt)" >&2; exit 1; }
+client drain "$SERVICE" queues/held 1 > held-back.txt
+[ "$(cat held-back.txt)" = "k-1" ] || { echo "the held delivery came back as: $(cat held-back.txt)" >&2; exit 1; }
+echo "PASS a consumer on a replaced pod is closed with amqp:connection:forced and its delivery is back"
 
 # One pod's connector process killed with SIGKILL: the kubelet restarts it, and what was accepted
 # before is still there.

@@ -8,13 +8,16 @@
                                           is made again on a new connection)
   real_node.py drain URL QUEUE N          receives and accepts until the queue has been quiet for
                                           5 s; prints every body, one a line; fails with fewer than N
+  real_node.py hold URL QUEUE             receives one message and never settles it; prints
+                                          `holding <body>`, then, when the connector ends the
+                                          connection, its condition (or `disconnected`)
 """
 import os
 import sys
 import time
 
-from proton import Message
-from proton.utils import BlockingConnection
+from proton import Message, Timeout
+from proton.utils import BlockingConnection, ConnectionClosed, LinkDetached
 
 
 def connect(url):
@@ -90,6 +93,29 @@ def drain(url, queue, least):
     assert len(got) >= least, "%d of %d" % (len(got), least)
 
 
+def hold(url, queue):
+    c = connect(url)
+    r = c.create_receiver(queue, credit=1)
+    m = r.receive(timeout=20)
+    print("holding", m.body, flush=True)
+    while True:
+        try:
+            r.receive(timeout=1)
+        except ConnectionClosed as e:
+            cond = e.connection.remote_condition
+            print(cond.name if cond else "closed without a condition", flush=True)
+            return
+        except LinkDetached as e:
+            cond = e.link.remote_condition
+            print("detached", cond.name if cond else "", flush=True)
+            return
+        except Timeout:
+            continue
+        except Exception as e:
+            print("disconnected:", e, flush=True)
+            return
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "roundtrip":
@@ -100,5 +126,7 @@ if __name__ == "__main__":
         produce(sys.argv[2], sys.argv[3], sys.argv[4])
     elif mode == "drain":
         drain(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    elif mode == "hold":
+        hold(sys.argv[2], sys.argv[3])
     else:
         sys.exit("unknown mode " + mode)

@@ -1,78 +1,20 @@
 //! The real KubeMQ server as a test backend, where its binary exists on this machine.
 //!
-//! The suite never builds KubeMQ (its source is not served by the Go module proxy); it runs the
-//! binary named by `KUBEMQ_BINARY`, else `$HOME/.cache/kubemq-amqp/kubemq-community` when that
-//! file exists, and otherwise the tier is not run. Each server gets its own scratch folder and
+//! Which binary the tier runs is `testkit::reference`'s to say. Each server gets its own scratch folder and
 //! loopback ports, and is stopped by process group when the test is done or its process ends.
 //!
 //! KubeMQ binds every interface and reports usage to an outside host. `tests/run.sh` runs the
 //! suite in a network namespace that has nothing but `lo` when it can (as root); wherever the
 //! suite runs, the server's HTTPS proxy is a closed loopback port, so its report cannot leave.
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The KubeMQ binary the tier runs, if there is one.
-pub fn binary() -> Option<PathBuf> {
-    named_or_cached("KUBEMQ_BINARY", "kubemq-community")
-}
-
-/// A KubeMQ build that enforces its own authentication and authorization
-/// (`KUBEMQ_ENFORCING_BINARY`, else `$HOME/.cache/kubemq-amqp/kubemq-community-enforcing`), if
-/// there is one: community v2.4.0 reads those settings but enforces neither, the commit before
-/// it (e0aeae1) still does.
-pub fn enforcing_binary() -> Option<PathBuf> {
-    named_or_cached("KUBEMQ_ENFORCING_BINARY", "kubemq-community-enforcing")
-}
-
-/// The burn-in harness binary (`BURNIN_BINARY`, else `$HOME/.cache/kubemq-amqp/burnin`), if
-/// there is one.
-pub fn burnin_binary() -> Option<PathBuf> {
-    named_or_cached("BURNIN_BINARY", "burnin")
-}
-
-fn named_or_cached(var: &str, file: &str) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(var).filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
-        assert!(
-            p.is_file(),
-            "{var} names {}, which is not a file",
-            p.display()
-        );
-        return Some(p);
-    }
-    let cached = PathBuf::from(std::env::var_os("HOME")?)
-        .join(".cache/kubemq-amqp")
-        .join(file);
-    cached.is_file().then_some(cached)
-}
-
-/// Notes that the running test used `what` (a real KubeMQ, the burn-in harness), for the count
-/// `tests/run.sh` prints.
-pub fn record_use(what: &str) {
-    let Some(dir) = std::env::var_os("KUBEMQ_AMQP_TEST_LOGS") else {
-        return;
-    };
-    let _ = std::fs::create_dir_all(&dir);
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("unnamed")
-        .to_string();
-    let bin = std::env::current_exe()
-        .ok()
-        .and_then(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
-        .unwrap_or_default();
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(PathBuf::from(dir).join(format!("{what}-tests.txt")))
-    {
-        let _ = writeln!(f, "{bin}::{test}");
-    }
-}
+pub use testkit::reference::{
+    burnin_binary, enforcing_binary, kubemq_binary as binary, record_use,
+};
 
 /// A KubeMQ server started for a test, on loopback ports of its own.
 pub struct RealKubemq {
