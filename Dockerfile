@@ -10,7 +10,8 @@ ARG RUST_VERSION=1.95
 # Dependencies are compiled from a recipe (cargo-chef) in their own layer: a change to the
 # project's code rebuilds only the project's crates.
 FROM rust:${RUST_VERSION}-bookworm AS chef
-RUN cargo install cargo-chef --locked --version 0.1.78
+RUN cargo install cargo-chef --locked --version 0.1.78 \
+ && cargo install cargo-auditable --locked --version 0.7.7
 WORKDIR /src
 
 FROM chef AS planner
@@ -23,8 +24,10 @@ RUN cargo chef cook --release --locked --recipe-path recipe.json \
       -p kubemq-amqp-connector -p kubemq-amqp-operator
 COPY . .
 # /out/bin: the binaries without their debug info (the release profile keeps it for profiling;
-# symbols stay, so backtraces name functions). /out/data: an empty folder for the store's volume.
-RUN cargo build --release --locked \
+# symbols stay, so backtraces name functions), each carrying the list of its crates and their
+# versions (cargo-auditable), which vulnerability scanners read. /out/data: an empty folder for
+# the store's volume.
+RUN cargo auditable build --release --locked \
       -p kubemq-amqp-connector --bin kubemq-amqp-connector \
       -p kubemq-amqp-operator --bin kubemq-amqp-operator \
  && mkdir -p /out/bin /out/data \

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the connector and operator images without a Docker daemon: the release binaries with
-# cargo, then for each image a root filesystem holding the binary, exactly the shared libraries
+# cargo-auditable (each binary carries its crates and their versions, which vulnerability
+# scanners read), then for each image a root filesystem holding the binary, exactly the shared libraries
 # it loads, CA certificates, /etc/passwd and /etc/group with the nonroot user 65532,
 # nsswitch.conf and a dpkg status file per Debian package copied in (what the distroless base of
 # the Dockerfile provides), written with umoci as an
@@ -8,7 +9,7 @@
 # entrypoint, working directory, volumes) is read from the Dockerfile's final stages
 # (images/stage.py), so both builds make the same images.
 # Usage: images/build.sh [OUT_DIR]  (default target/images). Needs root (files owned by 0 and
-# 65532) and umoci (Debian's package; installed here when missing). Prints OUT_DIR; the layouts
+# 65532), umoci (Debian's package) and cargo-auditable (installed here when missing). Prints OUT_DIR; the layouts
 # are OUT_DIR/kubemq-amqp-connector and OUT_DIR/kubemq-amqp-operator.
 set -euo pipefail
 [ "$(id -u)" = 0 ] || { echo "images/build.sh needs root: its files belong to 0 and 65532" >&2; exit 1; }
@@ -24,8 +25,13 @@ if ! command -v umoci >/dev/null; then
     { apt-get update -q >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q umoci >&2; }
 fi
 
-echo "== cargo build --release (connector, operator)" >&2
-cargo build --release --locked --quiet \
+if ! command -v cargo-auditable >/dev/null; then
+  echo "== installing cargo-auditable" >&2
+  cargo install cargo-auditable --version 0.7.7 --locked --quiet >&2
+fi
+
+echo "== cargo auditable build --release (connector, operator)" >&2
+cargo auditable build --release --locked --quiet \
   -p kubemq-amqp-connector --bin kubemq-amqp-connector \
   -p kubemq-amqp-operator --bin kubemq-amqp-operator >&2
 

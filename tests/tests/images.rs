@@ -320,6 +320,86 @@ fn the_images_name_the_debian_packages_they_copy() {
     }
 }
 
+/// What a scanner reads of the Rust side: each image's binary carries the list of the crates it
+/// was built from (cargo-auditable's `.dep-v0` section, zlib-compressed JSON), and that list is
+/// Cargo.lock's: every crate from crates.io at a version the lock file pins, its own crate the
+/// root at the workspace's version.
+#[test]
+fn the_images_binaries_list_the_crates_they_are_built_from() {
+    let lock = std::fs::read_to_string(root().join("Cargo.lock")).unwrap();
+    let locked: std::collections::BTreeSet<(String, String)> = lock
+        .split("[[package]]")
+        .filter_map(|p| {
+            let field = |k: &str| {
+                p.lines()
+                    .find_map(|l| l.strip_prefix(&format!("{k} = \"")))
+                    .map(|v| v.trim_end_matches('"').to_string())
+            };
+            Some((field("name")?, field("version")?))
+        })
+        .collect();
+    for target in TARGETS {
+        let dir = unpack(target);
+        let binary = dir
+            .path()
+            .join(format!("bundle/rootfs/usr/local/bin/kubemq-amqp-{target}"));
+        let section = dir.path().join("dep-v0");
+        let out = Command::new("objcopy")
+            .arg("--dump-section")
+            .arg(format!(".dep-v0={}", section.display()))
+            .arg(&binary)
+            .arg(dir.path().join("scratch"))
+            .output()
+            .unwrap();
+        ok("objcopy --dump-section .dep-v0", out);
+        let out = Command::new("python3")
+            .args([
+                "-c",
+                "import sys, zlib; sys.stdout.write(zlib.decompress(open(sys.argv[1], 'rb').read()).decode())",
+            ])
+            .arg(&section)
+            .output()
+            .unwrap();
+        let list: Value = serde_json::from_str(&ok("zlib", out)).unwrap();
+        let packages = list["packages"].as_array().unwrap();
+        let name_version = |p: &Value| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["version"].as_str().unwrap().to_string(),
+            )
+        };
+        let root_crate = packages
+            .iter()
+            .find(|p| p["root"].as_bool() == Some(true))
+            .unwrap_or_else(|| panic!("{target}: no root crate in {list}"));
+        assert_eq!(
+            name_version(root_crate),
+            (format!("kubemq-amqp-{target}"), VERSION.to_string())
+        );
+        let from_crates_io: Vec<_> = packages
+            .iter()
+            .filter(|p| p["source"] == "crates.io")
+            .map(name_version)
+            .collect();
+        let wanted: &[&str] = match target {
+            "connector" => &["tokio", "tonic", "rustls"],
+            _ => &["tokio", "kube", "rustls"],
+        };
+        for wanted in wanted {
+            assert!(
+                from_crates_io.iter().any(|(n, _)| n == wanted),
+                "{target}: {wanted} not listed"
+            );
+        }
+        for crate_version in &from_crates_io {
+            assert!(
+                locked.contains(crate_version),
+                "{target}: {crate_version:?} is not what Cargo.lock pins"
+            );
+        }
+    }
+}
+
 /// The connector image runs from its unpacked root filesystem in a chroot, in a private network
 /// namespace: it finds KubeMQ by a name from its /etc/hosts (played by the embedded store's
 /// gRPC façade, since the real KubeMQ cannot be fetched here), answers /livez and /readyz, and
