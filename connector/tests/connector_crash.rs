@@ -28,6 +28,17 @@ fn start(dir: &std::path::Path, port: u16) -> std::process::Child {
     common::start_connector(dir, port, &[])
 }
 
+/// Stops `server` as Kubernetes does; returns when the signal was sent.
+fn sigterm(server: &std::process::Child) -> Instant {
+    let sent = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &server.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    sent
+}
+
 /// CONN-16 / Q-34: SIGTERM drains — CLOSE `amqp:connection:forced` to every client,
 /// exit well within a pod's grace period — and unsettled deliveries are not lost.
 #[test]
@@ -86,12 +97,7 @@ fn sigterm_closes_forced_and_returns_unsettled_deliveries() {
             .count();
     }
     // Never settled. Now stop the process as Kubernetes does.
-    let stopped_at = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &server.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    let stopped_at = sigterm(&server);
     let mut closed = None;
     while closed.is_none() && stopped_at.elapsed() < Duration::from_secs(10) {
         match rx.performatives(Duration::from_millis(50)) {
@@ -380,12 +386,7 @@ fn sigterm_stops_the_kubemq_grpc_service_with_a_subscriber_attached() {
             }
         }
     });
-    let stopped_at = Instant::now();
-    let status = Command::new("kill")
-        .args(["-TERM", &server.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(status.success());
+    let stopped_at = sigterm(&server);
     loop {
         if let Ok(Some(s)) = server.try_wait() {
             assert!(s.success(), "clean exit: {s}");
