@@ -125,21 +125,8 @@ impl Backend for Embedded {
     }
 
     async fn queues_info(&self, filter: &str) -> Result<QueuesInfo, BackendError> {
-        let queues: Vec<crate::kubemq::QueueInfo> = self
-            .store
-            .queue_stats(filter)
-            .into_iter()
-            .map(|s| {
-                crate::kubemq::queue_info(
-                    s.name,
-                    s.ready,
-                    s.locked,
-                    s.first_sequence,
-                    s.last_sequence,
-                )
-            })
-            .collect();
-        Ok(crate::kubemq::queues_summary(queues))
+        // The façade's answer: one translation of the store's figures into KubeMQ's.
+        Ok(crate::facade::queues_info(&self.store, filter))
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {

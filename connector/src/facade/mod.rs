@@ -26,12 +26,12 @@ use self::downstream::Downstream;
 use crate::auth::jwt::JwtVerifier;
 use crate::kubemq::kubemq_server::{Kubemq, KubemqServer};
 use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, STREAM_WINDOW};
-use crate::kubemq::{queue_info, queues_summary, REPORTED_VERSION};
+use crate::kubemq::REPORTED_VERSION;
 use crate::kubemq::{
     AckAllQueueMessagesRequest, AckAllQueueMessagesResponse, Empty, Event, EventReceive,
     PingResult, QueueInfo, QueueMessage, QueueMessagesBatchRequest, QueueMessagesBatchResponse,
-    QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfoRequest, QueuesInfoResponse,
-    QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest,
+    QueuesDownstreamRequest, QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest,
+    QueuesInfoResponse, QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest,
     ReceiveQueueMessagesResponse, SendQueueMessageResult, StreamQueueMessagesRequest,
     StreamQueueMessagesResponse, Subscribe,
 };
@@ -90,6 +90,32 @@ impl Facade {
         KubemqServer::new(self)
             .max_decoding_message_size(MAX_GRPC_MESSAGE)
             .max_encoding_message_size(MAX_GRPC_MESSAGE)
+    }
+}
+
+/// KubeMQ's QueuesInfo answer for the queues `filter` names (its `;`-separated list; empty for
+/// every queue), with its totals, from the store's figures (decisions.md says what each means).
+pub fn queues_info(store: &Store, filter: &str) -> QueuesInfo {
+    let queues: Vec<QueueInfo> = store
+        .queue_stats(filter)
+        .into_iter()
+        .map(|s| QueueInfo {
+            messages: (s.ready + s.locked) as i64,
+            first_sequence: s.first_sequence as i64,
+            last_sequence: s.last_sequence as i64,
+            sent: s.last_sequence as i64,
+            delivered: s.locked as i64,
+            waiting: s.ready as i64,
+            name: s.name,
+            ..Default::default()
+        })
+        .collect();
+    QueuesInfo {
+        total_queue: queues.len() as i32,
+        sent: queues.iter().map(|q| q.sent).sum(),
+        delivered: queues.iter().map(|q| q.delivered).sum(),
+        waiting: queues.iter().map(|q| q.waiting).sum(),
+        queues,
     }
 }
 
@@ -487,16 +513,9 @@ impl Kubemq for Facade {
         req: Request<QueuesInfoRequest>,
     ) -> Result<Response<QueuesInfoResponse>, Status> {
         let req = req.into_inner();
-        let queues: Vec<QueueInfo> = self
-            .store
-            .queue_stats(&req.queue_name)
-            .into_iter()
-            .map(|s| queue_info(s.name, s.ready, s.locked, s.first_sequence, s.last_sequence))
-            .collect();
-        let info = queues_summary(queues);
         Ok(Response::new(QueuesInfoResponse {
+            info: Some(queues_info(&self.store, &req.queue_name)),
             ref_request_id: req.request_id,
-            info: Some(info),
         }))
     }
 }

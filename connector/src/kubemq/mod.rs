@@ -23,28 +23,3 @@ pub fn new_id() -> String {
         .encode_lower(&mut text)
         .to_owned()
 }
-
-/// One queue's entry in a QueuesInfo answer, from the store's counts.
-pub fn queue_info(name: String, ready: u64, locked: u64, first: u64, last: u64) -> QueueInfo {
-    QueueInfo {
-        name,
-        messages: (ready + locked) as i64,
-        first_sequence: first as i64,
-        last_sequence: last as i64,
-        sent: last as i64,
-        delivered: locked as i64,
-        waiting: ready as i64,
-        ..Default::default()
-    }
-}
-
-/// A QueuesInfo answer with its totals.
-pub fn queues_summary(queues: Vec<QueueInfo>) -> QueuesInfo {
-    QueuesInfo {
-        total_queue: queues.len() as i32,
-        sent: queues.iter().map(|q| q.sent).sum(),
-        delivered: queues.iter().map(|q| q.delivered).sum(),
-        waiting: queues.iter().map(|q| q.waiting).sum(),
-        queues,
-    }
-}
