@@ -76,8 +76,8 @@ stage "building the Kubernetes control planes and the real node (tests/k8s)"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
 # A real node beside v1.30's simulated one (operator/tests/real_node.rs): Debian's containerd,
-# runc and CNI plugins, and kubelet, kube-proxy and the pause image (an OCI layout made with
-# umoci) built from their Go module.
+# runc and CNI plugins; kubelet, kube-proxy and CoreDNS built from their Go modules, and the
+# pause image (an OCI layout made with umoci).
 node_packages="containerd runc containernetworking-plugins umoci"
 if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ] ||
   ! command -v umoci >/dev/null; then

@@ -106,10 +106,8 @@ fn the_charts_connector_pods_serve_clients_through_their_service_on_a_real_node(
 
 #[test]
 fn the_same_through_the_real_kubemq_beside_the_node() {
-    let Some(kubemq) = reference::kubemq_binary() else {
-        eprintln!("no KubeMQ binary on this machine: tier not run");
+    let Some(kubemq) = reference::for_this_test("real-kubemq", reference::kubemq_binary()) else {
         return;
     };
-    reference::record_use("real-kubemq");
     run_real_node(Some(&kubemq));
 }

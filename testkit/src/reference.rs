@@ -44,6 +44,22 @@ fn named_or_cached(var: &str, file: &str) -> Option<PathBuf> {
     cached.is_file().then_some(cached)
 }
 
+/// What a test that needs one of the tier's binaries starts with: `found` counted as used under
+/// `what` by the running test, or, when the machine has no such binary, `None` and a line on
+/// standard error saying the test did not run.
+pub fn for_this_test(what: &str, found: Option<PathBuf>) -> Option<PathBuf> {
+    match found {
+        Some(binary) => {
+            record_use(what);
+            Some(binary)
+        }
+        None => {
+            eprintln!("{what}: no binary on this machine, tier not run");
+            None
+        }
+    }
+}
+
 /// Notes that the running test used `what` (a real KubeMQ, the burn-in harness), for the count
 /// `tests/run.sh` prints.
 pub fn record_use(what: &str) {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub use testkit::reference::{
-    burnin_binary, enforcing_binary, kubemq_binary as binary, record_use,
+    burnin_binary, enforcing_binary, for_this_test, kubemq_binary as binary, record_use,
 };
 
 /// A KubeMQ server started for a test, on loopback ports of its own.

@@ -102,11 +102,10 @@ const KUBEMQ_POLICY: &str = r#"[
 /// `amqp:unauthorized-access`; no event is accepted that KubeMQ then refuses.
 #[test]
 fn authz_9_a_kubemq_that_authorizes_decides_by_the_clients_own_client_id() {
-    let Some(binary) = interop_tests::real_kubemq::enforcing_binary() else {
-        eprintln!("no KubeMQ build that authorizes on this machine: tier not run");
+    use interop_tests::real_kubemq::{enforcing_binary, for_this_test};
+    let Some(binary) = for_this_test("enforcing-kubemq", enforcing_binary()) else {
         return;
     };
-    interop_tests::real_kubemq::record_use("enforcing-kubemq");
     testkit::logs::used_secret(SECRET);
     let kubemq = interop_tests::real_kubemq::RealKubemq::start_with(
         &binary,

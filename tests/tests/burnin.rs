@@ -18,11 +18,9 @@ const DURATION: &str = "3m";
 
 #[test]
 fn the_burn_in_harness_passes_on_every_backend() {
-    let Some(binary) = real_kubemq::burnin_binary() else {
-        eprintln!("burn-in harness: not found, not run");
+    let Some(binary) = real_kubemq::for_this_test("burnin", real_kubemq::burnin_binary()) else {
         return;
     };
-    real_kubemq::record_use("burnin");
     let template = binary.with_file_name("burnin-config-run.yaml");
     let connectors = TestConnector::on_every_backend(Settings::default());
     let mut failed = Vec::new();
