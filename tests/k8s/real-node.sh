@@ -107,9 +107,14 @@ EOF
 spawn containerd containerd --config "$STATE/containerd/config.toml"
 ctr() { command ctr --address "$STATE/containerd/containerd.sock" -n k8s.io "$@"; }
 wait_for "containerd answers" 30 ctr version
+# Each layout's one manifest carries its tag as org.opencontainers.image.ref.name, so
+# --base-name names it NAME:TAG. No --index-name: with the same name ctr would record the index
+# and then the manifest under it, leaving the index unreferenced when ctr's lease ends, and its
+# unpack of the index races containerd's garbage collector ("content digest ...: not found").
 import() { # layout tag name
   (cd "$1" && tar cf "$STATE/image.tar" .)
-  ctr images import --base-name "$3" --index-name "$3:$2" "$STATE/image.tar" >/dev/null
+  ctr images import --base-name "$3" "$STATE/image.tar" >/dev/null
+  ctr images ls -q | grep -x "$3:$2" >/dev/null || { echo "not imported: $3:$2" >&2; exit 1; }
 }
 import "$NODE/pause" 3.9 registry.k8s.io/pause
 VERSION=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"])' "$IMAGES/kubemq-amqp-connector/index.json")
