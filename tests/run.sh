@@ -122,7 +122,36 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && unshare --net true 2>/
   echo "   (in a network namespace with nothing but loopback)"
   netns=(unshare --net -- sh -c 'ip link set lo up && exec "$@"' sh)
 fi
-"${netns[@]}" cargo test --workspace --all-features --offline 2>&1 | tee "$log"
+# Two lanes at once, as most tests wait on sockets, timers and child processes far more than they
+# compute: the long lane runs the operator against the control planes and the real node, then
+# the burn-in harness (last, so that it mostly has the machine to itself: a starved harness
+# misses its own rate gate); the other lane runs every other test target, then the doc tests.
+# Each lane is one cargo at a time; the long lane's output follows the other's.
+long=(real_cluster real_node burnin)
+others=$(cargo metadata --format-version 1 --no-deps --offline | python3 -c '
+import json, sys
+long = set(sys.argv[1:])
+tests = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
+                if t["kind"] == ["test"] and t["name"] not in long})
+print(" ".join("--test " + t for t in tests))' "${long[@]}")
+long_log="$log.long"
+# (Every cargo here selects the whole workspace: with one package selected Cargo would resolve
+# the features again and recompile.)
+(
+  "${netns[@]}" cargo test --workspace --all-features --offline --test real_cluster --test real_node &&
+    "${netns[@]}" cargo test --workspace --all-features --offline --test burnin
+) > "$long_log" 2>&1 &
+long_pid=$!
+others_status=0
+# shellcheck disable=SC2086 # $others is a list of --test flags
+{ "${netns[@]}" cargo test --workspace --all-features --offline --lib --bins $others &&
+  "${netns[@]}" cargo test --workspace --all-features --offline --doc; } 2>&1 | tee "$log" || others_status=$?
+long_status=0
+wait "$long_pid" || long_status=$?
+echo "== the long lane: the operator on the control planes and the real node, the burn-in harness"
+tee -a "$log" < "$long_log"
+rm -f "$long_log"
+[ "$others_status" = 0 ] && [ "$long_status" = 0 ]
 stage "no secret in any log the suite wrote"
 # The suite's own features and packages, so nothing is compiled again for this one check.
 cargo test --workspace --all-features --offline --test secrets_in_logs 2>&1 | tee -a "$log"

@@ -23,7 +23,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use testkit::built_by;
 use testkit::reference;
@@ -39,16 +39,25 @@ fn root() -> PathBuf {
         .to_path_buf()
 }
 
+/// The two images' OCI layouts, built once for both runs into a folder of their own: the images
+/// tests (tests/tests/images.rs) rebuild target/images, and `tests/run.sh` runs them alongside.
+fn images() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        built_by(
+            &root().join("images/build.sh"),
+            &[root().join("target/real-node-images").as_os_str()],
+        )
+    })
+}
+
 /// Runs real-node.sh with KubeMQ played by `kubemq` (the façade when `None`) and checks every
 /// step passed.
 fn run_real_node(kubemq: Option<&Path>) {
     let _one = ONE_NODE.lock().unwrap_or_else(|e| e.into_inner());
     let control_plane = built_by(&root().join("tests/k8s/build.sh"), &[OsStr::new("1.30")]);
     let node = built_by(&root().join("tests/k8s/build-node.sh"), &[]);
-    let images = built_by(
-        &root().join("images/build.sh"),
-        &[root().join("target/images").as_os_str()],
-    );
+    let images = images();
     let helm = std::env::var("HELM3").expect("HELM3 names helm 3 (tests/run.sh sets it)");
     let state = tempfile::tempdir().expect("a state folder");
     let mut cmd = Command::new("unshare");
@@ -56,7 +65,7 @@ fn run_real_node(kubemq: Option<&Path>) {
         .arg(root().join("tests/k8s/real-node.sh"))
         .arg(&control_plane)
         .arg(&node)
-        .arg(&images)
+        .arg(images)
         .arg(root().join("target/release/kubemq-amqp-connector"))
         .arg(env!("CARGO_BIN_EXE_kubemq-amqp-operator"))
         .arg(helm)
