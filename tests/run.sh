@@ -105,7 +105,8 @@ stage "cargo test: building the tests"
 # `--all-features` turns on `external-tools`: the tests that run the clients and tools installed
 # above, which a bare `cargo test` leaves out (README, "Tests").
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+long_log="$log.long"
+trap 'rm -f "$log" "$long_log"' EXIT
 # Every connector and operator process the tests start logs here, and the tests record the
 # secrets they hand out; connector/tests/secrets_in_logs.rs reads them all, once more after the
 # whole suite.
@@ -127,19 +128,20 @@ fi
 # the burn-in harness (last, so that it mostly has the machine to itself: a starved harness
 # misses its own rate gate); the other lane runs every other test target, then the doc tests.
 # Each lane is one cargo at a time; the long lane's output follows the other's.
-long=(real_cluster real_node burnin)
-others=$(cargo metadata --format-version 1 --no-deps --offline | python3 -c '
+long_first=(real_cluster real_node) long_last=burnin
+flags() { printf -- '--test %s ' "$@"; }
+# shellcheck disable=SC2046 # the workspace's test target names, one word each
+others=$(flags $(cargo metadata --format-version 1 --no-deps --offline | python3 -c '
 import json, sys
 long = set(sys.argv[1:])
-tests = sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
-                if t["kind"] == ["test"] and t["name"] not in long})
-print(" ".join("--test " + t for t in tests))' "${long[@]}")
-long_log="$log.long"
+print(*sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["targets"]
+               if t["kind"] == ["test"] and t["name"] not in long}))' "${long_first[@]}" "$long_last"))
 # (Every cargo here selects the whole workspace: with one package selected Cargo would resolve
 # the features again and recompile.)
 (
-  "${netns[@]}" cargo test --workspace --all-features --offline --test real_cluster --test real_node &&
-    "${netns[@]}" cargo test --workspace --all-features --offline --test burnin
+  # shellcheck disable=SC2046 # flags prints a list of --test flags
+  "${netns[@]}" cargo test --workspace --all-features --offline $(flags "${long_first[@]}") &&
+    "${netns[@]}" cargo test --workspace --all-features --offline $(flags "$long_last")
 ) > "$long_log" 2>&1 &
 long_pid=$!
 others_status=0
@@ -150,7 +152,6 @@ long_status=0
 wait "$long_pid" || long_status=$?
 echo "== the long lane: the operator on the control planes and the real node, the burn-in harness"
 tee -a "$log" < "$long_log"
-rm -f "$long_log"
 [ "$others_status" = 0 ] && [ "$long_status" = 0 ]
 stage "no secret in any log the suite wrote"
 # The suite's own features and packages, so nothing is compiled again for this one check.
