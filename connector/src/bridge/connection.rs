@@ -4,6 +4,7 @@
 //! What a message of an anonymous link becomes is decided here too, message by message
 //! (ADDR-13 … ADDR-18).
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -17,12 +18,13 @@ use super::address::{capability_hint, resolve, resolve_subscription, AddressErro
 use super::caller::Caller;
 use super::context::Ctx;
 use super::dynamic::{DynamicNodes, DYNAMIC_PREFIX};
-use super::events::{self, ConsumeRequest, EventLinks};
+use super::events::{self, ConsumeRequest, EventLinks, Subscribed};
+use super::in_flight::InFlight;
 use super::links::{LinkEntry, Links, Serves};
 use super::outbound::DeliveryToken;
-use super::outcome::{ingress_or_refuse, refused, settle_delivery};
+use super::outcome::{ingress_or_refuse, refused, rejected, settle_delivery};
 use super::queues::QueueLinks;
-use super::rpc::{ResponderRequest, RpcLinks};
+use super::rpc::{self, ResponderRequest, Responding, Routed, RpcLinks};
 use super::Bridge;
 use crate::auth::policy::Action;
 use crate::backend::Backend;
@@ -49,6 +51,8 @@ impl<B: Backend> HandlerFactory for Arc<Bridge<B>> {
                 metrics: metrics.clone(),
             },
             links: Links::new(metrics.clone()),
+            calls: InFlight::default(),
+            ended: tokio::sync::watch::channel(()).0,
             queues: QueueLinks::default(),
             events: EventLinks::default(),
             rpc: RpcLinks::new(metrics, self.rpc.clone()),
@@ -71,11 +75,37 @@ enum Route {
     Response(String),
 }
 
+/// A backend call of the connection's that finished.
+enum Completion {
+    /// One of the events bridge's.
+    Events(events::Finished),
+    /// One of the commands and queries bridge's.
+    Rpc(rpc::Finished),
+    /// A subscription that was opening, or a durable one being deleted, when the connection
+    /// ended: given up.
+    Abandoned,
+}
+
+/// An events bridge call, as the connection follows it.
+async fn events_call(call: impl Future<Output = events::Finished>) -> Completion {
+    Completion::Events(call.await)
+}
+
+/// A commands and queries bridge call, as the connection follows it.
+async fn rpc_call(call: impl Future<Output = rpc::Finished>) -> Completion {
+    Completion::Rpc(call.await)
+}
+
 /// One connection's side of the bridge.
 pub struct ConnectionHandler<B: Backend> {
     bridge: Arc<Bridge<B>>,
     ctx: Ctx<B>,
+    /// Every accepted link, with its own state.
     links: Links,
+    /// The backend calls in flight of every link, and those that finished since the last turn.
+    calls: InFlight<Completion>,
+    /// Dropped with the handler: the calls that answer an attach are given up then.
+    ended: tokio::sync::watch::Sender<()>,
     queues: QueueLinks,
     events: EventLinks,
     rpc: RpcLinks,
@@ -87,7 +117,26 @@ pub struct ConnectionHandler<B: Backend> {
 
 impl<B: Backend> Drop for ConnectionHandler<B> {
     fn drop(&mut self) {
-        self.queues.finish(&self.ctx.backend);
+        // What the producers received is still stored, what publishers and responders sent is
+        // still sent, and requests still in flight run to their end (RPC-14, MET-11): their
+        // outcomes find no link.
+        let producers: Vec<_> = self
+            .links
+            .drain()
+            .filter_map(|entry| match entry {
+                LinkEntry::QueueProducer { producer, .. }
+                | LinkEntry::AnonymousProducer(producer) => Some(producer),
+                _ => None,
+            })
+            .collect();
+        self.queues.finish(&self.ctx.backend, producers.into_iter());
+        let metrics = self.ctx.metrics.clone();
+        let run = self.calls.run_out(move |done| {
+            if let Completion::Rpc(finished) = done {
+                rpc::ran_out(finished, &metrics);
+            }
+        });
+        self.rpc.ended(run);
     }
 }
 
@@ -159,9 +208,9 @@ impl<B: Backend> ConnectionHandler<B> {
                 .ctx
                 .caller
                 .durable_client_id(&events::durable::identity(&self.ctx.container_id, &a.name));
-            return self
-                .events
-                .forget_durable(link, identity, &self.ctx, &self.bridge.events);
+            let call = events::forget_durable(link, identity, &self.ctx, &self.bridge.events)?;
+            self.answer_attach(events_call(call));
+            return Ok(());
         }
         let Some(address) = address.filter(|a| !a.is_empty()) else {
             return self.attach_unnamed(conn, link, a, client_sends, dynamic);
@@ -178,8 +227,8 @@ impl<B: Backend> ConnectionHandler<B> {
                 }
                 let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
                 self.dynamic.consume(link, &address, presettled);
-                let serves = Serves::Dynamic(&address);
-                self.links.insert(link, LinkEntry::DynamicSource, serves);
+                let entry = LinkEntry::DynamicSource(address.clone());
+                self.links.insert(link, entry, Serves::Dynamic(&address));
                 self.dynamic.pump(conn, &address);
                 return Ok(());
             }
@@ -199,12 +248,10 @@ impl<B: Backend> ConnectionHandler<B> {
             Resolved::Node { pattern, channel } => (pattern, channel),
             // ADDR-10, AUTHZ-5: a reply token, not subject to authorization; only for senders.
             Resolved::Response { request_id } if client_sends => {
-                let serves = Serves::Response(&request_id);
-                if self
-                    .rpc
-                    .attach_response_link(conn, link, request_id.clone())
-                {
-                    self.links.insert(link, LinkEntry::ReplySender, serves);
+                if self.rpc.accept_sender(conn, link) {
+                    let serves = Serves::Response(&request_id);
+                    let entry = LinkEntry::ReplySender(request_id.clone());
+                    self.links.insert(link, entry, serves);
                 }
                 return Ok(());
             }
@@ -220,17 +267,18 @@ impl<B: Backend> ConnectionHandler<B> {
         match (pattern, client_sends) {
             (Pattern::Queues, true) => {
                 let shared = &self.bridge.queues;
-                if self
-                    .queues
-                    .accept_producer(conn, link, Some(channel.clone()), shared)
-                {
+                if let Some(producer) = self.queues.accept_producer(conn, link, shared) {
                     let serves = Serves::queue(&channel);
-                    self.links.insert(link, LinkEntry::QueueProducer, serves);
+                    let entry = LinkEntry::QueueProducer {
+                        channel: channel.clone(),
+                        producer,
+                    };
+                    self.links.insert(link, entry, serves);
                 }
             }
             (Pattern::Queues, false) => {
                 let terminus = (a.source.as_deref(), &a.snd_settle_mode);
-                if self.queues.accept_consumer(
+                if let Some(consumer) = self.queues.accept_consumer(
                     conn,
                     link,
                     terminus,
@@ -239,7 +287,8 @@ impl<B: Backend> ConnectionHandler<B> {
                     &self.bridge.queues,
                 )? {
                     let serves = Serves::queue(&channel);
-                    self.links.insert(link, LinkEntry::QueueConsumer, serves);
+                    let entry = LinkEntry::QueueConsumer(consumer);
+                    self.links.insert(link, entry, serves);
                 }
             }
             (Pattern::Events | Pattern::EventsStore, true) => {
@@ -254,12 +303,10 @@ impl<B: Backend> ConnectionHandler<B> {
                     pattern,
                     channel: channel.clone(),
                 };
-                if self
-                    .events
-                    .attach_publisher(conn, link, target, &self.bridge.events)
-                {
+                if events::accept_publisher(conn, link, &self.bridge.events) {
                     let serves = Serves::node(pattern, &channel);
-                    self.links.insert(link, LinkEntry::EventPublisher, serves);
+                    self.links
+                        .insert(link, LinkEntry::EventPublisher(target), serves);
                 }
             }
             (Pattern::Events | Pattern::EventsStore, false) => {
@@ -276,17 +323,18 @@ impl<B: Backend> ConnectionHandler<B> {
                     attach: a,
                     reader,
                 };
-                self.events
-                    .attach_subscriber(link, request, &self.ctx, &self.bridge.events)?;
+                let call = events::subscribe(link, request, &self.ctx, &self.bridge.events)?;
+                self.answer_attach(events_call(call));
             }
             (Pattern::Commands | Pattern::Queries, true) => {
                 let target = Target {
                     pattern,
                     channel: channel.clone(),
                 };
-                if self.rpc.attach_requester(conn, link, target) {
+                if self.rpc.accept_sender(conn, link) {
                     let serves = Serves::node(pattern, &channel);
-                    self.links.insert(link, LinkEntry::Requester, serves);
+                    self.links
+                        .insert(link, LinkEntry::Requester(target), serves);
                 }
             }
             (Pattern::Commands | Pattern::Queries, false) => {
@@ -295,7 +343,8 @@ impl<B: Backend> ConnectionHandler<B> {
                     channel: &channel,
                     attach: a,
                 };
-                self.rpc.attach_responder(link, request, &self.ctx)?;
+                let call = RpcLinks::subscribe(link, request, &self.ctx)?;
+                self.answer_attach(rpc_call(call));
             }
         }
         Ok(())
@@ -314,13 +363,10 @@ impl<B: Backend> ConnectionHandler<B> {
         if !dynamic {
             if client_sends {
                 // ADDR-13: every message names its node in `to`.
-                if self
-                    .queues
-                    .accept_producer(conn, link, None, &self.bridge.queues)
+                if let Some(producer) = self.queues.accept_producer(conn, link, &self.bridge.queues)
                 {
-                    let serves = Serves::Anonymous;
-                    self.links
-                        .insert(link, LinkEntry::AnonymousProducer, serves);
+                    let entry = LinkEntry::AnonymousProducer(producer);
+                    self.links.insert(link, entry, Serves::Anonymous);
                 }
                 return Ok(());
             }
@@ -343,10 +389,10 @@ impl<B: Backend> ConnectionHandler<B> {
             return Ok(()); // detached while attaching
         }
         let (consumer, entry) = if client_sends {
-            (None, LinkEntry::DynamicTarget)
+            (None, LinkEntry::DynamicTarget(address.clone()))
         } else {
             let presettled = a.snd_settle_mode == SenderSettleMode::Settled;
-            (Some(presettled), LinkEntry::DynamicSource)
+            (Some(presettled), LinkEntry::DynamicSource(address.clone()))
         };
         self.links.insert(link, entry, Serves::Dynamic(&address));
         self.dynamic.add(link, address, consumer, conn.budget());
@@ -362,28 +408,52 @@ impl<B: Backend> ConnectionHandler<B> {
         )
     }
 
+    /// Follows a call whose answer answers a link's ATTACH, until the connection ends: then it
+    /// is given up.
+    fn answer_attach(&mut self, call: impl Future<Output = Completion> + Send + 'static) {
+        let mut ended = self.ended.subscribe();
+        self.calls.push(async move {
+            tokio::select! {
+                done = call => done,
+                _ = ended.changed() => Completion::Abandoned,
+            }
+        });
+    }
+
     /// A complete message on a link the client sends on.
     fn produce(&mut self, conn: &mut Connection, d: Delivery) {
-        match self.links.get(d.link) {
-            Some(LinkEntry::QueueProducer) => self.queues.produce(conn, &d, &self.ctx),
-            Some(LinkEntry::AnonymousProducer) => self.produce_anonymous(conn, d),
-            Some(LinkEntry::EventPublisher) => self.events.produce(conn, &d, &self.ctx),
-            Some(LinkEntry::Requester | LinkEntry::ReplySender) => {
-                self.rpc.produce(conn, &d, &self.ctx, &mut self.dynamic)
+        let routed = match self.links.get_mut(d.link) {
+            Some(LinkEntry::QueueProducer { channel, producer }) => {
+                let producing = (channel.as_str(), producer);
+                return QueueLinks::produce(conn, &d, producing, &self.ctx);
             }
-            Some(LinkEntry::DynamicTarget) => {
-                // A sender that minted a node (OP-ADDR-7) sends into it.
-                if let Some(address) = self.dynamic.node_of(d.link).map(str::to_string) {
-                    self.push_to_node(conn, &d, &address);
+            Some(LinkEntry::AnonymousProducer(_)) => return self.produce_anonymous(conn, d),
+            Some(LinkEntry::EventPublisher(target)) => {
+                if let Some(call) = events::produce(conn, &d, target, &self.ctx) {
+                    self.calls.push(events_call(call));
                 }
+                return;
+            }
+            Some(LinkEntry::Requester(target)) => Routed::Request(target.clone()),
+            Some(LinkEntry::ReplySender(request_id)) => Routed::Response(request_id.clone()),
+            Some(LinkEntry::DynamicTarget(address)) => {
+                // A sender that minted a node (OP-ADDR-7) sends into it.
+                let address = address.clone();
+                return self.push_to_node(conn, &d, &address);
             }
             Some(
-                LinkEntry::QueueConsumer
-                | LinkEntry::EventSubscriber
-                | LinkEntry::Responder
-                | LinkEntry::DynamicSource,
+                LinkEntry::QueueConsumer(_)
+                | LinkEntry::EventSubscriber(_)
+                | LinkEntry::Responder(_)
+                | LinkEntry::DynamicSource(_),
             )
-            | None => {}
+            | None => return,
+        };
+        let call = self
+            .rpc
+            .produce(conn, &d, routed, &self.ctx, &mut self.dynamic);
+        if let Some(call) = call {
+            self.calls.push(rpc_call(call));
         }
     }
 
@@ -413,14 +483,32 @@ impl<B: Backend> ConnectionHandler<B> {
         }
         match self.route(stored.to.as_deref()) {
             // ADDR-18: one anonymous link reaches every pattern, message by message.
-            Ok(Route::Queue(channel)) => self.queues.store(conn, &d, channel, stored, &self.ctx),
-            Ok(Route::Events(target)) => self.events.send(&d, target, stored, &self.ctx),
+            Ok(Route::Queue(channel)) => match self.links.get_mut(d.link) {
+                Some(LinkEntry::AnonymousProducer(p)) => {
+                    p.store(&d, channel, stored, &self.ctx.client_id)
+                }
+                _ => {
+                    let gone = rejected(Condition::InternalError, "the link's sends are gone");
+                    settle_delivery(conn, &self.ctx.metrics, &d, gone);
+                }
+            },
+            Ok(Route::Events(target)) => {
+                let call = events::send(&d, target, stored, &self.ctx);
+                self.calls.push(events_call(call));
+            }
             Ok(Route::Request(target)) => {
-                self.rpc
-                    .request(conn, &d, stored, target, &self.ctx, &mut self.dynamic)
+                let call = self
+                    .rpc
+                    .request(conn, &d, stored, target, &self.ctx, &mut self.dynamic);
+                if let Some(call) = call {
+                    self.calls.push(rpc_call(call));
+                }
             }
             Ok(Route::Response(request_id)) => {
-                self.rpc.respond(conn, &d, &request_id, stored, &self.ctx)
+                let call = self.rpc.respond(conn, &d, &request_id, stored, &self.ctx);
+                if let Some(call) = call {
+                    self.calls.push(rpc_call(call));
+                }
             }
             Err(e) => {
                 // ADDR-14: the message is refused, the link stays; ADDR-17: a pre-settled one
@@ -469,19 +557,20 @@ impl<B: Backend> ConnectionHandler<B> {
 
     /// New credit, or a drain, on a link the server sends on.
     fn credit(&mut self, conn: &mut Connection, link: LinkId, drain: bool) {
-        match self.links.get(link) {
-            Some(LinkEntry::QueueConsumer) => {
-                let shared = &self.bridge.queues;
+        match self.links.get_mut(link) {
+            Some(LinkEntry::QueueConsumer(c)) => {
+                let (connection, shared) = (self.ctx.connection, &self.bridge.queues);
                 self.queues
-                    .credit(conn, link, drain, self.ctx.connection, shared)
+                    .credit(conn, (link, &*c), drain, connection, shared)
             }
-            Some(LinkEntry::EventSubscriber) => {
-                self.events
-                    .credit(conn, link, drain, &self.bridge.events, &self.ctx.metrics)
+            Some(LinkEntry::EventSubscriber(s)) => {
+                let (shared, metrics) = (&self.bridge.events, &self.ctx.metrics);
+                self.events.credit(conn, (link, s), drain, shared, metrics)
             }
-            Some(LinkEntry::Responder) => self.rpc.credit(conn, link, drain),
-            Some(LinkEntry::DynamicSource) => {
-                self.dynamic.pump_link(conn, link);
+            Some(LinkEntry::Responder(r)) => self.rpc.credit(conn, (link, r), drain),
+            Some(LinkEntry::DynamicSource(address)) => {
+                let address = address.clone();
+                self.dynamic.pump(conn, &address);
                 if drain {
                     let _ = conn.drain_done(link);
                 }
@@ -494,26 +583,74 @@ impl<B: Backend> ConnectionHandler<B> {
         }
     }
 
-    /// An accepted link ended: the part that served it lets go of it.
+    /// An accepted link ended: its state goes with its entry, and the part that served it lets
+    /// go of what it shared.
     fn link_closed(&mut self, link: LinkId, unsettled: &[DeliveryToken]) {
         let Some(entry) = self.links.remove(link) else {
             return;
         };
         match entry {
-            LinkEntry::QueueProducer | LinkEntry::AnonymousProducer => {
-                self.queues.producer_closed(link)
+            LinkEntry::QueueProducer { producer, .. } | LinkEntry::AnonymousProducer(producer) => {
+                self.queues.producer_closed(producer)
             }
-            LinkEntry::QueueConsumer => {
+            LinkEntry::QueueConsumer(consumer) => {
                 self.queues
-                    .consumer_closed(link, unsettled, self.ctx.connection)
+                    .consumer_closed((link, consumer), unsettled, self.ctx.connection)
             }
-            LinkEntry::EventPublisher | LinkEntry::EventSubscriber => self.events.closed(link),
-            LinkEntry::Requester | LinkEntry::Responder | LinkEntry::ReplySender => {
-                self.rpc.closed(link)
+            // A subscription ends with its entry (EV-4, DUR-8 keeps a durable cursor).
+            LinkEntry::EventPublisher(_)
+            | LinkEntry::EventSubscriber(_)
+            | LinkEntry::Requester(_)
+            | LinkEntry::Responder(_)
+            | LinkEntry::ReplySender(_) => {}
+            LinkEntry::DynamicTarget(address) | LinkEntry::DynamicSource(address) => {
+                self.dynamic.closed(link, &address, unsettled)
             }
-            LinkEntry::DynamicTarget | LinkEntry::DynamicSource => {
-                self.dynamic.closed(link, unsettled)
+        }
+    }
+
+    /// Applies a backend call that finished; a link it answers is kept.
+    fn finished(&mut self, conn: &mut Connection, done: Completion) {
+        match done {
+            Completion::Events(finished) => {
+                let metrics = &self.ctx.metrics;
+                let Some(s) = self.events.finished(conn, finished, metrics) else {
+                    return;
+                };
+                let Subscribed {
+                    link,
+                    pattern,
+                    channel,
+                    durable,
+                    subscriber,
+                } = s;
+                let serves = Serves::Node {
+                    pattern,
+                    channel: &channel,
+                    durable,
+                };
+                let entry = LinkEntry::EventSubscriber(subscriber);
+                self.links.insert(link, entry, serves);
             }
+            Completion::Rpc(finished) => {
+                let opened = self.rpc.finished(conn, finished, &mut self.dynamic);
+                let Some(Responding {
+                    link,
+                    pattern,
+                    channel,
+                    responder,
+                }) = opened
+                else {
+                    return;
+                };
+                let serves = Serves::node(pattern, &channel);
+                self.links
+                    .insert(link, LinkEntry::Responder(responder), serves);
+                if let Some(LinkEntry::Responder(r)) = self.links.get_mut(link) {
+                    self.rpc.pump(conn, (link, r));
+                }
+            }
+            Completion::Abandoned => {}
         }
     }
 
@@ -570,18 +707,19 @@ impl<B: Backend> Handler for ConnectionHandler<B> {
             Event::WindowOpened => {
                 // Every link the server sends on may have been held back by its session's
                 // window or a full transport.
-                self.queues.window_opened();
-                self.events.pump_all(conn, &self.ctx.metrics);
-                self.rpc.pump_all(conn);
+                self.queues.window_opened(&self.links);
+                self.events
+                    .pump_all(conn, &mut self.links, &self.ctx.metrics);
+                self.rpc.pump_all(conn, &mut self.links);
                 self.dynamic.pump_all(conn);
             }
             Event::Settled { link, token, state } => {
                 let token = DeliveryToken::reported(token);
-                match self.links.get(link) {
-                    Some(LinkEntry::QueueConsumer) => {
+                match self.links.get_mut(link) {
+                    Some(LinkEntry::QueueConsumer(_)) => {
                         self.queues.settled(link, token, state, &self.ctx.metrics)
                     }
-                    Some(LinkEntry::DynamicSource) => {
+                    Some(LinkEntry::DynamicSource(_)) => {
                         self.dynamic.settled(conn, token, state.as_ref())
                     }
                     // OP-RPC-8: a request delivery's settlement changes nothing; its response or its
@@ -605,10 +743,12 @@ impl<B: Backend> Handler for ConnectionHandler<B> {
     }
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let queues = self.queues.poll(cx, &self.ctx.backend).is_ready();
-        let events = self.events.poll(cx).is_ready();
-        let rpc = self.rpc.poll(cx).is_ready();
-        if queues || events || rpc {
+        let links = &mut self.links;
+        let queues = self.queues.poll(cx, &self.ctx.backend, links).is_ready();
+        let events = self.events.poll(cx, links).is_ready();
+        let rpc = self.rpc.poll(cx, links).is_ready();
+        let calls = self.calls.poll(cx);
+        if queues || events || rpc || calls {
             Poll::Ready(())
         } else {
             Poll::Pending
@@ -616,19 +756,20 @@ impl<B: Backend> Handler for ConnectionHandler<B> {
     }
 
     fn on_ready(&mut self, conn: &mut Connection) {
-        self.events.work(
-            conn,
-            &mut self.links,
-            &self.bridge.events,
-            &self.ctx.metrics,
-        );
-        self.rpc.work(conn, &mut self.links, &mut self.dynamic);
-        self.queues.work(conn, &self.ctx.metrics);
+        for done in self.calls.take() {
+            self.finished(conn, done);
+        }
+        let (shared, metrics) = (&self.bridge.events, &self.ctx.metrics);
+        self.events.work(conn, &mut self.links, shared, metrics);
+        self.rpc.work(conn, &mut self.links);
+        self.queues.work(conn, metrics, &mut self.links);
     }
 
     fn after_turn(&mut self, conn: &mut Connection) {
+        let (connection, shared) = (self.ctx.connection, &self.bridge.queues);
         self.queues
-            .flush_turn(conn, self.ctx.connection, &self.bridge.queues);
+            .flush_turn(conn, connection, shared, &mut self.links);
+        self.rpc.after_turn(conn, &mut self.links);
         self.sync_metrics(conn);
     }
 }
@@ -900,7 +1041,7 @@ mod tests {
         assert_eq!(r.kinds().0, "", "no consumer joined the Get loop");
         assert!(r.handler.links.is_empty(), "no link kept");
         assert!(
-            r.handler.queues.has_no_links(),
+            !r.handler.links.has_queue_links(),
             "no produce lane or consumer kept"
         );
         assert!(r.handler.dynamic.is_empty(), "no dynamic mailbox kept");
@@ -1053,7 +1194,7 @@ mod tests {
             }
             proptest::prop_assert_eq!(joined, left, "every consumer that joined left");
             proptest::prop_assert!(r.handler.links.is_empty(), "links kept");
-            proptest::prop_assert!(r.handler.queues.has_no_links(), "queue links kept");
+            proptest::prop_assert!(!r.handler.links.has_queue_links(), "queue links kept");
             let gauge = r.metrics.link(metrics::Role::sender).get()
                 + r.metrics.link(metrics::Role::receiver).get();
             proptest::prop_assert_eq!(gauge, 0, "links still counted");

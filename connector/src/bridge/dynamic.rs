@@ -71,7 +71,6 @@ pub struct DynamicNodes {
     /// By address. The addresses are the connector's own, and a connection has few: a fast
     /// hash is safe with them.
     nodes: FastMap<String, Node>,
-    by_link: FastMap<LinkId, String>,
     /// Unsettled deliveries: token → (address, message), offered again if released.
     unsettled: FastMap<DeliveryToken, (String, Bytes)>,
     /// Numbers the deliveries sent.
@@ -85,7 +84,6 @@ impl DynamicNodes {
     pub fn new(capacity: usize) -> Self {
         DynamicNodes {
             nodes: FastMap::default(),
-            by_link: FastMap::default(),
             unsettled: FastMap::default(),
             outbound: Outbound::default(),
             capacity: capacity.max(1),
@@ -101,7 +99,6 @@ impl DynamicNodes {
         consumer: Option<bool>,
         budget: &ConnectionBudget,
     ) {
-        self.by_link.insert(owner, address.clone());
         self.nodes.insert(
             address,
             Node {
@@ -123,7 +120,6 @@ impl DynamicNodes {
         match self.nodes.get_mut(address) {
             Some(node) if node.consumer.is_none() => {
                 node.consumer = Some(Consumer { link, presettled });
-                self.by_link.insert(link, address.to_string());
                 true
             }
             _ => false,
@@ -135,14 +131,6 @@ impl DynamicNodes {
         self.nodes
             .get(address)
             .is_some_and(|n| n.consumer.is_none())
-    }
-
-    /// The node `link` minted as a sender (a dynamic target), if it did.
-    pub fn node_of(&self, link: LinkId) -> Option<&str> {
-        self.by_link
-            .get(&link)
-            .filter(|a| self.nodes.get(*a).is_some_and(|n| n.owner == link))
-            .map(String::as_str)
     }
 
     /// Whether `address` is a node of this connection.
@@ -234,13 +222,6 @@ impl DynamicNodes {
         }
     }
 
-    /// Delivers what waits on `link`'s node, if it is one (new credit, or a drain).
-    pub fn pump_link(&mut self, conn: &mut Connection, link: LinkId) {
-        if let Some(address) = self.by_link.get(&link).cloned() {
-            self.pump(conn, &address);
-        }
-    }
-
     /// The client settled a dynamic-node delivery: accepted, rejected or no state ends it;
     /// anything else offers it again.
     pub(crate) fn settled(
@@ -265,20 +246,17 @@ impl DynamicNodes {
         self.pump(conn, &address);
     }
 
-    /// A link of a node ended: the link that minted it takes the node and whatever it holds
-    /// with it (ADDR-11); a consumer that did not mint it just leaves, and what it left
-    /// unsettled waits for the next.
-    pub(crate) fn closed(&mut self, link: LinkId, unsettled: &[DeliveryToken]) {
-        let Some(address) = self.by_link.remove(&link) else {
-            return;
-        };
-        let Some(node) = self.nodes.get_mut(&address) else {
+    /// A link of the node at `address` ended: the link that minted it takes the node and
+    /// whatever it holds with it (ADDR-11); a consumer that did not mint it just leaves, and
+    /// what it left unsettled waits for the next.
+    pub(crate) fn closed(&mut self, link: LinkId, address: &str, unsettled: &[DeliveryToken]) {
+        let Some(node) = self.nodes.get_mut(address) else {
             // A consumer whose node ended before it.
             return;
         };
         if node.owner == link {
             // A consumer of its own stays attached to nothing until it detaches.
-            self.nodes.remove(&address);
+            self.nodes.remove(address);
             for token in unsettled {
                 self.unsettled.remove(token);
             }

@@ -1,5 +1,5 @@
-//! Backend calls one part of a connection has in flight, and those that finished since the part
-//! last applied them: what each pattern polls on its connection's task.
+//! The backend calls a connection has in flight, and those that finished since it last applied
+//! them: one stream, polled on the connection's task.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -43,11 +43,6 @@ impl<T: Send + 'static> InFlight<T> {
     /// The finished calls, to apply.
     pub(crate) fn take(&mut self) -> Vec<T> {
         std::mem::take(&mut self.finished)
-    }
-
-    /// Calls still in flight.
-    pub(crate) fn len(&self) -> usize {
-        self.pending.len()
     }
 
     /// Lets the calls still in flight run to their end in a task of their own, `each` seeing

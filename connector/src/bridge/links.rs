@@ -7,7 +7,11 @@ use std::sync::Arc;
 use crate::detail::{LinkLabel, LinkLabels};
 use crate::engine::{FastMap, LinkId};
 use crate::metrics::{self, Metrics};
-use crate::pattern::Pattern;
+use crate::pattern::{Pattern, Target};
+
+use super::events::{Subscriber, SubscriberTable};
+use super::queues::{Producer, QueueConsumer, QueueTable};
+use super::rpc::{Responder, ResponderTable};
 
 /// What an accepted link serves, for the links endpoint (OBS-3).
 pub(crate) enum Serves<'a> {
@@ -79,47 +83,53 @@ impl<'a> Serves<'a> {
     }
 }
 
-/// What a link is, by the part of the bridge that serves it; that part keeps the link's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a link is, by the part of the bridge that serves it, with that link's own state; the
+/// part keeps only what its links share (calls in flight, the Get loops' hand-outs, tokens).
 pub(crate) enum LinkEntry {
     /// The client produces to one queue channel.
-    QueueProducer,
+    QueueProducer {
+        /// The channel.
+        channel: String,
+        /// Its path to the backend.
+        producer: Producer,
+    },
     /// The client produces with each message's `to` naming its node (ADDR-13).
-    AnonymousProducer,
+    AnonymousProducer(Producer),
     /// The client consumes one queue channel.
-    QueueConsumer,
+    QueueConsumer(QueueConsumer),
     /// The client publishes to an events or events-store channel.
-    EventPublisher,
+    EventPublisher(Target),
     /// The client subscribes to events or events-store, or deletes a durable subscription
     /// (DUR-9).
-    EventSubscriber,
+    EventSubscriber(Subscriber),
     /// The client sends requests to a commands or queries channel.
-    Requester,
+    Requester(Target),
     /// The client answers the requests of a commands or queries channel.
-    Responder,
-    /// The client sends the reply to one request (ADDR-10).
-    ReplySender,
-    /// The client sends into the dynamic node this link minted (OP-ADDR-7).
-    DynamicTarget,
-    /// The client consumes a dynamic node: one this link minted (ADDR-11), or one a sender of
-    /// the connection minted (ADDR-12).
-    DynamicSource,
+    Responder(Responder),
+    /// The client sends the reply to the request of this token (ADDR-10).
+    ReplySender(String),
+    /// The client sends into the dynamic node at this address, which this link minted
+    /// (OP-ADDR-7).
+    DynamicTarget(String),
+    /// The client consumes the dynamic node at this address: one this link minted (ADDR-11),
+    /// or one a sender of the connection minted (ADDR-12).
+    DynamicSource(String),
 }
 
 impl LinkEntry {
     /// The server's role on the link, as the links gauge counts it.
-    pub(crate) fn role(self) -> metrics::Role {
+    pub(crate) fn role(&self) -> metrics::Role {
         match self {
-            LinkEntry::QueueProducer
-            | LinkEntry::AnonymousProducer
-            | LinkEntry::EventPublisher
-            | LinkEntry::Requester
-            | LinkEntry::ReplySender
-            | LinkEntry::DynamicTarget => metrics::Role::receiver,
-            LinkEntry::QueueConsumer
-            | LinkEntry::EventSubscriber
-            | LinkEntry::Responder
-            | LinkEntry::DynamicSource => metrics::Role::sender,
+            LinkEntry::QueueProducer { .. }
+            | LinkEntry::AnonymousProducer(_)
+            | LinkEntry::EventPublisher(_)
+            | LinkEntry::Requester(_)
+            | LinkEntry::ReplySender(_)
+            | LinkEntry::DynamicTarget(_) => metrics::Role::receiver,
+            LinkEntry::QueueConsumer(_)
+            | LinkEntry::EventSubscriber(_)
+            | LinkEntry::Responder(_)
+            | LinkEntry::DynamicSource(_) => metrics::Role::sender,
         }
     }
 }
@@ -147,6 +157,7 @@ impl Links {
 
     /// Records a link the engine accepted: what it is and what it serves.
     pub(crate) fn insert(&mut self, link: LinkId, entry: LinkEntry, serves: Serves<'_>) {
+        self.metrics.link(entry.role()).inc();
         let accepted = Accepted {
             entry,
             label: serves.label(),
@@ -154,12 +165,16 @@ impl Links {
         if let Some(old) = self.entries.insert(link, accepted) {
             self.metrics.link(old.entry.role()).dec();
         }
-        self.metrics.link(entry.role()).inc();
     }
 
     /// What `link` is, if it is accepted.
-    pub(crate) fn get(&self, link: LinkId) -> Option<LinkEntry> {
-        self.entries.get(&link).map(|a| a.entry)
+    pub(crate) fn get_mut(&mut self, link: LinkId) -> Option<&mut LinkEntry> {
+        self.entries.get_mut(&link).map(|a| &mut a.entry)
+    }
+
+    /// Every accepted link.
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (LinkId, &mut LinkEntry)> {
+        self.entries.iter_mut().map(|(l, a)| (*l, &mut a.entry))
     }
 
     /// Forgets a link that ended; what it was.
@@ -169,15 +184,96 @@ impl Links {
         Some(gone.entry)
     }
 
+    /// Forgets every link (the connection ended), counting each out: what they were.
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = LinkEntry> + '_ {
+        let metrics = &self.metrics;
+        self.entries.drain().map(move |(_, a)| {
+            metrics.link(a.entry.role()).dec();
+            a.entry
+        })
+    }
+
     /// Whether there are none.
     #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether a produce or consume link of a queue is kept.
+    #[cfg(test)]
+    pub(crate) fn has_queue_links(&self) -> bool {
+        self.entries.values().any(|a| {
+            matches!(
+                a.entry,
+                LinkEntry::QueueProducer { .. }
+                    | LinkEntry::AnonymousProducer(_)
+                    | LinkEntry::QueueConsumer(_)
+            )
+        })
     }
 }
 
 impl LinkLabels for Links {
     fn link_label(&self, link: LinkId) -> Option<LinkLabel> {
         self.entries.get(&link).map(|a| a.label.clone())
+    }
+}
+
+impl QueueTable for Links {
+    fn consumer(&mut self, link: LinkId) -> Option<&mut QueueConsumer> {
+        match self.get_mut(link) {
+            Some(LinkEntry::QueueConsumer(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    fn consumer_links(&self) -> Vec<LinkId> {
+        let consumers = self.entries.iter();
+        consumers
+            .filter(|(_, a)| matches!(a.entry, LinkEntry::QueueConsumer(_)))
+            .map(|(l, _)| *l)
+            .collect()
+    }
+
+    fn producers(&mut self) -> impl Iterator<Item = &mut Producer> {
+        self.entries
+            .values_mut()
+            .filter_map(|a| match &mut a.entry {
+                LinkEntry::QueueProducer { producer, .. }
+                | LinkEntry::AnonymousProducer(producer) => Some(producer),
+                _ => None,
+            })
+    }
+}
+
+impl SubscriberTable for Links {
+    fn subscriber(&mut self, link: LinkId) -> Option<&mut Subscriber> {
+        match self.get_mut(link) {
+            Some(LinkEntry::EventSubscriber(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn subscribers(&mut self) -> impl Iterator<Item = (LinkId, &mut Subscriber)> {
+        self.iter_mut().filter_map(|(l, e)| match e {
+            LinkEntry::EventSubscriber(s) => Some((l, s)),
+            _ => None,
+        })
+    }
+}
+
+impl ResponderTable for Links {
+    fn responder(&mut self, link: LinkId) -> Option<&mut Responder> {
+        match self.get_mut(link) {
+            Some(LinkEntry::Responder(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    fn responders(&mut self) -> impl Iterator<Item = (LinkId, &mut Responder)> {
+        self.iter_mut().filter_map(|(l, e)| match e {
+            LinkEntry::Responder(r) => Some((l, r)),
+            _ => None,
+        })
     }
 }

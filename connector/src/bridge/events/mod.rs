@@ -15,25 +15,23 @@ pub mod durable;
 pub mod options;
 
 use std::collections::VecDeque;
-use std::pin::Pin;
+use std::future::Future;
 use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::performatives::Attach;
-use tokio_stream::{Stream, StreamMap};
 
 use self::durable::Claim;
 use self::options::StartPosition;
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
-use super::in_flight::InFlight;
-use super::links::{LinkEntry, Links, Serves};
+use super::outbound::Outbound;
 use super::outcome::{
     ingress_or_refuse, settling, subscribe_refusal, subscription_ended, Settling,
 };
 use super::selector::{EnvelopeOperands, Selector};
 use crate::auth::Access;
 use crate::backend::{Backend, BackendError, EventStream};
-use crate::engine::{AmqpError, Condition, Connection, Delivery, FastMap, LinkAccept, LinkId};
+use crate::engine::{AmqpError, Condition, Connection, Delivery, LinkAccept, LinkId};
 use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
 use crate::metrics::{Counted, Direction, Metrics};
@@ -72,9 +70,11 @@ pub struct WildcardReader {
     pub client_id: String,
 }
 
-/// A consume link.
-struct Subscriber {
+/// A consume link's own state.
+pub(crate) struct Subscriber {
     pattern: Pattern,
+    /// Its subscription, until it ends (none for a link that deleted a durable one, DUR-9).
+    stream: Option<EventStream>,
     selector: Option<Selector>,
     /// Set for a wildcard subscription under a policy.
     reader: Option<WildcardReader>,
@@ -85,7 +85,7 @@ struct Subscriber {
 }
 
 /// A subscription the backend is opening, for a link not yet answered.
-struct Opening {
+pub(crate) struct Opening {
     link: LinkId,
     /// The channel subscribed to (wildcards allowed on events).
     channel: String,
@@ -94,34 +94,51 @@ struct Opening {
 }
 
 /// A cursor deletion the backend finished (DUR-9).
-struct Forgotten {
+pub(crate) struct Forgotten {
     link: LinkId,
     result: Result<bool, BackendError>,
 }
 
-/// One connection's events and events-store links.
-#[derive(Default)]
-pub struct EventLinks {
-    /// Produce links, by the node they publish to.
-    publishers: FastMap<LinkId, Target>,
-    subscribers: FastMap<LinkId, Subscriber>,
-    streams: StreamMap<LinkId, EventStream>,
-    /// Subscriptions the backend is opening.
-    opening: InFlight<Opening>,
-    /// Event sends, each settling its delivery.
-    sends: InFlight<Settling>,
-    /// Durable subscriptions being deleted.
-    forgetting: InFlight<Forgotten>,
-    arrived: Vec<(LinkId, Result<EventReceive, BackendError>)>,
-    egress: Egress,
+/// A backend call of this bridge that finished.
+pub(crate) enum Finished {
+    /// A subscription opened, or was refused.
+    Opened(Box<Opening>),
+    /// An event was sent, or refused: its delivery is settled.
+    Sent(Settling),
+    /// A durable subscription was deleted, or not.
+    Forgotten(Forgotten),
 }
 
-impl Drop for EventLinks {
-    fn drop(&mut self) {
-        // The connection ended: what its publishers sent is still sent (their outcomes find no
-        // link), like a queue producer's messages are still stored.
-        self.sends.run_out(|_| {});
-    }
+/// A consume link the backend's answer lets the connection accept, with what it serves.
+pub(crate) struct Subscribed {
+    /// The link.
+    pub link: LinkId,
+    /// Its pattern.
+    pub pattern: Pattern,
+    /// The channel it reads (empty for a link that deleted a durable subscription).
+    pub channel: String,
+    /// Whether it is a durable subscription (DUR-1).
+    pub durable: bool,
+    /// The link's own state.
+    pub subscriber: Subscriber,
+}
+
+/// The connection's table of links, as the events bridge reads it.
+pub(crate) trait SubscriberTable {
+    /// The consume link `link`, if it is one.
+    fn subscriber(&mut self, link: LinkId) -> Option<&mut Subscriber>;
+    /// Every consume link.
+    fn subscribers(&mut self) -> impl Iterator<Item = (LinkId, &mut Subscriber)>;
+}
+
+/// What one connection's events links share: what their subscriptions delivered, not yet
+/// applied, and the encoding and numbering of their deliveries.
+#[derive(Default)]
+pub struct EventLinks {
+    arrived: Vec<(LinkId, Result<EventReceive, BackendError>)>,
+    egress: Egress,
+    /// Numbers the deliveries sent.
+    outbound: Outbound,
 }
 
 /// What a consume attach asks for, read before anything is opened.
@@ -136,183 +153,166 @@ pub struct ConsumeRequest<'a> {
     pub reader: Option<WildcardReader>,
 }
 
+/// Accepts a produce link; `false` when it is gone (detached while attaching).
+pub(crate) fn accept_publisher(conn: &mut Connection, link: LinkId, shared: &Shared) -> bool {
+    let accept = LinkAccept {
+        credit_window: shared.credit_window,
+    };
+    conn.accept_link(link, accept).is_ok()
+}
+
+/// The subscription of a consume link, to start; the link is answered when it is open.
+pub(crate) fn subscribe<B: Backend>(
+    link: LinkId,
+    req: ConsumeRequest<'_>,
+    ctx: &Ctx<B>,
+    shared: &Shared,
+) -> Result<impl Future<Output = Finished> + Send + 'static, AmqpError> {
+    let attach = req.attach;
+    let source = attach.source.as_deref();
+    let props = attach.properties.as_ref();
+    let group = options::group(props)?;
+    let selector = options::selector(source)?;
+    let store = req.pattern == Pattern::EventsStore;
+    // SP-6, EV-11: the start position means something only on events-store.
+    let start = if store {
+        options::start(props)?
+    } else {
+        StartPosition::NEW_ONLY
+    };
+    let (client_id, claim) = if store && options::durable(source) {
+        let identity = ctx
+            .caller
+            .durable_client_id(&durable::identity(&ctx.container_id, &attach.name));
+        let claim = shared
+            .durable
+            .claim(&identity)
+            .ok_or_else(|| AmqpError::new(Condition::NotAllowed, "durable subscription in use"))?;
+        (identity, Some(claim))
+    } else {
+        // OP-EV-6: a non-durable events-store subscription must start where it asks, so it
+        // never takes a ClientID whose cursor KubeMQ would resume.
+        (ctx.caller.subscription_client_id(store), None)
+    };
+    let request = Subscribe {
+        subscribe_type_data: if store {
+            SubscribeType::EventsStore as i32
+        } else {
+            SubscribeType::Events as i32
+        },
+        client_id,
+        channel: req.channel.to_string(),
+        group,
+        events_store_type_data: if store { start.kind as i32 } else { 0 },
+        events_store_type_value: if store { start.value } else { 0 },
+    };
+    let subscriber = Subscriber {
+        pattern: req.pattern,
+        stream: None,
+        selector,
+        reader: req.reader,
+        buffer: VecDeque::new(),
+        claim,
+    };
+    let backend = ctx.backend.clone();
+    let durable = subscriber.claim.is_some();
+    let channel = request.channel.clone();
+    Ok(async move {
+        let mut result = backend.subscribe_events(request.clone()).await;
+        // A durable subscription re-attached right after its last link ended: the backend
+        // lets go of the ClientID once that subscription's reader has stopped and saved its
+        // cursor, a moment later (KubeMQ likewise). This process holds the identity, so the
+        // holder is that ending subscription: wait for it, briefly.
+        let mut wait = RESUME_FIRST_WAIT;
+        while durable && in_use(&result) && wait <= RESUME_LAST_WAIT {
+            tokio::time::sleep(wait).await;
+            wait *= 2;
+            result = backend.subscribe_events(request.clone()).await;
+        }
+        Finished::Opened(Box::new(Opening {
+            link,
+            channel,
+            subscriber,
+            result,
+        }))
+    })
+}
+
+/// The deletion of the durable subscription a null-source receiver names (DUR-9), to start;
+/// the link is answered once the backend has done it.
+pub(crate) fn forget_durable<B: Backend>(
+    link: LinkId,
+    identity: String,
+    ctx: &Ctx<B>,
+    shared: &Shared,
+) -> Result<impl Future<Output = Finished> + Send + 'static, AmqpError> {
+    if shared.durable.in_use(&identity) {
+        return Err(AmqpError::new(
+            Condition::NotAllowed,
+            "durable subscription in use",
+        ));
+    }
+    let backend = ctx.backend.clone();
+    Ok(async move {
+        let result = backend.forget_cursor(&identity).await;
+        Finished::Forgotten(Forgotten { link, result })
+    })
+}
+
+/// The send of a complete message of a produce link to `target`, to start; none when the
+/// message is refused.
+pub(crate) fn produce<B: Backend>(
+    conn: &mut Connection,
+    d: &Delivery,
+    target: &Target,
+    ctx: &Ctx<B>,
+) -> Option<impl Future<Output = Finished> + Send + 'static> {
+    ctx.metrics
+        .transfer(Direction::In, Counted::Pattern(target.pattern));
+    let stored = ingress_or_refuse(conn, &ctx.metrics, d)?;
+    Some(send(d, target.clone(), stored, ctx))
+}
+
+/// The send of the event of delivery `d`, from a produce link or routed here by an anonymous
+/// link's `to` (ADDR-13, ADDR-18), to start; the delivery is settled with the send's outcome.
+pub(crate) fn send<B: Backend>(
+    d: &Delivery,
+    target: Target,
+    stored: Stored,
+    ctx: &Ctx<B>,
+) -> impl Future<Output = Finished> + Send + 'static {
+    let event = Event {
+        event_id: String::new(),
+        client_id: if ctx.client_id.is_empty() {
+            "amqp10".to_string()
+        } else {
+            ctx.client_id.clone()
+        },
+        channel: target.channel,
+        metadata: stored.metadata,
+        body: stored.body,
+        store: target.pattern == Pattern::EventsStore,
+        tags: Default::default(),
+    };
+    let backend = ctx.backend.clone();
+    let sent = settling(d, async move { backend.send_event(event).await });
+    async move { Finished::Sent(sent.await) }
+}
+
 impl EventLinks {
-    /// Accepts a produce link to `target`; `false` when it is gone (detached while attaching).
-    pub(crate) fn attach_publisher(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        target: Target,
-        shared: &Shared,
-    ) -> bool {
-        let accept = LinkAccept {
-            credit_window: shared.credit_window,
-        };
-        if conn.accept_link(link, accept).is_err() {
-            return false;
-        }
-        self.publishers.insert(link, target);
-        true
-    }
-
-    /// Starts a subscription for a consume link; the link is answered when it is open.
-    pub(crate) fn attach_subscriber<B: Backend>(
-        &mut self,
-        link: LinkId,
-        req: ConsumeRequest<'_>,
-        ctx: &Ctx<B>,
-        shared: &Shared,
-    ) -> Result<(), AmqpError> {
-        let attach = req.attach;
-        let source = attach.source.as_deref();
-        let props = attach.properties.as_ref();
-        let group = options::group(props)?;
-        let selector = options::selector(source)?;
-        let store = req.pattern == Pattern::EventsStore;
-        // SP-6, EV-11: the start position means something only on events-store.
-        let start = if store {
-            options::start(props)?
-        } else {
-            StartPosition::NEW_ONLY
-        };
-        let (client_id, claim) = if store && options::durable(source) {
-            let identity = ctx
-                .caller
-                .durable_client_id(&durable::identity(&ctx.container_id, &attach.name));
-            let claim = shared.durable.claim(&identity).ok_or_else(|| {
-                AmqpError::new(Condition::NotAllowed, "durable subscription in use")
-            })?;
-            (identity, Some(claim))
-        } else {
-            // OP-EV-6: a non-durable events-store subscription must start where it asks, so it
-            // never takes a ClientID whose cursor KubeMQ would resume.
-            (ctx.caller.subscription_client_id(store), None)
-        };
-        let request = Subscribe {
-            subscribe_type_data: if store {
-                SubscribeType::EventsStore as i32
-            } else {
-                SubscribeType::Events as i32
-            },
-            client_id,
-            channel: req.channel.to_string(),
-            group,
-            events_store_type_data: if store { start.kind as i32 } else { 0 },
-            events_store_type_value: if store { start.value } else { 0 },
-        };
-        let subscriber = Subscriber {
-            pattern: req.pattern,
-            selector,
-            reader: req.reader,
-            buffer: VecDeque::new(),
-            claim,
-        };
-        let backend = ctx.backend.clone();
-        let durable = subscriber.claim.is_some();
-        let channel = request.channel.clone();
-        self.opening.push(async move {
-            let mut result = backend.subscribe_events(request.clone()).await;
-            // A durable subscription re-attached right after its last link ended: the backend
-            // lets go of the ClientID once that subscription's reader has stopped and saved its
-            // cursor, a moment later (KubeMQ likewise). This process holds the identity, so the
-            // holder is that ending subscription: wait for it, briefly.
-            let mut wait = RESUME_FIRST_WAIT;
-            while durable && in_use(&result) && wait <= RESUME_LAST_WAIT {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
-                result = backend.subscribe_events(request.clone()).await;
-            }
-            Opening {
-                link,
-                channel,
-                subscriber,
-                result,
-            }
-        });
-        Ok(())
-    }
-
-    /// Deletes the durable subscription a null-source receiver names (DUR-9); the link is
-    /// answered once the backend has done it.
-    pub(crate) fn forget_durable<B: Backend>(
-        &mut self,
-        link: LinkId,
-        identity: String,
-        ctx: &Ctx<B>,
-        shared: &Shared,
-    ) -> Result<(), AmqpError> {
-        if shared.durable.in_use(&identity) {
-            return Err(AmqpError::new(
-                Condition::NotAllowed,
-                "durable subscription in use",
-            ));
-        }
-        let backend = ctx.backend.clone();
-        self.forgetting.push(async move {
-            let result = backend.forget_cursor(&identity).await;
-            Forgotten { link, result }
-        });
-        Ok(())
-    }
-
-    /// Sends a complete message of a produce link.
-    pub(crate) fn produce<B: Backend>(
-        &mut self,
-        conn: &mut Connection,
-        d: &Delivery,
-        ctx: &Ctx<B>,
-    ) {
-        let Some(target) = self.publishers.get(&d.link).cloned() else {
-            return;
-        };
-        ctx.metrics
-            .transfer(Direction::In, Counted::Pattern(target.pattern));
-        let Some(stored) = ingress_or_refuse(conn, &ctx.metrics, d) else {
-            return;
-        };
-        self.send(d, target, stored, ctx);
-    }
-
-    /// Sends the event of delivery `d`, from a produce link or routed here by an anonymous link's
-    /// `to` (ADDR-13, ADDR-18); the delivery is settled with the send's outcome.
-    pub(crate) fn send<B: Backend>(
-        &mut self,
-        d: &Delivery,
-        target: Target,
-        stored: Stored,
-        ctx: &Ctx<B>,
-    ) {
-        let event = Event {
-            event_id: String::new(),
-            client_id: if ctx.client_id.is_empty() {
-                "amqp10".to_string()
-            } else {
-                ctx.client_id.clone()
-            },
-            channel: target.channel,
-            metadata: stored.metadata,
-            body: stored.body,
-            store: target.pattern == Pattern::EventsStore,
-            tags: Default::default(),
-        };
-        let backend = ctx.backend.clone();
-        self.sends
-            .push(settling(d, async move { backend.send_event(event).await }));
-    }
-
     /// New credit (or a drain) on a consume link.
     pub(crate) fn credit(
         &mut self,
         conn: &mut Connection,
-        link: LinkId,
+        (link, s): (LinkId, &mut Subscriber),
         drain: bool,
         shared: &Shared,
         metrics: &Metrics,
     ) {
         if drain {
-            self.take_arrived(conn, link, shared, metrics);
+            self.take_arrived(conn, (link, s), shared, metrics);
         }
-        self.pump(conn, link, metrics);
+        self.pump(conn, (link, s), metrics);
         if drain {
             // FLOW-5, EV-12, ES-9: what is here went out; nothing is waited for.
             let _ = conn.drain_done(link);
@@ -325,88 +325,94 @@ impl EventLinks {
     fn take_arrived(
         &mut self,
         conn: &mut Connection,
-        link: LinkId,
+        (link, s): (LinkId, &mut Subscriber),
         shared: &Shared,
         metrics: &Metrics,
     ) {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         for _ in 0..shared.buffer {
-            let Some((_, stream)) = self.streams.iter_mut().find(|(l, _)| *l == link) else {
+            let Some(stream) = s.stream.as_mut() else {
                 return;
             };
             match stream.as_mut().poll_next(&mut cx) {
-                Poll::Ready(Some(Ok(event))) => self.arrive(conn, link, event, shared, metrics),
+                Poll::Ready(Some(Ok(event))) => {
+                    self.arrive(conn, (link, s), event, shared, metrics)
+                }
                 // An end or an error is left for the task's next look, which handles it.
                 _ => return,
             }
         }
     }
 
-    /// A link ended: its subscription ends with it (EV-4, DUR-8 keeps a durable cursor).
-    pub(crate) fn closed(&mut self, link: LinkId) {
-        self.publishers.remove(&link);
-        if self.subscribers.remove(&link).is_some() {
-            self.streams.remove(&link);
-        }
-    }
-
-    /// Collects finished backend work; Ready when there is some to apply.
-    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let opened = self.opening.poll(cx);
-        let sent = self.sends.poll(cx);
-        let forgotten = self.forgetting.poll(cx);
-        while self.arrived.len() < ARRIVALS_PER_TURN {
-            match Pin::new(&mut self.streams).poll_next(cx) {
-                Poll::Ready(Some((link, item))) => self.arrived.push((link, item)),
-                _ => break,
+    /// Collects what the subscriptions delivered, a round at a time over every link so that
+    /// none waits behind a busy one; Ready when there is some to apply.
+    pub(crate) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        table: &mut impl SubscriberTable,
+    ) -> Poll<()> {
+        let mut more = true;
+        while more && self.arrived.len() < ARRIVALS_PER_TURN {
+            more = false;
+            for (link, s) in table.subscribers() {
+                let Some(stream) = s.stream.as_mut() else {
+                    continue;
+                };
+                match stream.as_mut().poll_next(cx) {
+                    Poll::Ready(Some(item)) => {
+                        self.arrived.push((link, item));
+                        more = true;
+                    }
+                    // The subscription ended: it is not polled again; the link stays until
+                    // the client detaches it.
+                    Poll::Ready(None) => s.stream = None,
+                    Poll::Pending => {}
+                }
             }
         }
-        if opened || sent || forgotten || !self.arrived.is_empty() {
-            Poll::Ready(())
-        } else {
+        if self.arrived.is_empty() {
             Poll::Pending
+        } else {
+            Poll::Ready(())
         }
     }
 
-    /// Applies what [`EventLinks::poll`] collected.
-    pub(crate) fn work(
+    /// Applies a backend call that finished; a consume link it opened, for the connection to
+    /// keep.
+    pub(crate) fn finished(
         &mut self,
         conn: &mut Connection,
-        links: &mut Links,
-        shared: &Shared,
+        finished: Finished,
         metrics: &Metrics,
-    ) {
-        for s in self.sends.take() {
-            s.settle(conn, metrics);
-        }
-        for o in self.opening.take() {
-            match o.result {
+    ) -> Option<Subscribed> {
+        match finished {
+            Finished::Sent(s) => {
+                s.settle(conn, metrics);
+                None
+            }
+            Finished::Opened(o) => match o.result {
                 Ok(stream) => {
-                    if conn
-                        .accept_link(o.link, LinkAccept { credit_window: 0 })
-                        .is_err()
-                    {
-                        // Detached while the subscription opened: it ends here.
-                        continue;
-                    }
+                    // Detached while the subscription opened: it ends here.
+                    conn.accept_link(o.link, LinkAccept { credit_window: 0 })
+                        .ok()?;
                     tracing::debug!(link = o.link, "subscription open");
-                    let serves = Serves::Node {
-                        pattern: o.subscriber.pattern,
-                        channel: &o.channel,
-                        durable: o.subscriber.claim.is_some(),
-                    };
-                    links.insert(o.link, LinkEntry::EventSubscriber, serves);
-                    self.subscribers.insert(o.link, o.subscriber);
-                    self.streams.insert(o.link, stream);
+                    let mut subscriber = o.subscriber;
+                    subscriber.stream = Some(stream);
+                    Some(Subscribed {
+                        link: o.link,
+                        pattern: subscriber.pattern,
+                        channel: o.channel,
+                        durable: subscriber.claim.is_some(),
+                        subscriber,
+                    })
                 }
                 Err(e) => {
                     tracing::debug!(link = o.link, error = %e, "subscription refused");
                     let _ = conn.refuse_link(o.link, subscribe_failure(&e));
+                    None
                 }
-            }
-        }
-        for f in self.forgetting.take() {
-            match f.result {
+            },
+            Finished::Forgotten(f) => match f.result {
                 Ok(existed) => {
                     // DUR-9: done; the link stays until the client detaches it. The reply names
                     // a source when a subscription was removed (JMS reads "none" as "there was
@@ -416,42 +422,52 @@ impl EventLinks {
                             .expiry_policy(fe2o3_amqp_types::messaging::TerminusExpiryPolicy::Never)
                             .build()
                     });
-                    if conn
-                        .accept_with_source(f.link, LinkAccept { credit_window: 0 }, source)
-                        .is_ok()
-                    {
-                        // It names a durable subscription, on no channel.
-                        let serves = Serves::Node {
+                    conn.accept_with_source(f.link, LinkAccept { credit_window: 0 }, source)
+                        .ok()?;
+                    // It names a durable subscription, on no channel.
+                    Some(Subscribed {
+                        link: f.link,
+                        pattern: Pattern::EventsStore,
+                        channel: String::new(),
+                        durable: true,
+                        subscriber: Subscriber {
                             pattern: Pattern::EventsStore,
-                            channel: "",
-                            durable: true,
-                        };
-                        links.insert(f.link, LinkEntry::EventSubscriber, serves);
-                        self.subscribers.insert(
-                            f.link,
-                            Subscriber {
-                                pattern: Pattern::EventsStore,
-                                selector: None,
-                                reader: None,
-                                buffer: VecDeque::new(),
-                                claim: None,
-                            },
-                        );
-                    }
+                            stream: None,
+                            selector: None,
+                            reader: None,
+                            buffer: VecDeque::new(),
+                            claim: None,
+                        },
+                    })
                 }
                 Err(e) => {
                     let _ = conn.refuse_link(
                         f.link,
                         AmqpError::new(Condition::NotImplemented, e.to_string()),
                     );
+                    None
                 }
-            }
+            },
         }
+    }
+
+    /// Applies what [`EventLinks::poll`] collected.
+    pub(crate) fn work(
+        &mut self,
+        conn: &mut Connection,
+        table: &mut impl SubscriberTable,
+        shared: &Shared,
+        metrics: &Metrics,
+    ) {
         for (link, item) in std::mem::take(&mut self.arrived) {
+            // Gone if the client detached meanwhile.
+            let Some(s) = table.subscriber(link) else {
+                continue;
+            };
             match item {
-                Ok(event) => self.arrive(conn, link, event, shared, metrics),
+                Ok(event) => self.arrive(conn, (link, s), event, shared, metrics),
                 Err(e) => {
-                    self.end(link);
+                    end(s);
                     let _ = conn.detach(link, Some(subscription_ended(&e)));
                 }
             }
@@ -462,14 +478,11 @@ impl EventLinks {
     fn arrive(
         &mut self,
         conn: &mut Connection,
-        link: LinkId,
+        (link, s): (LinkId, &mut Subscriber),
         event: EventReceive,
         shared: &Shared,
         metrics: &Metrics,
     ) {
-        let Some(s) = self.subscribers.get_mut(&link) else {
-            return;
-        };
         tracing::trace!(
             link,
             sequence = event.sequence,
@@ -498,7 +511,7 @@ impl EventLinks {
                     let dropped = s.buffer.len() as u64 + 1;
                     metrics.events_store_dropped_stalled.inc_by(dropped);
                     tracing::warn!(link, dropped, "events-store consumer stalled; detaching");
-                    self.end(link);
+                    end(s);
                     let _ = conn.detach(
                         link,
                         Some(AmqpError::new(
@@ -509,7 +522,7 @@ impl EventLinks {
                     return;
                 }
                 s.buffer.push_back(event);
-                self.pump(conn, link, metrics);
+                self.pump(conn, (link, s), metrics);
             }
             _ => {
                 if conn.credit(link) == 0 || !conn.has_room(link) {
@@ -525,19 +538,18 @@ impl EventLinks {
 
     /// Sends what an events-store link's buffer holds, within credit (ES-6), while the client
     /// takes what is sent.
-    fn pump(&mut self, conn: &mut Connection, link: LinkId, metrics: &Metrics) {
+    fn pump(
+        &mut self,
+        conn: &mut Connection,
+        (link, s): (LinkId, &mut Subscriber),
+        metrics: &Metrics,
+    ) {
         while conn.credit(link) > 0 && conn.has_room(link) {
-            let Some(event) = self
-                .subscribers
-                .get_mut(&link)
-                .and_then(|s| s.buffer.pop_front())
-            else {
+            let Some(event) = s.buffer.pop_front() else {
                 return;
             };
             if !self.deliver(conn, link, Pattern::EventsStore, &event, metrics) {
-                if let Some(s) = self.subscribers.get_mut(&link) {
-                    s.buffer.push_front(event);
-                }
+                s.buffer.push_front(event);
                 return;
             }
         }
@@ -558,8 +570,7 @@ impl EventLinks {
             &event.tags,
             DeliveryInfo { receive_count: 1 },
         );
-        let tag = event.sequence.to_be_bytes();
-        if conn.send(link, &tag, &payload, true, 0).is_ok() {
+        if self.outbound.send(conn, link, &payload, true).is_ok() {
             metrics.transfer(Direction::Out, Counted::Pattern(pattern));
             true
         } else {
@@ -569,25 +580,24 @@ impl EventLinks {
 
     /// Sends what every events-store link's buffer holds, as far as each can take (the client
     /// takes more again).
-    pub fn pump_all(&mut self, conn: &mut Connection, metrics: &Metrics) {
-        let links: Vec<LinkId> = self
-            .subscribers
-            .iter()
-            .filter(|(_, s)| !s.buffer.is_empty())
-            .map(|(l, _)| *l)
-            .collect();
-        for link in links {
-            self.pump(conn, link, metrics);
+    pub(crate) fn pump_all(
+        &mut self,
+        conn: &mut Connection,
+        table: &mut impl SubscriberTable,
+        metrics: &Metrics,
+    ) {
+        for (link, s) in table.subscribers() {
+            if !s.buffer.is_empty() {
+                self.pump(conn, (link, s), metrics);
+            }
         }
     }
+}
 
-    /// Forgets a link that ends on the server's side.
-    fn end(&mut self, link: LinkId) {
-        self.streams.remove(&link);
-        if let Some(s) = self.subscribers.get_mut(&link) {
-            s.buffer.clear();
-        }
-    }
+/// A link that ends on the server's side: its subscription and what it buffered go.
+fn end(s: &mut Subscriber) {
+    s.stream = None;
+    s.buffer.clear();
 }
 
 /// The refusal of a consume link whose subscription did not open.

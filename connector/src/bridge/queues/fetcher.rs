@@ -1146,18 +1146,42 @@ mod tests {
         }
     }
 
+    /// A store, the embedded backend over it, an empty registry of Get loops, and limits.
+    struct IdleRig {
+        _dir: tempfile::TempDir,
+        store: Arc<Store>,
+        backend: Arc<Embedded>,
+        registry: Registry,
+        limits: FetchLimits,
+    }
+
+    /// An [`IdleRig`] whose loops end after `idle_exit` without consumers.
+    fn idle_rig(idle_exit: std::time::Duration) -> IdleRig {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        IdleRig {
+            _dir: dir,
+            backend: Arc::new(Embedded::new(store.clone())),
+            store,
+            registry: Registry::default(),
+            limits: FetchLimits {
+                max_batch: 10,
+                idle_exit,
+            },
+        }
+    }
+
     /// Consumers on ever new queue names leave at most `MAX_IDLE_LOOPS` loops behind:
     /// past that many, a loop whose last consumer leaves ends at once.
     #[tokio::test]
     async fn idle_loops_are_bounded() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (store, _) = Store::open(dir.path()).expect("store");
-        let backend = Arc::new(Embedded::new(store.clone()));
-        let registry: Registry = Arc::default();
-        let limits = FetchLimits {
-            max_batch: 10,
-            idle_exit: std::time::Duration::from_secs(600),
-        };
+        let IdleRig {
+            _dir,
+            backend,
+            registry,
+            limits,
+            ..
+        } = idle_rig(std::time::Duration::from_secs(600));
         let names = MAX_IDLE_LOOPS + 200;
         let (to, mut from) = mpsc::unbounded_channel();
         for i in 0..names {
@@ -1192,14 +1216,13 @@ mod tests {
     /// starts a fresh loop that delivers.
     #[tokio::test]
     async fn idle_loop_retires_and_a_new_consumer_starts_another() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (store, _) = Store::open(dir.path()).expect("store");
-        let backend = Arc::new(Embedded::new(store.clone()));
-        let registry: Registry = Arc::default();
-        let limits = FetchLimits {
-            max_batch: 10,
-            idle_exit: std::time::Duration::from_millis(50),
-        };
+        let IdleRig {
+            _dir,
+            store,
+            backend,
+            registry,
+            limits,
+        } = idle_rig(std::time::Duration::from_millis(50));
         let (to, mut from) = mpsc::unbounded_channel();
         let tx = join(
             &registry,

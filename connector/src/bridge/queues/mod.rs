@@ -29,7 +29,7 @@ use self::sender::{Done, Lane, ToStore};
 use super::context::Ctx;
 use super::envelope::{DeliveryInfo, Egress, Stored};
 use super::outbound::{DeliveryToken, Outbound};
-use super::outcome::{ingress_or_refuse, rejected, settle_delivery, settle_inbound};
+use super::outcome::{ingress_or_refuse, settle_inbound};
 use crate::backend::Backend;
 use crate::engine::{
     AmqpError, Condition, Connection, Delivery, DeliveryOutcome, FastMap, LinkAccept, LinkId,
@@ -52,15 +52,33 @@ pub struct Shared {
     pub next_lane: AtomicU64,
 }
 
-/// A produce link: its channel (`None` for an anonymous link, ADDR-13) and its lane, through
-/// which its messages are stored in order (`sender::Lane`).
-struct Producer {
-    channel: Option<String>,
+/// A produce link's own state: its lane, through which its messages are stored in order
+/// (`sender::Lane`).
+pub(crate) struct Producer {
     lane: Lane,
 }
 
-/// A consume link.
-struct Consumer {
+impl Producer {
+    /// Stores the message of delivery `d` in `channel`, after those the link sent before; the
+    /// delivery is settled with the outcome the backend reports.
+    pub(crate) fn store(&mut self, d: &Delivery, channel: String, stored: Stored, client_id: &str) {
+        let message = QueueMessage {
+            client_id: client_id.to_string(),
+            channel,
+            metadata: stored.metadata,
+            body: stored.body,
+            ..Default::default()
+        };
+        self.lane.push(ToStore {
+            delivery_id: d.delivery_id,
+            presettled: d.settled,
+            message,
+        });
+    }
+}
+
+/// A consume link's own state.
+pub(crate) struct QueueConsumer {
     fetcher: mpsc::UnboundedSender<Command>,
     presettled: bool,
     /// Hand-outs for this link taken from the channel so far (delivered or returned): with it
@@ -86,14 +104,23 @@ impl Unsettled {
     }
 }
 
-/// One connection's queue links.
+/// The connection's table of links, as the queues bridge reads it.
+pub(crate) trait QueueTable {
+    /// The consume link `link`, if it is one.
+    fn consumer(&mut self, link: LinkId) -> Option<&mut QueueConsumer>;
+    /// Every consume link.
+    fn consumer_links(&self) -> Vec<LinkId>;
+    /// Every produce link.
+    fn producers(&mut self) -> impl Iterator<Item = &mut Producer>;
+}
+
+/// What one connection's queue links share: the produce lanes of links that ended, the Get
+/// loops' hand-outs, the unsettled consume deliveries, and what a turn reports to the loops.
 pub struct QueueLinks {
-    producers: FastMap<LinkId, Producer>,
     /// Sends of produce links that ended, still being stored.
     closing_lanes: Vec<Lane>,
     /// Wakes the task when a lane's wait for a refill ends.
     refill_timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    consumers: FastMap<LinkId, Consumer>,
     handout_tx: mpsc::UnboundedSender<ToConsumer>,
     handout_rx: mpsc::UnboundedReceiver<ToConsumer>,
     /// Unsettled consume deliveries, by delivery token.
@@ -121,10 +148,8 @@ impl Default for QueueLinks {
     fn default() -> Self {
         let (handout_tx, handout_rx) = mpsc::unbounded_channel();
         QueueLinks {
-            producers: FastMap::default(),
             closing_lanes: Vec::new(),
             refill_timer: None,
-            consumers: FastMap::default(),
             handout_tx,
             handout_rx,
             deliveries: FastMap::default(),
@@ -147,41 +172,27 @@ impl Default for QueueLinks {
 const WINDOW_SLACK: u32 = 4;
 
 impl QueueLinks {
-    /// Accepts a produce link bound to `channel`, or anonymous with `None` (ADDR-13); `false`
-    /// when it is gone (detached while attaching).
+    /// Accepts a produce link; `None` when it is gone (detached while attaching).
     pub(crate) fn accept_producer(
         &mut self,
         conn: &mut Connection,
         link: LinkId,
-        channel: Option<String>,
         shared: &Shared,
-    ) -> bool {
-        if conn
-            .accept_link(
-                link,
-                LinkAccept {
-                    credit_window: shared.credit_window,
-                },
-            )
-            .is_err()
-        {
-            return false;
-        }
+    ) -> Option<Producer> {
+        let accept = LinkAccept {
+            credit_window: shared.credit_window,
+        };
+        conn.accept_link(link, accept).ok()?;
         // Lanes in turn: links opened one after another use different streams of the backend
         // (a hash of the link's ids put two producers on one stream in about one run in four,
         // where each then waited for the other's batch).
         let lane = shared.next_lane.fetch_add(1, Ordering::Relaxed);
-        self.producers.insert(
-            link,
-            Producer {
-                channel,
-                lane: Lane::new(lane, link),
-            },
-        );
-        true
+        Some(Producer {
+            lane: Lane::new(lane, link),
+        })
     }
 
-    /// Accepts a consume link on `channel` and joins it to the channel's Get loop; `Ok(false)`
+    /// Accepts a consume link on `channel` and joins it to the channel's Get loop; `Ok(None)`
     /// when it is gone (detached while attaching).
     pub(crate) fn accept_consumer<B: Backend>(
         &mut self,
@@ -191,7 +202,7 @@ impl QueueLinks {
         channel: String,
         ctx: &Ctx<B>,
         shared: &Shared,
-    ) -> Result<bool, AmqpError> {
+    ) -> Result<Option<QueueConsumer>, AmqpError> {
         if source.and_then(|s| s.distribution_mode.as_ref()) == Some(&DistributionMode::Copy) {
             //
             return Err(AmqpError::new(
@@ -210,7 +221,7 @@ impl QueueLinks {
             .accept_link(link, LinkAccept { credit_window: 0 })
             .is_err()
         {
-            return Ok(false);
+            return Ok(None);
         }
         let loop_key = LoopKey {
             channel,
@@ -225,66 +236,34 @@ impl QueueLinks {
             (ctx.connection, link),
             self.handout_tx.clone(),
         );
-        self.consumers.insert(
-            link,
-            Consumer {
-                fetcher,
-                presettled: *snd_settle_mode == SenderSettleMode::Settled,
-                taken: 0,
-            },
-        );
-        Ok(true)
+        Ok(Some(QueueConsumer {
+            fetcher,
+            presettled: *snd_settle_mode == SenderSettleMode::Settled,
+            taken: 0,
+        }))
     }
 
-    /// A complete message on a produce link bound to a channel.
-    pub(crate) fn produce<B>(&mut self, conn: &mut Connection, d: &Delivery, ctx: &Ctx<B>) {
-        let Some(channel) = self.producers.get(&d.link).and_then(|p| p.channel.clone()) else {
-            return;
-        };
+    /// A complete message on `producer`'s link, bound to `channel`.
+    pub(crate) fn produce<B>(
+        conn: &mut Connection,
+        d: &Delivery,
+        (channel, producer): (&str, &mut Producer),
+        ctx: &Ctx<B>,
+    ) {
         // MET-4.
         ctx.metrics
             .transfer(Direction::In, Counted::Pattern(Pattern::Queues));
         let Some(stored) = ingress_or_refuse(conn, &ctx.metrics, d) else {
             return;
         };
-        self.store(conn, d, channel, stored, ctx);
-    }
-
-    /// Stores the message of delivery `d` in `channel`, through its link's lane; the delivery
-    /// is settled with the outcome the backend reports.
-    pub(crate) fn store<B>(
-        &mut self,
-        conn: &mut Connection,
-        d: &Delivery,
-        channel: String,
-        stored: Stored,
-        ctx: &Ctx<B>,
-    ) {
-        let message = QueueMessage {
-            client_id: ctx.client_id.clone(),
-            channel,
-            metadata: stored.metadata,
-            body: stored.body,
-            ..Default::default()
-        };
-        match self.producers.get_mut(&d.link) {
-            Some(p) => p.lane.push(ToStore {
-                delivery_id: d.delivery_id,
-                presettled: d.settled,
-                message,
-            }),
-            None => {
-                let gone = rejected(Condition::InternalError, "the link's sends are gone");
-                settle_delivery(conn, &ctx.metrics, d, gone);
-            }
-        }
+        producer.store(d, channel.to_string(), stored, &ctx.client_id);
     }
 
     /// New credit, or a drain, on a consume link.
     pub(crate) fn credit(
         &mut self,
         conn: &Connection,
-        link: LinkId,
+        (link, consumer): (LinkId, &QueueConsumer),
         drain: bool,
         connection: u64,
         shared: &Shared,
@@ -297,20 +276,18 @@ impl QueueLinks {
         }
         // FLOW-5: the fetcher hands over what is immediately available, then says DrainDone;
         // it never waits for new messages.
-        if let Some(c) = self.consumers.get(&link) {
-            let _ = c.fetcher.send(Command::Drain(DemandReport {
-                consumer: (connection, link),
-                credit: self.demand(conn, link, shared),
-                taken: c.taken,
-            }));
-            self.drained.push(link);
-        }
+        let _ = consumer.fetcher.send(Command::Drain(DemandReport {
+            consumer: (connection, link),
+            credit: demand(conn, (link, consumer), shared),
+            taken: consumer.taken,
+        }));
+        self.drained.push(link);
     }
 
     /// Every consume link's demand may have been cut by its session's window or a full
     /// transport, and it has room again.
-    pub(crate) fn window_opened(&mut self) {
-        self.demand_changed.extend(self.consumers.keys().copied());
+    pub(crate) fn window_opened(&mut self, table: &impl QueueTable) {
+        self.demand_changed.extend(table.consumer_links());
     }
 
     /// The client settled the consume delivery of `token` on `link` (Q-20 … Q-25, MET-5).
@@ -343,19 +320,15 @@ impl QueueLinks {
             //
             _ => Outcome::Nack,
         };
-        if self.consumers.contains_key(&link) {
-            self.settled.push((link, message.settled(outcome)));
-        }
+        self.settled.push((link, message.settled(outcome)));
         self.demand_changed.push(link);
     }
 
     /// A produce link ended: what it sent is still stored; the outcomes find no link.
-    pub(crate) fn producer_closed(&mut self, link: LinkId) {
-        if let Some(Producer { mut lane, .. }) = self.producers.remove(&link) {
-            lane.close();
-            if !lane.is_idle() {
-                self.closing_lanes.push(lane);
-            }
+    pub(crate) fn producer_closed(&mut self, Producer { mut lane }: Producer) {
+        lane.close();
+        if !lane.is_idle() {
+            self.closing_lanes.push(lane);
         }
     }
 
@@ -363,13 +336,10 @@ impl QueueLinks {
     /// delivery NAcked, once (the engine reports each once), and the link leaves its Get loop.
     pub(crate) fn consumer_closed(
         &mut self,
-        link: LinkId,
+        (link, QueueConsumer { fetcher, .. }): (LinkId, QueueConsumer),
         unsettled: &[DeliveryToken],
         connection: u64,
     ) {
-        let Some(Consumer { fetcher, .. }) = self.consumers.remove(&link) else {
-            return;
-        };
         let mut settled = self.take_settled(link);
         for token in unsettled {
             if let Some(message) = self.deliveries.remove(token) {
@@ -384,8 +354,13 @@ impl QueueLinks {
     }
 
     /// Collects finished sends and hand-outs; Ready when there is some to apply.
-    pub(crate) fn poll<B: Backend>(&mut self, cx: &mut Context<'_>, backend: &Arc<B>) -> Poll<()> {
-        self.poll_lanes(cx, backend);
+    pub(crate) fn poll<B: Backend>(
+        &mut self,
+        cx: &mut Context<'_>,
+        backend: &Arc<B>,
+        table: &mut impl QueueTable,
+    ) -> Poll<()> {
+        self.poll_lanes(cx, backend, table);
         while let Poll::Ready(Some(h)) = self.handout_rx.poll_recv(cx) {
             self.ready_handouts.push(h);
         }
@@ -397,7 +372,12 @@ impl QueueLinks {
     }
 
     /// Applies what [`QueueLinks::poll`] collected.
-    pub(crate) fn work(&mut self, conn: &mut Connection, metrics: &Metrics) {
+    pub(crate) fn work(
+        &mut self,
+        conn: &mut Connection,
+        metrics: &Metrics,
+        table: &mut impl QueueTable,
+    ) {
         for d in std::mem::take(&mut self.ready_done) {
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             settle_inbound(conn, metrics, d.link, d.delivery_id, d.presettled, d.state);
@@ -407,7 +387,7 @@ impl QueueLinks {
                 ToConsumer::Messages(handouts) => {
                     for h in handouts {
                         self.demand_changed.push(h.consumer.1);
-                        self.consume(conn, h, metrics);
+                        self.consume(conn, h, metrics, table);
                     }
                 }
                 ToConsumer::DrainDone((_, link)) => {
@@ -426,9 +406,15 @@ impl QueueLinks {
     }
 
     /// Sends a handed-out message on its link within credit, or gives it back to the fetcher.
-    fn consume(&mut self, conn: &mut Connection, h: Handout, metrics: &Metrics) {
+    fn consume(
+        &mut self,
+        conn: &mut Connection,
+        h: Handout,
+        metrics: &Metrics,
+        table: &mut impl QueueTable,
+    ) {
         let link = h.consumer.1;
-        let Some(consumer) = self.consumers.get_mut(&link) else {
+        let Some(consumer) = table.consumer(link) else {
             // The link ended while the message was on its way: the fetcher offers it again.
             if let Some(f) = self.closed.get(&link) {
                 let _ = f.send(Command::Return(Box::new(h)));
@@ -471,19 +457,21 @@ impl QueueLinks {
 
     /// Moves every produce lane on (finished batches' outcomes into `ready_done`, next batches
     /// started), and keeps the timer set for the earliest wait for a refill.
-    fn poll_lanes<B: Backend>(&mut self, cx: &mut Context<'_>, backend: &Arc<B>) {
+    fn poll_lanes<B: Backend>(
+        &mut self,
+        cx: &mut Context<'_>,
+        backend: &Arc<B>,
+        table: &mut impl QueueTable,
+    ) {
         loop {
-            let producers = self.producers.values_mut().map(|p| &mut p.lane);
+            let mut wake_at = None;
+            let producers = table.producers().map(|p| &mut p.lane);
             for lane in producers.chain(self.closing_lanes.iter_mut()) {
                 lane.poll(cx, backend, &mut self.ready_done);
+                wake_at = wake_at.into_iter().chain(lane.wake_at()).min();
             }
             self.closing_lanes.retain(|l| !l.is_idle());
-            let lanes = self.producers.values().map(|p| &p.lane);
-            let Some(at) = lanes
-                .chain(self.closing_lanes.iter())
-                .filter_map(Lane::wake_at)
-                .min()
-            else {
+            let Some(at) = wake_at else {
                 self.refill_timer = None;
                 return;
             };
@@ -513,14 +501,20 @@ impl QueueLinks {
     /// Sends this turn's settlements to the fetchers, one command per link, then the demand of
     /// every link whose credit or settlements changed (per turn, not per message: a ranged
     /// disposition settles a whole window at once).
-    pub(crate) fn flush_turn(&mut self, conn: &Connection, connection: u64, shared: &Shared) {
+    pub(crate) fn flush_turn(
+        &mut self,
+        conn: &Connection,
+        connection: u64,
+        shared: &Shared,
+        table: &mut impl QueueTable,
+    ) {
         if !self.settled.is_empty() {
             let mut by_link: FastMap<LinkId, Vec<Settlement>> = FastMap::default();
             for (link, s) in self.settled.drain(..) {
                 by_link.entry(link).or_default().push(s);
             }
             for (link, settled) in by_link {
-                if let Some(c) = self.consumers.get(&link) {
+                if let Some(c) = table.consumer(link) {
                     let _ = c.fetcher.send(Command::Settle(settled));
                 }
             }
@@ -530,8 +524,15 @@ impl QueueLinks {
             links.sort_unstable();
             links.dedup();
             for &link in &links {
-                if !self.drained.contains(&link) {
-                    self.report_demand(conn, link, connection, shared);
+                if self.drained.contains(&link) {
+                    continue;
+                }
+                if let Some(c) = table.consumer(link) {
+                    let _ = c.fetcher.send(Command::Demand(DemandReport {
+                        consumer: (connection, link),
+                        credit: demand(conn, (link, c), shared),
+                        taken: c.taken,
+                    }));
                 }
             }
             links.clear();
@@ -540,39 +541,14 @@ impl QueueLinks {
         self.drained.clear();
     }
 
-    /// Reports a consume link's demand: credit it can still use, within MaxUnsettledPerLink.
-    fn report_demand(&self, conn: &Connection, link: LinkId, connection: u64, shared: &Shared) {
-        if let Some(c) = self.consumers.get(&link) {
-            let _ = c.fetcher.send(Command::Demand(DemandReport {
-                consumer: (connection, link),
-                credit: self.demand(conn, link, shared),
-                taken: c.taken,
-            }));
-        }
-    }
-
-    /// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7) and within what
-    /// its session's window takes (plus [`WINDOW_SLACK`] for a link whose deliveries are
-    /// settled by the client): a client that grants credit but no session window gets no more
-    /// messages taken off the queue than the wire can carry, and a pre-settled one none.
-    fn demand(&self, conn: &Connection, link: LinkId, shared: &Shared) -> u32 {
-        let room = (shared.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
-        let session = conn.session_room(link);
-        let presettled = self.consumers.get(&link).is_some_and(|c| c.presettled);
-        let slack = if presettled { 0 } else { WINDOW_SLACK };
-        let wire = session
-            .window
-            .saturating_add(slack)
-            .saturating_sub(session.waiting) as usize;
-        (conn.credit(link) as usize).min(room).min(wire) as u32
-    }
-
     /// The connection ended: what its produce links received is still stored.
-    pub(crate) fn finish<B: Backend>(&mut self, backend: &Arc<B>) {
-        let lanes: Vec<Lane> = self
-            .producers
-            .drain()
-            .map(|(_, p)| p.lane)
+    pub(crate) fn finish<B: Backend>(
+        &mut self,
+        backend: &Arc<B>,
+        producers: impl Iterator<Item = Producer>,
+    ) {
+        let lanes: Vec<Lane> = producers
+            .map(|p| p.lane)
             .chain(self.closing_lanes.drain(..))
             .collect();
         if tokio::runtime::Handle::try_current().is_ok() {
@@ -581,15 +557,25 @@ impl QueueLinks {
     }
 }
 
+/// Credit the link can use now, within MaxUnsettledPerLink (Q-12, FLOW-7) and within what
+/// its session's window takes (plus [`WINDOW_SLACK`] for a link whose deliveries are
+/// settled by the client): a client that grants credit but no session window gets no more
+/// messages taken off the queue than the wire can carry, and a pre-settled one none.
+fn demand(conn: &Connection, (link, consumer): (LinkId, &QueueConsumer), shared: &Shared) -> u32 {
+    let room = (shared.max_unsettled as usize).saturating_sub(conn.unsettled_count(link));
+    let session = conn.session_room(link);
+    let slack = if consumer.presettled { 0 } else { WINDOW_SLACK };
+    let wire = session
+        .window
+        .saturating_add(slack)
+        .saturating_sub(session.waiting) as usize;
+    (conn.credit(link) as usize).min(room).min(wire) as u32
+}
+
 #[cfg(test)]
 impl QueueLinks {
     /// Consume links that ended and still wait for their Get loop to confirm the Leave.
     pub(crate) fn awaiting_leave(&self) -> usize {
         self.closed.len()
-    }
-
-    /// Whether no produce or consume link is kept.
-    pub(crate) fn has_no_links(&self) -> bool {
-        self.producers.is_empty() && self.consumers.is_empty()
     }
 }

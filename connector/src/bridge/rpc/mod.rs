@@ -19,6 +19,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+
+use futures_util::future::Either;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -31,8 +33,6 @@ use self::responder::{NoRequest, Tokens};
 use super::context::Ctx;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
-use super::in_flight::InFlight;
-use super::links::{LinkEntry, Links, Serves};
 use super::outbound::Outbound;
 use super::outcome::{
     ingress_or_refuse, refused, rejected, settle_delivery, settling, subscribe_refusal,
@@ -59,9 +59,11 @@ pub struct Shared {
     pub credit_window: u32,
 }
 
-/// A responder's link and the requests taken for it.
-struct Responder {
+/// A responder link's own state: its subscription and the requests taken from it.
+pub(crate) struct Responder {
     pattern: Pattern,
+    /// Its subscription, until it ends.
+    stream: Option<RequestStream>,
     /// The client asked for pre-settled deliveries.
     presettled: bool,
     /// Taken from the subscription, not yet delivered (the link's credit shrank meanwhile, or
@@ -74,7 +76,7 @@ struct Responder {
 }
 
 /// A subscription the backend is opening, for a responder link not yet answered.
-struct Opening {
+pub(crate) struct Opening {
     link: LinkId,
     pattern: Pattern,
     presettled: bool,
@@ -83,38 +85,68 @@ struct Opening {
 }
 
 /// A request's outcome.
-struct Answered {
+pub(crate) struct Answered {
     asked: Asked,
     result: Result<Response, BackendError>,
 }
 
-/// One connection's commands and queries links.
+/// A backend call of this bridge that finished.
+pub(crate) enum Finished {
+    /// A responder's subscription opened, or was refused.
+    Opened(Opening),
+    /// A request was answered, failed or timed out.
+    Answered(Box<Answered>),
+    /// A response was sent, or refused: its delivery is settled.
+    Responded(Settling),
+}
+
+/// A responder link the backend's answer lets the connection accept, with what it serves.
+pub(crate) struct Responding {
+    /// The link.
+    pub link: LinkId,
+    /// Commands or queries.
+    pub pattern: Pattern,
+    /// The channel.
+    pub channel: String,
+    /// The link's own state.
+    pub responder: Responder,
+}
+
+/// Where a message of a link the client sends on goes.
+pub(crate) enum Routed {
+    /// A request to this node.
+    Request(Target),
+    /// The response to the request of this token.
+    Response(String),
+}
+
+/// The connection's table of links, as the commands and queries bridge reads it.
+pub(crate) trait ResponderTable {
+    /// The responder link `link`, if it is one.
+    fn responder(&mut self, link: LinkId) -> Option<&mut Responder>;
+    /// Every responder link.
+    fn responders(&mut self) -> impl Iterator<Item = (LinkId, &mut Responder)>;
+}
+
+/// What one connection's commands and queries links share: the requests waiting for their
+/// response, the reply tokens waiting for an answer, and the numbering of deliveries.
 pub struct RpcLinks {
-    /// Requesters' links, by the node each message is a request to.
-    requesters: FastMap<LinkId, Target>,
-    /// Links whose every message is a response to one request (a fixed `responses/<id>`
-    /// target), by link.
-    response_links: FastMap<LinkId, String>,
-    responders: FastMap<LinkId, Responder>,
-    /// Each responder's subscription, polled while its budget lasts.
-    streams: FastMap<LinkId, RequestStream>,
     /// Responders that took requests this turn.
     fed: Vec<LinkId>,
-    /// Responder subscriptions the backend is opening.
-    opening: InFlight<Opening>,
     /// Requests waiting for their response.
-    calls: InFlight<Answered>,
+    awaiting: usize,
     /// Each call's request bytes in the connection's budget, by [`Asked::call`]: kept here,
     /// not in the call, so that they are given back on the connection's task.
     call_charges: FastMap<u64, Charge>,
     next_call: u64,
-    /// Responses being sent, each settling its delivery.
-    responses: InFlight<Settling>,
     tokens: Tokens,
     /// Wakes the task when the next token expires (or earlier: it is not moved back).
     expiry: Option<Pin<Box<tokio::time::Sleep>>>,
     /// The expiry timer fired: tokens are to be looked at.
     expiry_due: bool,
+    /// The token table had been full and has room again: responders paused at the bound may
+    /// go on (RPC-11).
+    paused_may_go_on: bool,
     /// Subscriptions that failed this turn.
     failed: Vec<(LinkId, BackendError)>,
     /// Numbers the deliveries sent.
@@ -124,25 +156,6 @@ pub struct RpcLinks {
     shared: Shared,
     /// What this connection adds to `Metrics::rpc_held`.
     counted_held: i64,
-}
-
-impl Drop for RpcLinks {
-    fn drop(&mut self) {
-        // The connection ended with requests in flight: they run to their end, and a response
-        // that still comes has no requester left (RPC-14, MET-11). The tokens go now; the
-        // requests still count until they end.
-        let in_flight = self.calls.len() as i64;
-        let metrics = self.metrics.clone();
-        let running = self.calls.run_out(move |a: Answered| {
-            metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
-            if a.result.is_ok() {
-                metrics.rpc_late_responses.inc();
-            }
-        });
-        self.held(if running { in_flight } else { 0 });
-        // What responders answered is still sent to KubeMQ.
-        self.responses.run_out(|_| {});
-    }
 }
 
 /// What a responder's attach asks for.
@@ -159,19 +172,14 @@ impl RpcLinks {
     /// No links yet.
     pub fn new(metrics: Arc<Metrics>, shared: Shared) -> Self {
         RpcLinks {
-            requesters: FastMap::default(),
-            response_links: FastMap::default(),
-            responders: FastMap::default(),
-            streams: FastMap::default(),
             fed: Vec::new(),
-            opening: InFlight::default(),
-            calls: InFlight::default(),
+            awaiting: 0,
             call_charges: FastMap::default(),
             next_call: 0,
-            responses: InFlight::default(),
             tokens: Tokens::default(),
             expiry: None,
             expiry_due: false,
+            paused_may_go_on: false,
             failed: Vec::new(),
             outbound: Outbound::default(),
             metrics,
@@ -191,55 +199,30 @@ impl RpcLinks {
     /// Counts what this connection holds now: requests waiting for their response and
     /// delivered requests waiting for an answer.
     fn count_held(&mut self) {
-        self.held((self.calls.len() + self.tokens.len()) as i64);
+        self.held((self.awaiting + self.tokens.len()) as i64);
     }
 
-    /// Accepts a requester's link to `target`; `false` when it is gone (detached while
-    /// attaching).
-    pub(crate) fn attach_requester(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        target: Target,
-    ) -> bool {
-        if !self.accept_sender(conn, link) {
-            return false;
-        }
-        self.requesters.insert(link, target);
-        true
+    /// The connection ended (RPC-14, MET-11): the tokens go now, and the requests still in
+    /// flight count until they end, if they `run` to their end ([`ran_out`] sees each).
+    pub(crate) fn ended(&mut self, run: bool) {
+        self.held(if run { self.awaiting as i64 } else { 0 });
     }
 
-    /// Accepts a link whose target is the reply token `request_id` (ADDR-10): each of its
-    /// messages answers that request. `false` when it is gone (detached while attaching).
-    pub(crate) fn attach_response_link(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        request_id: String,
-    ) -> bool {
-        if !self.accept_sender(conn, link) {
-            return false;
-        }
-        self.response_links.insert(link, request_id);
-        true
-    }
-
-    /// Accepts a link the client sends on, with the produce credit window; `false` when it is
-    /// gone (detached while attaching).
-    fn accept_sender(&self, conn: &mut Connection, link: LinkId) -> bool {
+    /// Accepts a requester's link, or one whose target is a reply token (ADDR-10), with the
+    /// produce credit window; `false` when it is gone (detached while attaching).
+    pub(crate) fn accept_sender(&self, conn: &mut Connection, link: LinkId) -> bool {
         let accept = LinkAccept {
             credit_window: self.shared.credit_window,
         };
         conn.accept_link(link, accept).is_ok()
     }
 
-    /// Starts a responder's subscription; the link is answered when it is open (RPC-11).
-    pub(crate) fn attach_responder<B: Backend>(
-        &mut self,
+    /// A responder's subscription, to start; the link is answered when it is open (RPC-11).
+    pub(crate) fn subscribe<B: Backend>(
         link: LinkId,
         req: ResponderRequest<'_>,
         ctx: &Ctx<B>,
-    ) -> Result<(), AmqpError> {
+    ) -> Result<impl Future<Output = Finished> + Send + 'static, AmqpError> {
         if super::events::options::has_filter(req.attach.source.as_deref()) {
             return Err(AmqpError::new(
                 Condition::NotImplemented,
@@ -262,50 +245,45 @@ impl RpcLinks {
         let backend = ctx.backend.clone();
         let (pattern, channel) = (req.pattern, req.channel.to_string());
         let presettled = req.attach.snd_settle_mode == SenderSettleMode::Settled;
-        self.opening.push(async move {
+        Ok(async move {
             let result = backend.subscribe_requests(request).await;
-            Opening {
+            Finished::Opened(Opening {
                 link,
                 pattern,
                 presettled,
                 channel,
                 result,
-            }
-        });
-        Ok(())
+            })
+        })
     }
 
-    /// Handles a message on a requester's or a reply token's link.
+    /// Handles a message on a requester's or a reply token's link: the backend call to start,
+    /// if it goes on.
     pub(crate) fn produce<B: Backend>(
         &mut self,
         conn: &mut Connection,
         d: &Delivery,
+        target: Routed,
         ctx: &Ctx<B>,
         dynamic: &mut DynamicNodes,
-    ) {
-        let target = if let Some(t) = self.requesters.get(&d.link) {
-            Routed::Request(t.clone())
-        } else if let Some(id) = self.response_links.get(&d.link) {
-            Routed::Response(id.clone())
-        } else {
-            return;
-        };
+    ) -> Option<impl Future<Output = Finished> + Send + 'static> {
         // MET-4 (an anonymous link's messages are counted where they are routed).
         let counted = match &target {
             Routed::Request(t) => Counted::Pattern(t.pattern),
             Routed::Response(_) => Counted::Responses,
         };
         self.metrics.transfer(Direction::In, counted);
-        let Some(stored) = ingress_or_refuse(conn, &self.metrics, d) else {
-            return;
-        };
+        let stored = ingress_or_refuse(conn, &self.metrics, d)?;
         match target {
-            Routed::Request(target) => self.request(conn, d, stored, target, ctx, dynamic),
-            Routed::Response(id) => self.respond(conn, d, &id, stored, ctx),
+            Routed::Request(target) => self
+                .request(conn, d, stored, target, ctx, dynamic)
+                .map(Either::Left),
+            Routed::Response(id) => self.respond(conn, d, &id, stored, ctx).map(Either::Right),
         }
     }
 
-    /// A request (RPC-2 … RPC-5): checked, settled `accepted` and sent; its reply comes later.
+    /// A request (RPC-2 … RPC-5): checked and settled `accepted`; the call that sends it, to
+    /// start; its reply comes later.
     pub(crate) fn request<B: Backend>(
         &mut self,
         conn: &mut Connection,
@@ -314,7 +292,7 @@ impl RpcLinks {
         target: Target,
         ctx: &Ctx<B>,
         dynamic: &mut DynamicNodes,
-    ) {
+    ) -> Option<impl Future<Output = Finished> + Send + 'static> {
         let checked = self.check_request(&stored, dynamic).and_then(|reply_to| {
             // The request's bytes count against the connection's budget until its answer
             // or its timeout: wherever it waits (the backend, a responder that does not
@@ -332,7 +310,7 @@ impl RpcLinks {
             Ok(r) => r,
             Err(e) => {
                 settle_delivery(conn, &self.metrics, d, refused(&e));
-                return;
+                return None;
             }
         };
         // RPC-4: accepted once routed; the reply is independent of this outcome.
@@ -359,11 +337,12 @@ impl RpcLinks {
         );
         tracing::debug!(request_id = %request.request_id, pattern = %target.pattern, channel = %request.channel, ?timeout, "request sent");
         let backend = ctx.backend.clone();
-        self.calls.push(async move {
-            let result = backend.send_request(request).await;
-            Answered { asked, result }
-        });
+        self.awaiting += 1;
         self.count_held();
+        Some(async move {
+            let result = backend.send_request(request).await;
+            Finished::Answered(Box::new(Answered { asked, result }))
+        })
     }
 
     /// RPC-2 and RPC-5; reserves the reply's room in its node.
@@ -383,7 +362,7 @@ impl RpcLinks {
                 "reply-to is not a node this connection owns",
             ));
         }
-        if self.calls.len() >= self.shared.max_pending {
+        if self.awaiting >= self.shared.max_pending {
             return Err(AmqpError::new(
                 Condition::ResourceLimitExceeded,
                 "rpc pending limit reached",
@@ -393,9 +372,10 @@ impl RpcLinks {
         Ok(reply_to.to_string())
     }
 
-    /// A reply to the request of token `request_id` (RPC-13, RPC-14): sent to KubeMQ, settled
-    /// `accepted` once KubeMQ took it; a token this connection does not hold is refused
-    /// `amqp:not-found` (one that expired is also counted as late, MET-11).
+    /// A reply to the request of token `request_id` (RPC-13, RPC-14): the call that sends it
+    /// to KubeMQ, to start, which settles it `accepted` once KubeMQ took it; a token this
+    /// connection does not hold is refused `amqp:not-found` (one that expired is also counted
+    /// as late, MET-11).
     pub(crate) fn respond<B: Backend>(
         &mut self,
         conn: &mut Connection,
@@ -403,7 +383,7 @@ impl RpcLinks {
         request_id: &str,
         stored: Stored,
         ctx: &Ctx<B>,
-    ) {
+    ) -> Option<impl Future<Output = Finished> + Send + 'static> {
         let response = match self
             .tokens
             .answer(request_id, &ctx.client_id, stored, Instant::now())
@@ -418,24 +398,28 @@ impl RpcLinks {
                     "no pending request for this reply token",
                 );
                 settle_delivery(conn, &self.metrics, d, state);
-                return;
+                return None;
             }
         };
         if self.tokens.len() + 1 == self.shared.max_pending {
-            // The table was full: responders paused at the bound may go on (RPC-11).
-            self.pump_all(conn);
+            // The table was full: responders paused at the bound may go on.
+            self.paused_may_go_on = true;
         }
         self.count_held();
         let backend = ctx.backend.clone();
-        self.responses.push(settling(
-            d,
-            async move { backend.send_response(response).await },
-        ));
+        let sent = settling(d, async move { backend.send_response(response).await });
+        Some(async move { Finished::Responded(sent.await) })
     }
 
     /// New credit (or a drain) on a responder's link: delivers what it can.
-    pub(crate) fn credit(&mut self, conn: &mut Connection, link: LinkId, drain: bool) {
-        self.pump(conn, link);
+    pub(crate) fn credit(
+        &mut self,
+        conn: &mut Connection,
+        responder: (LinkId, &mut Responder),
+        drain: bool,
+    ) {
+        let link = responder.0;
+        self.pump(conn, responder);
         if drain {
             let _ = conn.drain_done(link);
         }
@@ -444,52 +428,41 @@ impl RpcLinks {
     /// Delivers the requests `link` holds while it has credit, the token table room and the
     /// client takes what is sent, then sets how many more its subscription may give: as many as
     /// the link's credit and the table's room left take (none while requests are still held).
-    fn pump(&mut self, conn: &mut Connection, link: LinkId) {
+    pub(crate) fn pump(&mut self, conn: &mut Connection, (link, r): (LinkId, &mut Responder)) {
         let max_pending = self.shared.max_pending;
-        let Some(r) = self.responders.get_mut(&link) else {
-            return;
-        };
-        let (pattern, presettled) = (r.pattern, r.presettled);
-        let mut held = std::mem::take(&mut r.held);
         // RPC-11: delivered within credit, paused while the token table is full, and while the
         // client does not take what was sent (its window shut, or its transport full).
         while conn.credit(link) > 0 && self.tokens.len() < max_pending && conn.has_room(link) {
-            if !self.deliver(conn, link, (pattern, presettled), &mut held) {
+            if !self.deliver(conn, (link, r)) {
                 break;
             }
         }
-        let budget = if held.is_empty() && conn.has_room(link) {
+        r.budget = if r.held.is_empty() && conn.has_room(link) {
             let room = max_pending.saturating_sub(self.tokens.len());
             (conn.credit(link) as usize).min(room)
         } else {
             0
         };
-        if let Some(r) = self.responders.get_mut(&link) {
-            r.held = held;
-            r.budget = budget;
-        }
     }
 
-    /// Delivers the first of `held` on a responder's link (RPC-12) and records its token;
-    /// `false`, with the request still held, when there is none or the link cannot take it.
-    fn deliver(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        (pattern, presettled): (Pattern, bool),
-        held: &mut VecDeque<Request>,
-    ) -> bool {
-        let Some(request) = held.front() else {
+    /// Delivers the first request `link` holds (RPC-12) and records its token; `false`, with
+    /// the request still held, when there is none or the link cannot take it.
+    fn deliver(&mut self, conn: &mut Connection, (link, r): (LinkId, &mut Responder)) -> bool {
+        let Some(request) = r.held.front() else {
             return false;
         };
         let answerable = responder::answerable_for(request, self.shared.default_timeout);
         let message = responder::delivered(request);
-        if self.outbound.send(conn, link, &message, presettled).is_ok() {
+        if self
+            .outbound
+            .send(conn, link, &message, r.presettled)
+            .is_ok()
+        {
             self.metrics
-                .transfer(Direction::Out, Counted::Pattern(pattern));
+                .transfer(Direction::Out, Counted::Pattern(r.pattern));
             let expires = Instant::now() + answerable;
-            if let Some(request) = held.pop_front() {
-                self.tokens.insert(request, pattern, expires);
+            if let Some(request) = r.held.pop_front() {
+                self.tokens.insert(request, r.pattern, expires);
             }
             self.expire_by(expires);
             self.count_held();
@@ -500,10 +473,9 @@ impl RpcLinks {
     }
 
     /// Lets every responder go on as far as its credit and the token table allow.
-    pub fn pump_all(&mut self, conn: &mut Connection) {
-        let links: Vec<LinkId> = self.responders.keys().copied().collect();
-        for link in links {
-            self.pump(conn, link);
+    pub(crate) fn pump_all(&mut self, conn: &mut Connection, table: &mut impl ResponderTable) {
+        for responder in table.responders() {
+            self.pump(conn, responder);
         }
     }
 
@@ -516,21 +488,14 @@ impl RpcLinks {
         }
     }
 
-    /// An accepted link of this bridge's ended.
-    pub(crate) fn closed(&mut self, link: LinkId) {
-        self.requesters.remove(&link);
-        self.response_links.remove(&link);
-        if self.responders.remove(&link).is_some() {
-            self.streams.remove(&link);
-        }
-    }
-
-    /// Collects what the backend finished; ready when there is work for [`RpcLinks::work`].
-    pub fn poll(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let opened = self.opening.poll(cx);
-        let answered = self.calls.poll(cx);
-        let responded = self.responses.poll(cx);
-        self.take_requests(cx);
+    /// Collects what the subscriptions gave and whether a token expired; ready when there is
+    /// work for [`RpcLinks::work`].
+    pub(crate) fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        table: &mut impl ResponderTable,
+    ) -> Poll<()> {
+        self.take_requests(cx, table);
         if self
             .expiry
             .as_mut()
@@ -539,13 +504,7 @@ impl RpcLinks {
             self.expiry = None;
             self.expiry_due = true;
         }
-        if self.expiry_due
-            || opened
-            || answered
-            || responded
-            || !self.fed.is_empty()
-            || !self.failed.is_empty()
-        {
+        if self.expiry_due || !self.fed.is_empty() || !self.failed.is_empty() {
             Poll::Ready(())
         } else {
             Poll::Pending
@@ -553,13 +512,12 @@ impl RpcLinks {
     }
 
     /// Takes from each responder's subscription as many requests as its budget allows.
-    fn take_requests(&mut self, cx: &mut Context<'_>) {
-        let mut ended = Vec::new();
-        for (link, r) in self.responders.iter_mut() {
+    fn take_requests(&mut self, cx: &mut Context<'_>, table: &mut impl ResponderTable) {
+        for (link, r) in table.responders() {
             if r.budget == 0 {
                 continue;
             }
-            let Some(stream) = self.streams.get_mut(link) else {
+            let Some(stream) = r.stream.as_mut() else {
                 continue;
             };
             let took = r.held.len();
@@ -570,84 +528,86 @@ impl RpcLinks {
                         r.held.push_back(request);
                     }
                     Poll::Ready(Some(Err(e))) => {
-                        self.failed.push((*link, e));
+                        self.failed.push((link, e));
                         r.budget = 0;
                     }
                     Poll::Ready(None) => {
-                        ended.push(*link);
+                        // A subscription that ended gives nothing more; it is not polled again.
+                        r.stream = None;
                         r.budget = 0;
+                        break;
                     }
                     Poll::Pending => break,
                 }
             }
             if r.held.len() > took {
-                self.fed.push(*link);
+                self.fed.push(link);
             }
-        }
-        // A subscription that ended gives nothing more; it is not polled again.
-        for link in ended {
-            self.streams.remove(&link);
         }
     }
 
-    /// Applies what [`RpcLinks::poll`] collected.
-    pub(crate) fn work(
+    /// Applies a backend call that finished; a responder link it opened, for the connection to
+    /// keep (and pump once kept).
+    pub(crate) fn finished(
         &mut self,
         conn: &mut Connection,
-        links: &mut Links,
+        finished: Finished,
         dynamic: &mut DynamicNodes,
-    ) {
-        for o in self.opening.take() {
-            match o.result {
+    ) -> Option<Responding> {
+        match finished {
+            Finished::Opened(o) => match o.result {
                 Ok(stream) => {
-                    if conn
-                        .accept_link(o.link, LinkAccept { credit_window: 0 })
-                        .is_err()
-                    {
-                        continue; // detached while the subscription opened
-                    }
-                    let serves = Serves::node(o.pattern, &o.channel);
-                    links.insert(o.link, LinkEntry::Responder, serves);
-                    self.responders.insert(
-                        o.link,
-                        Responder {
+                    // Gone if detached while the subscription opened.
+                    conn.accept_link(o.link, LinkAccept { credit_window: 0 })
+                        .ok()?;
+                    return Some(Responding {
+                        link: o.link,
+                        pattern: o.pattern,
+                        channel: o.channel,
+                        responder: Responder {
                             pattern: o.pattern,
+                            stream: Some(stream),
                             presettled: o.presettled,
                             held: VecDeque::new(),
                             budget: 0,
                         },
-                    );
-                    self.streams.insert(o.link, stream);
-                    self.pump(conn, o.link);
+                    });
                 }
                 Err(e) => {
                     tracing::debug!(link = o.link, error = %e, "request subscription refused");
                     let _ = conn.refuse_link(o.link, subscribe_refusal(&e));
                 }
-            }
-        }
-        for a in self.calls.take() {
-            self.call_charges.remove(&a.asked.call);
-            match requester::reply(&a.asked, &a.result) {
-                Some(reply) => {
-                    if dynamic.put_reply(&a.asked.reply_to, reply.into()) {
-                        self.metrics
-                            .transfer(Direction::Out, Counted::Pattern(a.asked.pattern));
-                        dynamic.pump(conn, &a.asked.reply_to);
-                    } else {
-                        // The requester's node is gone (RPC-14).
-                        self.metrics.rpc_late_responses.inc();
+            },
+            Finished::Answered(a) => {
+                self.awaiting = self.awaiting.saturating_sub(1);
+                self.call_charges.remove(&a.asked.call);
+                match requester::reply(&a.asked, &a.result) {
+                    Some(reply) => {
+                        if dynamic.put_reply(&a.asked.reply_to, reply.into()) {
+                            self.metrics
+                                .transfer(Direction::Out, Counted::Pattern(a.asked.pattern));
+                            dynamic.pump(conn, &a.asked.reply_to);
+                        } else {
+                            // The requester's node is gone (RPC-14).
+                            self.metrics.rpc_late_responses.inc();
+                        }
                     }
+                    None => dynamic.unreserve(&a.asked.reply_to),
                 }
-                None => dynamic.unreserve(&a.asked.reply_to),
+                self.count_held();
             }
+            Finished::Responded(r) => r.settle(conn, &self.metrics),
         }
-        for r in self.responses.take() {
-            r.settle(conn, &self.metrics);
-        }
+        None
+    }
+
+    /// Applies what [`RpcLinks::poll`] collected.
+    pub(crate) fn work(&mut self, conn: &mut Connection, table: &mut impl ResponderTable) {
         let mut fed = std::mem::take(&mut self.fed);
         for link in fed.drain(..) {
-            self.pump(conn, link);
+            if let Some(r) = table.responder(link) {
+                self.pump(conn, (link, r));
+            }
         }
         self.fed = fed;
         for (link, e) in std::mem::take(&mut self.failed) {
@@ -659,14 +619,28 @@ impl RpcLinks {
             if let Some(next) = self.tokens.expire(Instant::now()) {
                 self.expire_by(next);
             }
-            self.pump_all(conn);
+            self.paused_may_go_on = true;
+        }
+        self.after_turn(conn, table);
+    }
+
+    /// At the end of a turn: responders paused at a full token table go on if it has room
+    /// again (RPC-11), and what this connection holds is counted.
+    pub(crate) fn after_turn(&mut self, conn: &mut Connection, table: &mut impl ResponderTable) {
+        if std::mem::take(&mut self.paused_may_go_on) {
+            self.pump_all(conn, table);
         }
         self.count_held();
     }
 }
 
-/// Where a message of one of this bridge's links goes.
-enum Routed {
-    Request(Target),
-    Response(String),
+/// What a request still in flight when its connection ended does when it ends: it no longer
+/// counts as held, and a response that still came is late (RPC-14, MET-11).
+pub(crate) fn ran_out(finished: Finished, metrics: &Metrics) {
+    if let Finished::Answered(a) = finished {
+        metrics.rpc_held.fetch_sub(1, Ordering::Relaxed);
+        if a.result.is_ok() {
+            metrics.rpc_late_responses.inc();
+        }
+    }
 }
