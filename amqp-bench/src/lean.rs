@@ -312,34 +312,30 @@ impl Wire {
     }
 }
 
-/// Unsettled sends in delivery-id order, each marked once its outcome arrived.
+/// Unsettled sends in delivery-id order: when each was sent, until its outcome arrived.
 struct InFlight {
     first: u32,
-    done: VecDeque<bool>,
+    sent: VecDeque<Option<Instant>>,
     open: usize,
 }
 
 impl InFlight {
     fn push(&mut self) {
-        self.done.push_back(false);
+        self.sent.push_back(Some(Instant::now()));
         self.open += 1;
     }
 
-    /// Marks `id` settled; false when it was not in flight (already settled or never sent).
-    fn settle(&mut self, id: u32) -> bool {
+    /// Marks `id` settled: how long after its send; none when it was not in flight (already
+    /// settled or never sent).
+    fn settle(&mut self, id: u32) -> Option<Duration> {
         let i = id.wrapping_sub(self.first) as usize;
-        match self.done.get_mut(i) {
-            Some(d) if !*d => {
-                *d = true;
-                self.open -= 1;
-                while self.done.front() == Some(&true) {
-                    self.done.pop_front();
-                    self.first = self.first.wrapping_add(1);
-                }
-                true
-            }
-            _ => false,
+        let took = self.sent.get_mut(i)?.take()?.elapsed();
+        self.open -= 1;
+        while self.sent.front() == Some(&None) {
+            self.sent.pop_front();
+            self.first = self.first.wrapping_add(1);
         }
+        Some(took)
     }
 }
 
@@ -375,7 +371,7 @@ pub async fn produce(
     let mut credit_limit: u32 = 0;
     let mut flight = InFlight {
         first: 0,
-        done: VecDeque::new(),
+        sent: VecDeque::new(),
         open: 0,
     };
     let mut sent: u64 = 0;
@@ -397,13 +393,13 @@ pub async fn produce(
                     let accepted = matches!(d.state, Some(DeliveryOutcome::Accepted));
                     let mut id = d.first;
                     loop {
-                        if flight.settle(id) {
-                            let n = if accepted {
-                                &tally.accepted
+                        if let Some(took) = flight.settle(id) {
+                            if accepted {
+                                tally.stored(took);
+                                tally.accepted.fetch_add(1, Ordering::Relaxed);
                             } else {
-                                &tally.failed
-                            };
-                            n.fetch_add(1, Ordering::Relaxed);
+                                tally.failed.fetch_add(1, Ordering::Relaxed);
+                            }
                         }
                         if id == d.last {
                             break;
@@ -483,16 +479,22 @@ pub async fn produce(
     Ok(())
 }
 
-/// Message `n` as one Data section, written into `buf` (cleared first): the body as the other
-/// clients' `body` makes it, built in place so the tool's own cost per message stays small.
+/// A header section marking the message durable (a list of one field, `true`), as the other
+/// client sends it: brokers that keep non-durable messages in memory only must store it.
+const DURABLE_HEADER: [u8; 7] = [0x00, 0x53, 0x70, 0xc0, 0x02, 0x01, 0x41];
+
+/// Message `n` as a durable header and one Data section, written into `buf` (cleared first):
+/// the body as the other clients' `body` makes it, built in place so the tool's own cost per
+/// message stays small.
 fn data_section(buf: &mut Vec<u8>, n: u64, started: Instant, size: usize) {
     let size = size.max(16);
     buf.clear();
+    buf.extend_from_slice(&DURABLE_HEADER);
     buf.extend_from_slice(&[0x00, 0x53, 0x75, 0xb0]);
     buf.extend_from_slice(&(size as u32).to_be_bytes());
     buf.extend_from_slice(&n.to_be_bytes());
     buf.extend_from_slice(&(started.elapsed().as_nanos() as u64).to_be_bytes());
-    buf.resize(8 + size, 0x5a);
+    buf.resize(DURABLE_HEADER.len() + 8 + size, 0x5a);
 }
 
 /// Receives with a window of `credit`, accepting every half window in ranged dispositions and
@@ -626,9 +628,12 @@ mod tests {
         for size in [1, 16, 1024, 70_000] {
             data_section(&mut buf, 42, started, size);
             let common = super::super::body(42, started, size);
-            assert_eq!(&buf[..4], &[0x00, 0x53, 0x75, 0xb0]);
-            assert_eq!(buf[4..8], (common.len() as u32).to_be_bytes());
-            let body = &buf[8..];
+            let layout = connector::engine::message::walk(&buf).expect("a message");
+            assert!(layout.header.is_some(), "durable header");
+            let data = &buf[DURABLE_HEADER.len()..];
+            assert_eq!(&data[..4], &[0x00, 0x53, 0x75, 0xb0]);
+            assert_eq!(data[4..8], (common.len() as u32).to_be_bytes());
+            let body = &data[8..];
             assert_eq!(body.len(), common.len());
             assert_eq!(body[..8], common[..8], "the message number");
             assert_eq!(body[16..], common[16..], "the filler");

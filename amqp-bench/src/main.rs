@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::definitions::SenderSettleMode;
-use fe2o3_amqp::types::messaging::{Data, Message, Outcome};
+use fe2o3_amqp::types::messaging::{Data, Header, Message, Outcome};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
@@ -22,6 +22,7 @@ mod coalesce;
 mod direct;
 mod lean;
 mod rpc;
+mod stages;
 
 /// The same allocator as the connector, for both the AMQP and the direct gRPC load: the load
 /// tool shares the cores with what it measures, and glibc's malloc made it the costliest process.
@@ -103,6 +104,11 @@ struct Args {
     /// `--pipeline` requests each in flight), consumers responders; latency is the round trip.
     #[arg(long)]
     rpc: bool,
+    /// The connector's HTTP endpoint (`http://host:port`): its account of where queue messages'
+    /// time went (stored, waited, handed out, settled) is read before and after the run and
+    /// printed beside the tool's own times.
+    #[arg(long)]
+    stages: Option<String>,
 }
 
 impl Args {
@@ -196,6 +202,18 @@ struct Tally {
     accepted: AtomicU64,
     failed: AtomicU64,
     received: AtomicU64,
+    /// Each accepted send's time from its send to its outcome, in ns.
+    stored_ns: Mutex<Vec<u64>>,
+}
+
+impl Tally {
+    /// One send accepted `took` after it was sent.
+    fn stored(&self, took: Duration) {
+        self.stored_ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(took.as_nanos() as u64);
+    }
 }
 
 /// Records the number and latency carried by one received body (both modes).
@@ -268,9 +286,15 @@ async fn produce_amqp(
             let due = paced + Duration::from_secs_f64(i as f64 / per_producer_rate);
             tokio::time::sleep_until(due.into()).await;
         }
+        // Durable, so that brokers that keep other messages in memory only store these too.
         let msg = Message::builder()
+            .header(Header {
+                durable: true,
+                ..Default::default()
+            })
             .data(Binary::from(body(first + i, started, args.size)))
             .build();
+        let sent_at = Instant::now();
         let fut = sender
             .send_batchable(msg)
             .await
@@ -280,7 +304,10 @@ async fn produce_amqp(
         let presettled = args.presettled;
         in_flight.spawn(async move {
             match fut.await {
-                Ok(Outcome::Accepted(_)) => t.accepted.fetch_add(1, Ordering::Relaxed),
+                Ok(Outcome::Accepted(_)) => {
+                    t.stored(sent_at.elapsed());
+                    t.accepted.fetch_add(1, Ordering::Relaxed)
+                }
                 Ok(_) | Err(_) if !presettled => t.failed.fetch_add(1, Ordering::Relaxed),
                 _ => t.accepted.fetch_add(1, Ordering::Relaxed),
             };
@@ -402,6 +429,13 @@ async fn main() {
         latencies: Vec::with_capacity(args.messages as usize),
     }));
     let (stop_all, stop) = tokio::sync::watch::channel(());
+    let stages_before = match &args.stages {
+        Some(url) => Some(stages::fetch(url).await.unwrap_or_else(|e| {
+            eprintln!("connector stages: {e}");
+            std::process::exit(2)
+        })),
+        None => None,
+    };
     let start_consumers = || {
         (0..args.consumers)
             .map(|c| {
@@ -508,6 +542,13 @@ async fn main() {
             Ok(Ok(Ok(()))) => {}
         }
     }
+    let stages_after = match &args.stages {
+        Some(url) => stages::fetch(url)
+            .await
+            .map_err(|e| eprintln!("connector stages: {e}"))
+            .ok(),
+        None => None,
+    };
     let seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     let copies = args.copies();
     let lost = seen.counts.iter().filter(|c| **c < copies).count();
@@ -525,14 +566,35 @@ async fn main() {
         received as f64 / elapsed
     );
     println!(
-        "latency p50 {:?} p90 {:?} p99 {:?} max {:?}",
+        "latency p50 {:?} p90 {:?} p99 {:?} p999 {:?} max {:?}",
         pct(&lat, 0.5),
         pct(&lat, 0.9),
         pct(&lat, 0.99),
+        pct(&lat, 0.999),
         lat.last()
             .map(|n| Duration::from_nanos(*n))
             .unwrap_or_default()
     );
+    let mut stored = tally
+        .stored_ns
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if !stored.is_empty() {
+        stored.sort_unstable();
+        println!(
+            "send to accepted p50 {:?} p99 {:?} p999 {:?} (n {})",
+            pct(&stored, 0.5),
+            pct(&stored, 0.99),
+            pct(&stored, 0.999),
+            stored.len()
+        );
+    }
+    if let (Some(before), Some(after)) = (&stages_before, &stages_after) {
+        for line in stages::report(before, after) {
+            println!("{line}");
+        }
+    }
     println!(
         "lost {lost} duplicated {duplicated} failed sends {}",
         tally.failed.load(Ordering::Relaxed)

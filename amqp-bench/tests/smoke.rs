@@ -164,3 +164,54 @@ fn tcp_forward_passes_the_direct_load_through() {
         "{text}"
     );
 }
+
+/// With `--stages`, the run prints the connector's account of each stage of its queue messages
+/// (read from the connector's HTTP endpoint before and after), and the producers' own send to
+/// accepted times; every message of the run is counted in every stage.
+#[test]
+fn stages_are_reported_from_the_connector() {
+    let c = TestConnector::start(Settings::default());
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let http = listener.local_addr().expect("address");
+    let metrics = c.metrics.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            listener.set_nonblocking(true).expect("non-blocking");
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let health = connector::http::Health {
+                metrics,
+                ready: tokio::sync::watch::channel(true).1,
+                registry: Default::default(),
+            };
+            connector::http::serve(listener, health).await
+        })
+    });
+    let (ok, out) = bench(
+        &c.url(),
+        &[
+            "--messages",
+            "300",
+            "--address",
+            "queues/stages",
+            "--stages",
+            &format!("http://{http}"),
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("latency p50") && out.contains(" p999 "),
+        "{out}"
+    );
+    assert!(out.contains("send to accepted p50"), "{out}");
+    for stage in ["stored", "waited", "handed_out", "settled"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(&format!("connector {stage} ")))
+            .unwrap_or_else(|| panic!("no {stage} line in:\n{out}"));
+        assert!(line.contains("n     300"), "{line}");
+    }
+}

@@ -1,7 +1,7 @@
 //! The connector's HTTP endpoint: `/metrics` (Prometheus text), `/livez` (the process runs) and
 //! `/readyz` (the AMQP listener is bound and the backend reachable), for Kubernetes probes and
-//! scrapers; and the detail endpoints `/api/amqp10/connections` and `/api/amqp10/links`
-//! (OBS-1), for people.
+//! scrapers; the detail endpoints `/api/amqp10/connections` and `/api/amqp10/links` (OBS-1), for
+//! people; and `/api/amqp10/stages`, where queue messages' time goes (`stages`), for the load tool.
 
 use std::sync::Arc;
 
@@ -32,6 +32,7 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
             match path.as_str() {
                 "/api/amqp10/connections" => Answer::json(health.registry.connections_json().await),
                 "/api/amqp10/links" => Answer::json(health.registry.links_json().await),
+                "/api/amqp10/stages" => Answer::json(health.metrics.stages.json()),
                 _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
             }
         }

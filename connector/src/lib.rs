@@ -18,4 +18,5 @@ pub mod kubemq;
 pub mod metrics;
 pub mod observed;
 pub mod pattern;
+pub mod stages;
 pub mod store;

@@ -177,6 +177,9 @@ pub struct Metrics {
     /// delivered requests waiting for an answer. Not a metric family (MET-0 has exactly 11);
     /// read by tests, to see that nothing is left behind.
     pub rpc_held: std::sync::atomic::AtomicI64,
+    /// Where queue messages' time goes, stage by stage: not a metric family either (MET-0);
+    /// shown at `/api/amqp10/stages`.
+    pub stages: crate::stages::Stages,
     /// The members of `rpc_requests`, by [`RPC_PATTERNS`]: counted without a label set per request.
     rpc_counters: [Counter; 2],
     /// The members of `transfers` by [`Counted::index`] then direction, held so that counting a
@@ -209,6 +212,7 @@ impl Metrics {
             events_store_dropped_stalled: Counter::default(),
             rpc_late_responses: Counter::default(),
             rpc_held: Default::default(),
+            stages: Default::default(),
             rpc_counters: Default::default(),
             pattern_transfers: Default::default(),
             outcome_counters: Default::default(),

@@ -788,7 +788,9 @@ mod tests {
 
     use super::*;
     use crate::backend::embedded::Embedded;
-    use crate::bridge::queues::fetcher::{Command, ConsumerKey, Handout, LoopKey, ToConsumer};
+    use crate::bridge::queues::fetcher::{
+        Command, ConsumerKey, Handout, LoopKey, Taken, ToConsumer,
+    };
     use crate::config::Settings;
     use crate::engine::{peer, AdmitAll, Transport, HEADER_AMQP};
     use crate::kubemq::QueueMessage;
@@ -923,6 +925,7 @@ mod tests {
                     body: bytes::Bytes::from_static(b"m"),
                     ..Default::default()
                 },
+                taken: Taken::now(0),
             })
             .collect();
         to.send(ToConsumer::Messages(handouts))
@@ -995,6 +998,7 @@ mod tests {
                 transaction: Arc::from("t"),
                 sequence: 1,
                 message: QueueMessage::default(),
+                taken: Taken::now(0),
             };
             to.send(ToConsumer::Messages(vec![late])).unwrap();
             to.send(ToConsumer::Left(consumer)).unwrap();

@@ -31,6 +31,35 @@ pub struct Handout {
     pub sequence: u64,
     /// The message.
     pub message: QueueMessage,
+    /// When the Get loop took it.
+    pub taken: Taken,
+}
+
+/// When the Get loop took a message, and how long the message had waited in its queue before.
+#[derive(Clone, Copy, Debug)]
+pub struct Taken {
+    /// When it was taken.
+    pub at: std::time::Instant,
+    /// From the store's timestamp of the message (`stored_ns`, Unix nanoseconds) to then.
+    pub waited: std::time::Duration,
+}
+
+impl Taken {
+    /// A message stored at `stored_ns` (Unix nanoseconds; 0 when unknown), taken now.
+    pub fn now(stored_ns: i64) -> Taken {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+        let waited = if stored_ns > 0 {
+            u64::try_from(wall.saturating_sub(stored_ns)).unwrap_or(0)
+        } else {
+            0
+        };
+        Taken {
+            at: std::time::Instant::now(),
+            waited: std::time::Duration::from_nanos(waited),
+        }
+    }
 }
 
 /// What the fetcher sends to a consumer's connection.
@@ -255,6 +284,7 @@ struct Fetched {
     transaction: Arc<str>,
     sequence: u64,
     message: QueueMessage,
+    taken: Taken,
 }
 
 /// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
@@ -786,10 +816,12 @@ impl<B: Backend> Fetcher<B> {
             match arrival {
                 Arrival::New => {
                     new += 1;
+                    let stored_ns = m.attributes.as_ref().map_or(0, |a| a.timestamp);
                     self.buffer.push_back(Fetched {
                         transaction: txn.clone(),
                         sequence: s,
                         message: m,
+                        taken: Taken::now(stored_ns),
                     });
                 }
                 // Its consumer holds it: the transaction cannot be closed unchanged.
@@ -921,6 +953,7 @@ impl<B: Backend> Fetcher<B> {
                     transaction: h.transaction,
                     sequence: h.sequence,
                     message: h.message,
+                    taken: h.taken,
                 });
             }
         }
@@ -1028,6 +1061,7 @@ impl<B: Backend> Fetcher<B> {
                 transaction,
                 sequence,
                 message,
+                taken,
             }) = self.buffer.pop_front()
             else {
                 break;
@@ -1047,6 +1081,7 @@ impl<B: Backend> Fetcher<B> {
                 transaction,
                 sequence,
                 message,
+                taken,
             };
             match batches.iter_mut().find(|(key, _)| *key == k) {
                 Some((_, batch)) => batch.push(h),
@@ -1067,6 +1102,7 @@ impl<B: Backend> Fetcher<B> {
                         transaction: h.transaction,
                         sequence: h.sequence,
                         message: h.message,
+                        taken: h.taken,
                     });
                 }
             }

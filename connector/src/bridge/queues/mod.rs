@@ -37,6 +37,7 @@ use crate::engine::{
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Counted, Direction, Metrics};
 use crate::pattern::Pattern;
+use crate::stages::Stage;
 
 /// The process-wide part of the queues bridge: its limits and one Get loop per channel.
 pub struct Shared {
@@ -72,6 +73,7 @@ impl Producer {
         self.lane.push(ToStore {
             delivery_id: d.delivery_id,
             presettled: d.settled,
+            received: tokio::time::Instant::now(),
             message,
         });
     }
@@ -86,11 +88,13 @@ pub(crate) struct QueueConsumer {
     taken: u64,
 }
 
-/// A consume delivery sent unsettled: which message of which transaction it carries.
+/// A consume delivery sent unsettled: which message of which transaction it carries, and when
+/// it was sent.
 #[derive(Debug)]
 struct Unsettled {
     transaction: Arc<str>,
     sequence: u64,
+    sent: std::time::Instant,
 }
 
 impl Unsettled {
@@ -301,6 +305,9 @@ impl QueueLinks {
         let Some(message) = self.deliveries.remove(&token) else {
             return;
         };
+        metrics
+            .stages
+            .record(Stage::Settled, message.sent.elapsed());
         // MET-5.
         let counted = match &state {
             Some(DeliveryOutcome::Accepted) => Some(metrics::Outcome::accepted),
@@ -379,6 +386,7 @@ impl QueueLinks {
         table: &mut impl QueueTable,
     ) {
         for d in std::mem::take(&mut self.ready_done) {
+            metrics.stages.record(Stage::Stored, d.received.elapsed());
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             settle_inbound(conn, metrics, d.link, d.delivery_id, d.presettled, d.state);
         }
@@ -434,12 +442,17 @@ impl QueueLinks {
         if sent.is_ok() {
             // MET-4.
             metrics.transfer(Direction::Out, Counted::Pattern(Pattern::Queues));
+            metrics.stages.record(Stage::Waited, h.taken.waited);
+            metrics
+                .stages
+                .record(Stage::HandedOut, h.taken.at.elapsed());
         }
         match sent {
             Ok(token) => {
                 let message = Unsettled {
                     transaction: h.transaction,
                     sequence: h.sequence,
+                    sent: std::time::Instant::now(),
                 };
                 if presettled {
                     // at-most-once, acked as it is sent.

@@ -36,6 +36,8 @@ pub(super) struct Done {
     pub link: LinkId,
     pub delivery_id: u32,
     pub presettled: bool,
+    /// When its delivery was complete.
+    pub received: Instant,
     pub state: DeliveryState,
 }
 
@@ -46,15 +48,25 @@ pub(super) struct ToStore {
     pub delivery_id: u32,
     /// The client sent it pre-settled: no disposition will be sent.
     pub presettled: bool,
+    /// When its delivery was complete.
+    pub received: Instant,
     /// What to store.
     pub message: QueueMessage,
+}
+
+/// A message of a batch being stored: the delivery to settle once it is.
+#[derive(Debug, Clone, Copy)]
+struct Storing {
+    delivery_id: u32,
+    presettled: bool,
+    received: Instant,
 }
 
 type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
 
 /// A batch being stored: its deliveries, the backend call, and when it started.
 struct InFlight {
-    ids: Vec<(u32, bool)>,
+    ids: Vec<Storing>,
     call: Pin<Box<dyn Future<Output = Results> + Send>>,
     started: Instant,
     /// Later batches went beside it (logged once).
@@ -161,7 +173,11 @@ impl Lane {
             let mut ids = Vec::with_capacity(take);
             let mut messages = Vec::with_capacity(take);
             for m in self.queued.drain(..take) {
-                ids.push((m.delivery_id, m.presettled));
+                ids.push(Storing {
+                    delivery_id: m.delivery_id,
+                    presettled: m.presettled,
+                    received: m.received,
+                });
                 messages.push(m.message);
             }
             let (backend, lane) = (backend.clone(), self.lane);
@@ -248,7 +264,7 @@ pub(super) fn spawn_sender<B: Backend>(
 }
 
 /// Each message's outcome (ERR-9, ERR-10: the bridge's one mapping of backend failures).
-fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Results) {
+fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<Storing>, results: Results) {
     // Every send that is not `accepted` is logged with why: once for a call that failed as a
     // whole, once per message KubeMQ refused.
     match &results {
@@ -259,12 +275,12 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
             tracing::warn!(?link, messages = ids.len(), error = %e, "send failed; answered rejected")
         }
         Ok(results) => {
-            for (r, (delivery_id, _)) in results.iter().zip(&ids).filter(|(r, _)| r.is_error) {
-                tracing::warn!(?link, delivery_id, error = %r.error, "KubeMQ refused a message; answered rejected");
+            for (r, m) in results.iter().zip(&ids).filter(|(r, _)| r.is_error) {
+                tracing::warn!(?link, delivery_id = m.delivery_id, error = %r.error, "KubeMQ refused a message; answered rejected");
             }
         }
     }
-    for (i, (delivery_id, presettled)) in ids.into_iter().enumerate() {
+    for (i, m) in ids.into_iter().enumerate() {
         let state = match &results {
             Ok(r) => match r.get(i) {
                 Some(r) if !r.is_error => DeliveryState::Accepted(Accepted {}),
@@ -276,8 +292,9 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<(u32, bool)>, results: Re
         };
         done.push(Done {
             link,
-            delivery_id,
-            presettled,
+            delivery_id: m.delivery_id,
+            presettled: m.presettled,
+            received: m.received,
             state,
         });
     }
@@ -347,6 +364,14 @@ mod tests {
         (Arc::new(Double(b)), dir)
     }
 
+    fn storing(delivery_id: u32) -> Storing {
+        Storing {
+            delivery_id,
+            presettled: false,
+            received: Instant::now(),
+        }
+    }
+
     fn message(id: u32) -> ToStore {
         let m = QueueMessage {
             channel: "q".into(),
@@ -355,6 +380,7 @@ mod tests {
         ToStore {
             delivery_id: id,
             presettled: false,
+            received: Instant::now(),
             message: m,
         }
     }
@@ -366,7 +392,7 @@ mod tests {
     fn a_send_of_unknown_outcome_is_released_not_rejected() {
         let outcome = |results: Results| {
             let mut done = Vec::new();
-            report(1, &mut done, vec![(7, false)], results);
+            report(1, &mut done, vec![storing(7)], results);
             done.pop().expect("an outcome").state
         };
         assert!(matches!(
@@ -413,7 +439,7 @@ mod tests {
                 ..Default::default()
             };
             let mut done = Vec::new();
-            report(1, &mut done, vec![(7, false)], Ok(vec![refused]));
+            report(1, &mut done, vec![storing(7)], Ok(vec![refused]));
             match done.pop().expect("an outcome").state {
                 DeliveryState::Rejected(r) => format!("{:?}", r.error.expect("an error").condition),
                 other => panic!("{other:?}"),
