@@ -46,7 +46,19 @@ pub struct Dropped {
 
 struct Append {
     bytes: BytesMut,
-    done: Option<oneshot::Sender<io::Result<(Location, SegmentPin)>>>,
+    done: Option<Done>,
+}
+
+/// Where the writer's result of an append goes.
+type Written = io::Result<(Location, SegmentPin)>;
+
+/// Who is told once an append is on disk.
+enum Done {
+    /// A caller waiting for the result.
+    Tell(oneshot::Sender<Written>),
+    /// Work the writer thread runs with the result, before it writes the next batch: what must
+    /// follow the write at once (making the records visible) without a hop to another thread.
+    Then(Box<dyn FnOnce(Written) + Send>),
 }
 
 /// Appends per segment whose callers have not yet counted their records live.
@@ -245,7 +257,7 @@ impl Log {
         let (done, wait) = oneshot::channel();
         self.send(Append {
             bytes,
-            done: Some(done),
+            done: Some(Done::Tell(done)),
         })?;
         wait.await
             .map_err(|_| io::Error::other("store writer stopped"))?
@@ -261,13 +273,27 @@ impl Log {
         let (done, wait) = oneshot::channel();
         let sent = self.send(Append {
             bytes,
-            done: Some(done),
+            done: Some(Done::Tell(done)),
         });
         async move {
             sent?;
             wait.await
                 .map_err(|_| io::Error::other("store writer stopped"))?
         }
+    }
+
+    /// Appends framed records durably, and runs `then` with the result on the writer's thread
+    /// once they are on disk (or failed), whether or not anyone still waits; `Err` when the
+    /// writer has stopped (`then` is not run).
+    pub fn append_then(
+        &self,
+        bytes: BytesMut,
+        then: impl FnOnce(Written) + Send + 'static,
+    ) -> io::Result<()> {
+        self.send(Append {
+            bytes,
+            done: Some(Done::Then(Box::new(then))),
+        })
     }
 
     /// Appends framed records without waiting and without an fsync of their own (acks: they reach
@@ -398,7 +424,11 @@ impl Log {
     pub fn close(&self) {
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = t.join();
+            // The writer itself can drop the last handle on the store, in the work an append
+            // runs after its write: it ends on its own once the queue is empty.
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -456,9 +486,13 @@ impl Writer {
             }
             let result = self.write_batch(&batch, &mut buf);
             for (a, r) in batch.into_iter().zip(result) {
-                if let Some(done) = a.done {
+                match a.done {
                     // A caller that gave up drops the pin with the message.
-                    let _ = done.send(r);
+                    Some(Done::Tell(done)) => {
+                        let _ = done.send(r);
+                    }
+                    Some(Done::Then(then)) => then(r),
+                    None => {}
                 }
             }
         }

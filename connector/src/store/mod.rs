@@ -387,19 +387,25 @@ impl Store {
         }
         let sent = results.len() as u64;
         let store = self.clone();
-        let failure = match to_the_end(
-            async move { store.count_placed(records, placed, sent).await },
-        )
-        .await
-        {
-            Some(Ok(())) => {
-                return Sent {
-                    results,
-                    storage_failed: false,
+        let (counted, wait) = tokio::sync::oneshot::channel();
+        // The writer thread counts the records live as soon as they are on disk, whether or not
+        // this caller still waits: the messages are stored, so they must become visible.
+        let appended = self.log.append_then(records, move |written| {
+            let result = written.map(|(base, _pin)| store.count_placed(base, placed, sent));
+            let _ = counted.send(result);
+        });
+        let failure = match appended {
+            Err(e) => e.to_string(),
+            Ok(()) => match wait.await {
+                Ok(Ok(())) => {
+                    return Sent {
+                        results,
+                        storage_failed: false,
+                    }
                 }
-            }
-            Some(Err(e)) => e.to_string(),
-            None => "store stopped".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "store stopped".to_string(),
+            },
         };
         // Every message not refused up front was in the write that failed.
         for r in results.iter_mut().filter(|r| !r.is_error) {
@@ -478,16 +484,9 @@ impl Store {
         }
     }
 
-    /// Writes the placed messages' `records` durably, then counts them in their queues (or among
-    /// the delayed ones) and `sent` among the sends.
-    async fn count_placed(
-        &self,
-        records: BytesMut,
-        placed: Vec<Placed>,
-        sent: u64,
-    ) -> io::Result<()> {
-        // The pin holds the segment until these records are counted live below.
-        let (base, _pin) = self.log.append(records).await?;
+    /// Counts the placed messages live once their records are on disk at `base` (their
+    /// segment is pinned by the caller until this returns), and wakes the Gets waiting for them.
+    fn count_placed(&self, base: Location, placed: Vec<Placed>, sent: u64) {
         let mut st = self.lock();
         for p in placed {
             let e = Entry {
@@ -511,7 +510,6 @@ impl Store {
             }
         }
         self.sends.fetch_add(sent, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Takes up to `max_items` messages of `queue`, waiting until that many arrived or `wait`
