@@ -13,6 +13,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use bytes::BytesMut;
 use tokio::sync::oneshot;
 
+use super::deleter::{Deleter, SPENT_SUFFIX};
 use super::record::{self, Parsed, Record};
 
 /// Default size at which a segment is closed and a new one started.
@@ -132,6 +133,8 @@ pub fn warn_dropped(log: &'static str, dropped: &[Dropped]) {
 /// The log; cheap to share behind an `Arc`.
 pub struct Log {
     dir: PathBuf,
+    /// Deletes spent segments off the message path.
+    deleter: Deleter,
     tx: Mutex<Option<mpsc::Sender<Append>>>,
     files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
     active: Arc<AtomicU64>,
@@ -155,6 +158,11 @@ pub fn recover(
         .filter_map(|e| e.ok())
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
+            if name.ends_with(SPENT_SUFFIX) {
+                // A spent segment the last run had not finished deleting.
+                let _ = std::fs::remove_file(e.path());
+                return None;
+            }
             name.strip_prefix("seg-")?
                 .strip_suffix(".log")?
                 .parse()
@@ -243,6 +251,7 @@ impl Log {
             .spawn(move || writer.run(rx))?;
         Ok(Log {
             dir: dir.to_path_buf(),
+            deleter: Deleter::start()?,
             tx: Mutex::new(Some(tx)),
             files,
             active,
@@ -415,7 +424,7 @@ impl Log {
             .remove(&n)
             .is_some();
         if known {
-            std::fs::remove_file(segment_path(&self.dir, n))?;
+            self.deleter.delete(&segment_path(&self.dir, n))?;
         }
         Ok(known)
     }
@@ -430,6 +439,7 @@ impl Log {
                 let _ = t.join();
             }
         }
+        self.deleter.close();
     }
 }
 

@@ -13,6 +13,7 @@
 //! log of its own ([`stream`]); commands and queries are routed in memory ([`requests`]), both
 //! over [`fanout`].
 
+mod deleter;
 pub mod errors;
 pub mod events;
 pub mod fanout;
