@@ -165,8 +165,12 @@ for rate in $RATES; do
       for rep in $(seq "$REPS"); do v+=("$(echo "${lat[$s,$rate,$rep]}" | awk -v i="$i" '{ print $i }')"); done
       cols+=("$(IFS='·'; echo "${v[*]}" | sed 's/·/ · /g')")
     done
-    extra=$(echo "${lat[$s,$rate,1]}" | awk '{ print $5 }')
-    echo "| ${label[$s]} | ${cols[0]} | ${cols[1]} | ${cols[2]} | ${cols[3]} ${extra} |"
+    lost=()
+    for rep in $(seq "$REPS"); do
+      l=$(echo "${lat[$s,$rate,$rep]}" | awk '{ print $5 }')
+      [ -n "$l" ] && lost+=("run $rep $l")
+    done
+    echo "| ${label[$s]} | ${cols[0]} | ${cols[1]} | ${cols[2]} | ${cols[3]}${lost:+ (${lost[*]})} |"
   done
   for rep in $(seq "$REPS"); do
     echo

@@ -6,7 +6,7 @@
 # outside host; its report also goes to a closed local port). Not part of CI.
 #
 #   bash amqp-bench/real-kubemq.sh throughput   # connector vs straight gRPC, alternating ROUNDS
-#   bash amqp-bench/real-kubemq.sh latency      # 200 and 2,000 msg/s, and the idle queue
+#   bash amqp-bench/real-kubemq.sh latency      # 500, 2,000 and 10,000 msg/s, and the idle queue
 #   bash amqp-bench/real-kubemq.sh scale-out    # one connector, then two, RUNS runs each
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,7 +76,7 @@ throughput)
   done
   ;;
 latency)
-  for rate in 200 2000; do
+  for rate in ${RATES:-500 2000 10000}; do
     for r in $(seq "$ROUNDS"); do
       # Straight over gRPC a Get of 100 waits for 100 messages or its second (KMQ-6): the
       # floor is a Get of one per round.
