@@ -19,14 +19,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-use futures_util::future::Either;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use fe2o3_amqp_types::definitions::SenderSettleMode;
 use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use fe2o3_amqp_types::performatives::Attach;
+use futures_util::future::Either;
 
 use self::requester::Asked;
 use self::responder::{NoRequest, Tokens};
