@@ -248,7 +248,7 @@ impl<B: Backend> ConnectionHandler<B> {
             Resolved::Node { pattern, channel } => (pattern, channel),
             // ADDR-10, AUTHZ-5: a reply token, not subject to authorization; only for senders.
             Resolved::Response { request_id } if client_sends => {
-                if self.rpc.accept_sender(conn, link) {
+                if self.accept_sender(conn, link) {
                     let serves = Serves::Response(&request_id);
                     let entry = LinkEntry::ReplySender(request_id.clone());
                     self.links.insert(link, entry, serves);
@@ -266,8 +266,8 @@ impl<B: Backend> ConnectionHandler<B> {
         )?;
         match (pattern, client_sends) {
             (Pattern::Queues, true) => {
-                let shared = &self.bridge.queues;
-                if let Some(producer) = self.queues.accept_producer(conn, link, shared) {
+                if self.accept_sender(conn, link) {
+                    let producer = QueueLinks::producer(link, &self.bridge.queues);
                     let serves = Serves::queue(&channel);
                     let entry = LinkEntry::QueueProducer {
                         channel: channel.clone(),
@@ -303,7 +303,7 @@ impl<B: Backend> ConnectionHandler<B> {
                     pattern,
                     channel: channel.clone(),
                 };
-                if events::accept_publisher(conn, link, &self.bridge.events) {
+                if self.accept_sender(conn, link) {
                     let serves = Serves::node(pattern, &channel);
                     self.links
                         .insert(link, LinkEntry::EventPublisher(target), serves);
@@ -331,7 +331,7 @@ impl<B: Backend> ConnectionHandler<B> {
                     pattern,
                     channel: channel.clone(),
                 };
-                if self.rpc.accept_sender(conn, link) {
+                if self.accept_sender(conn, link) {
                     let serves = Serves::node(pattern, &channel);
                     self.links
                         .insert(link, LinkEntry::Requester(target), serves);
@@ -363,8 +363,8 @@ impl<B: Backend> ConnectionHandler<B> {
         if !dynamic {
             if client_sends {
                 // ADDR-13: every message names its node in `to`.
-                if let Some(producer) = self.queues.accept_producer(conn, link, &self.bridge.queues)
-                {
+                if self.accept_sender(conn, link) {
+                    let producer = QueueLinks::producer(link, &self.bridge.queues);
                     let entry = LinkEntry::AnonymousProducer(producer);
                     self.links.insert(link, entry, Serves::Anonymous);
                 }
@@ -378,7 +378,7 @@ impl<B: Backend> ConnectionHandler<B> {
         // connection consumes it by its address, and it ends with this link.
         let address = self.mint_address();
         let credit_window = if client_sends {
-            self.bridge.queues.credit_window
+            self.bridge.produce_credit_window
         } else {
             0
         };
@@ -397,6 +397,15 @@ impl<B: Backend> ConnectionHandler<B> {
         self.links.insert(link, entry, Serves::Dynamic(&address));
         self.dynamic.add(link, address, consumer, conn.budget());
         Ok(())
+    }
+
+    /// Accepts a link the client sends on, with the produce credit window; `false` when it is
+    /// gone (detached while attaching).
+    fn accept_sender(&self, conn: &mut Connection, link: LinkId) -> bool {
+        let accept = LinkAccept {
+            credit_window: self.bridge.produce_credit_window,
+        };
+        conn.accept_link(link, accept).is_ok()
     }
 
     /// A new dynamic node address (ADDR-11, OP-ADDR-8): `_amqp10.tmp.<connection>.<uuid>`.

@@ -51,6 +51,8 @@ pub struct Bridge<B: Backend> {
     pub(crate) default_pattern: Pattern,
     /// The number of the next connection.
     pub(crate) next_connection: AtomicU64,
+    /// The credit window of every link the client sends on (CFG-21).
+    pub(crate) produce_credit_window: u32,
     /// The queues bridge's process-wide part.
     pub(crate) queues: queues::Shared,
     /// The events and events-store bridge's process-wide part.
@@ -76,8 +78,8 @@ impl<B: Backend> Bridge<B> {
             authenticated: settings.authentication,
             default_pattern: settings.default_pattern,
             next_connection: AtomicU64::new(1),
+            produce_credit_window: settings.produce_credit_window(),
             queues: queues::Shared {
-                credit_window: settings.produce_credit_window(),
                 max_unsettled,
                 limits: queues::fetcher::FetchLimits {
                     max_batch: 1000.max(settings.get_batch_size),
@@ -89,14 +91,12 @@ impl<B: Backend> Bridge<B> {
             events: events::Shared {
                 durable: Default::default(),
                 buffer: max_unsettled as usize,
-                credit_window: settings.produce_credit_window(),
             },
             rpc: rpc::Shared {
                 max_pending: settings.rpc_max_pending.max(1) as usize,
                 default_timeout: Duration::from_secs(u64::from(
                     settings.default_rpc_timeout_seconds.max(1),
                 )),
-                credit_window: settings.produce_credit_window(),
             },
         })
     }

@@ -57,8 +57,6 @@ pub struct Shared {
     pub durable: durable::Registry,
     /// Capacity of an events-store link's buffer: MaxUnsettledPerLink (ES-5).
     pub buffer: usize,
-    /// Credit window of produce links.
-    pub credit_window: u32,
 }
 
 /// The identity a wildcard subscription reads as, each event checked against its own channel
@@ -151,14 +149,6 @@ pub struct ConsumeRequest<'a> {
     pub attach: &'a Attach,
     /// For a wildcard subscription under a policy: who reads (AUTHZ-7).
     pub reader: Option<WildcardReader>,
-}
-
-/// Accepts a produce link; `false` when it is gone (detached while attaching).
-pub(crate) fn accept_publisher(conn: &mut Connection, link: LinkId, shared: &Shared) -> bool {
-    let accept = LinkAccept {
-        credit_window: shared.credit_window,
-    };
-    conn.accept_link(link, accept).is_ok()
 }
 
 /// The subscription of a consume link, to start; the link is answered when it is open.

@@ -41,8 +41,6 @@ use crate::stages::Stage;
 
 /// The process-wide part of the queues bridge: its limits and one Get loop per channel.
 pub struct Shared {
-    /// Credit window of produce links.
-    pub credit_window: u32,
     /// Unsettled deliveries a consume link may hold (MaxUnsettledPerLink, Q-12).
     pub max_unsettled: u32,
     /// Batch limits of the Get loops.
@@ -176,24 +174,15 @@ impl Default for QueueLinks {
 const WINDOW_SLACK: u32 = 4;
 
 impl QueueLinks {
-    /// Accepts a produce link; `None` when it is gone (detached while attaching).
-    pub(crate) fn accept_producer(
-        &mut self,
-        conn: &mut Connection,
-        link: LinkId,
-        shared: &Shared,
-    ) -> Option<Producer> {
-        let accept = LinkAccept {
-            credit_window: shared.credit_window,
-        };
-        conn.accept_link(link, accept).ok()?;
+    /// The state of the accepted produce link `link`: its own lane to the backend.
+    pub(crate) fn producer(link: LinkId, shared: &Shared) -> Producer {
         // Lanes in turn: links opened one after another use different streams of the backend
         // (a hash of the link's ids put two producers on one stream in about one run in four,
         // where each then waited for the other's batch).
         let lane = shared.next_lane.fetch_add(1, Ordering::Relaxed);
-        Some(Producer {
+        Producer {
             lane: Lane::new(lane, link),
-        })
+        }
     }
 
     /// Accepts a consume link on `channel` and joins it to the channel's Get loop; `Ok(None)`

@@ -54,8 +54,6 @@ pub struct Shared {
     pub max_pending: usize,
     /// The timeout of a request without a ttl (`DefaultRpcTimeoutSeconds`, RPC-3).
     pub default_timeout: Duration,
-    /// Credit window of requester and response links.
-    pub credit_window: u32,
 }
 
 /// A responder link's own state: its subscription and the requests taken from it.
@@ -205,15 +203,6 @@ impl RpcLinks {
     /// flight count until they end, if they `run` to their end ([`ran_out`] sees each).
     pub(crate) fn ended(&mut self, run: bool) {
         self.held(if run { self.awaiting as i64 } else { 0 });
-    }
-
-    /// Accepts a requester's link, or one whose target is a reply token (ADDR-10), with the
-    /// produce credit window; `false` when it is gone (detached while attaching).
-    pub(crate) fn accept_sender(&self, conn: &mut Connection, link: LinkId) -> bool {
-        let accept = LinkAccept {
-            credit_window: self.shared.credit_window,
-        };
-        conn.accept_link(link, accept).is_ok()
     }
 
     /// A responder's subscription, to start; the link is answered when it is open (RPC-11).
