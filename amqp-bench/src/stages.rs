@@ -3,8 +3,7 @@
 //! the tool's own send → accepted and send → received times.
 
 use std::collections::BTreeMap;
-
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use std::net::ToSocketAddrs;
 
 /// Each stage's histogram: bucket upper bound (ns) → count.
 pub type Histograms = BTreeMap<String, BTreeMap<u64, u64>>;
@@ -15,22 +14,19 @@ const ORDER: [&str; 4] = ["stored", "waited", "handed_out", "settled"];
 /// Reads the histograms from the connector's HTTP endpoint at `base` (`http://host:port`).
 pub async fn fetch(base: &str) -> Result<Histograms, String> {
     let host = base.trim_start_matches("http://").trim_end_matches('/');
-    let mut s = tokio::net::TcpStream::connect(host)
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("{host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host}: no address"))?;
+    let reply = tokio::task::spawn_blocking(move || testkit::http_get(addr, "/api/amqp10/stages"))
         .await
-        .map_err(|e| format!("{host}: {e}"))?;
-    let request =
-        format!("GET /api/amqp10/stages HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-    s.write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (_, body) = answer
-        .split_once("\r\n\r\n")
-        .ok_or("no body in the stages answer")?;
-    let json: serde_json::Value = serde_json::from_str(body).map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{host}: no answer"))?;
+    if reply.status != 200 {
+        return Err(format!("{host}: status {}", reply.status));
+    }
+    let json: serde_json::Value = serde_json::from_str(&reply.body).map_err(|e| e.to_string())?;
     let mut out = Histograms::new();
     for (stage, buckets) in json.as_object().ok_or("stages: not an object")? {
         let buckets = buckets.as_array().ok_or("stages: not a list")?;

@@ -227,12 +227,11 @@ impl QueueTable for Links {
         }
     }
 
-    fn consumer_links(&self) -> Vec<LinkId> {
+    fn consumer_links(&self) -> impl Iterator<Item = LinkId> {
         let consumers = self.entries.iter();
         consumers
             .filter(|(_, a)| matches!(a.entry, LinkEntry::QueueConsumer(_)))
             .map(|(l, _)| *l)
-            .collect()
     }
 
     fn producers(&mut self) -> impl Iterator<Item = &mut Producer> {

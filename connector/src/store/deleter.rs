@@ -52,11 +52,12 @@ impl Deleter {
         let spent = spent_path(segment);
         std::fs::rename(segment, &spent)?;
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
-        match tx.as_ref().map(|tx| tx.send(spent)) {
-            Some(Ok(())) => Ok(()),
-            Some(Err(mpsc::SendError(spent))) => std::fs::remove_file(spent),
-            None => std::fs::remove_file(spent_path(segment)),
-        }
+        // Closed: deleted here, at once.
+        let Some(tx) = tx.as_ref() else {
+            return std::fs::remove_file(spent);
+        };
+        tx.send(spent)
+            .or_else(|mpsc::SendError(spent)| std::fs::remove_file(spent))
     }
 
     /// Removes what is still waiting, without pauses, and stops the thread.
@@ -64,9 +65,7 @@ impl Deleter {
         self.hurry.store(true, Ordering::Relaxed);
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+            let _ = t.join();
         }
     }
 }

@@ -45,20 +45,23 @@ pub struct Taken {
 }
 
 impl Taken {
-    /// A message stored at `stored_ns` (Unix nanoseconds; 0 when unknown), taken now.
-    pub fn now(stored_ns: i64) -> Taken {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX));
+    /// A message stored at `stored_ns` (Unix nanoseconds; 0 when unknown), taken at `at`, when
+    /// the wall clock read `wall_ns`: the clocks are read once for all the messages of a Get.
+    pub fn at(at: std::time::Instant, wall_ns: i64, stored_ns: i64) -> Taken {
         let waited = if stored_ns > 0 {
-            u64::try_from(wall.saturating_sub(stored_ns)).unwrap_or(0)
+            u64::try_from(wall_ns.saturating_sub(stored_ns)).unwrap_or(0)
         } else {
             0
         };
         Taken {
-            at: std::time::Instant::now(),
+            at,
             waited: std::time::Duration::from_nanos(waited),
         }
+    }
+
+    /// A message stored at `stored_ns`, taken now.
+    pub fn now(stored_ns: i64) -> Taken {
+        Taken::at(std::time::Instant::now(), crate::store::now_ns(), stored_ns)
     }
 }
 
@@ -802,6 +805,7 @@ impl<B: Backend> Fetcher<B> {
         let mut seen = HashSet::new();
         let mut seqs = Vec::with_capacity(b.messages.len());
         let mut new = 0usize;
+        let (taken_at, wall_ns) = (std::time::Instant::now(), crate::store::now_ns());
         for m in b.messages {
             let s = seq(&m);
             if !ascending && !seen.insert(s) {
@@ -821,7 +825,7 @@ impl<B: Backend> Fetcher<B> {
                         transaction: txn.clone(),
                         sequence: s,
                         message: m,
-                        taken: Taken::now(stored_ns),
+                        taken: Taken::at(taken_at, wall_ns, stored_ns),
                     });
                 }
                 // Its consumer holds it: the transaction cannot be closed unchanged.

@@ -111,7 +111,7 @@ pub(crate) trait QueueTable {
     /// The consume link `link`, if it is one.
     fn consumer(&mut self, link: LinkId) -> Option<&mut QueueConsumer>;
     /// Every consume link.
-    fn consumer_links(&self) -> Vec<LinkId>;
+    fn consumer_links(&self) -> impl Iterator<Item = LinkId>;
     /// Every produce link.
     fn producers(&mut self) -> impl Iterator<Item = &mut Producer>;
 }
