@@ -57,9 +57,14 @@ type Written = io::Result<(Location, SegmentPin)>;
 enum Done {
     /// A caller waiting for the result.
     Tell(oneshot::Sender<Written>),
-    /// Work the writer thread runs with the result, before it writes the next batch: what must
-    /// follow the write at once (making the records visible) without a hop to another thread.
-    Then(Box<dyn FnOnce(Written) + Send>),
+    /// Work in two steps: `written` runs on the writer thread as soon as the records are in the
+    /// file (the page cache, which a killed process keeps) and before the batch's fdatasync, so
+    /// what makes them visible does not wait for the disk nor hop to another thread; `synced`
+    /// is told how the fdatasync went (a failed write tells both).
+    Early {
+        written: Box<dyn FnOnce(Written) + Send>,
+        synced: oneshot::Sender<io::Result<()>>,
+    },
 }
 
 /// Appends per segment whose callers have not yet counted their records live.
@@ -291,18 +296,24 @@ impl Log {
         }
     }
 
-    /// Appends framed records durably, and runs `then` with the result on the writer's thread
-    /// once they are on disk (or failed), whether or not anyone still waits; `Err` when the
-    /// writer has stopped (`then` is not run).
-    pub fn append_then(
+    /// Appends framed records durably: runs `written` on the writer's thread once they are
+    /// written, before their fdatasync (whether or not anyone still waits), and resolves the
+    /// returned receiver with the fdatasync's outcome; `Err` when the writer has stopped
+    /// (`written` is not run).
+    pub fn append_early(
         &self,
         bytes: BytesMut,
-        then: impl FnOnce(Written) + Send + 'static,
-    ) -> io::Result<()> {
+        written: impl FnOnce(Written) + Send + 'static,
+    ) -> io::Result<oneshot::Receiver<io::Result<()>>> {
+        let (synced, wait) = oneshot::channel();
         self.send(Append {
             bytes,
-            done: Some(Done::Then(Box::new(then))),
-        })
+            done: Some(Done::Early {
+                written: Box::new(written),
+                synced,
+            }),
+        })?;
+        Ok(wait)
     }
 
     /// Appends framed records without waiting and without an fsync of their own (acks: they reach
@@ -363,9 +374,7 @@ impl Log {
                         });
                     }
                 }
-                Err(e) => {
-                    out.extend((i..end).map(|_| Err(io::Error::new(e.kind(), e.to_string()))))
-                }
+                Err(e) => out.extend((i..end).map(|_| Err(copy_error(&e)))),
             }
             i = end;
         }
@@ -462,6 +471,36 @@ struct Writer {
     checkpoint: CheckpointFn,
 }
 
+/// Who hears of a batch's fdatasync, with what the write gave it.
+enum Later {
+    /// A caller of [`Log::append`], told the location once it is on disk.
+    Tell(oneshot::Sender<Written>, Written),
+    /// A caller of [`Log::append_early`], told how the fdatasync (or the write) went.
+    Synced(oneshot::Sender<io::Result<()>>, io::Result<()>),
+}
+
+impl Later {
+    fn was_written(&self) -> bool {
+        match self {
+            Later::Tell(_, w) => w.is_ok(),
+            Later::Synced(_, w) => w.is_ok(),
+        }
+    }
+}
+
+/// A write's result once its batch's fdatasync is done: a failed sync fails every write.
+fn after_sync<T>(synced: &io::Result<()>, written: io::Result<T>) -> io::Result<T> {
+    match (synced, written) {
+        (Err(e), Ok(_)) => Err(copy_error(e)),
+        (_, w) => w,
+    }
+}
+
+/// The same failure again, for each append of a batch (`io::Error` is not `Clone`).
+fn copy_error(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
 impl Writer {
     fn roll(&mut self, n: u64) -> io::Result<()> {
         if let Some(f) = self.file.as_mut() {
@@ -494,15 +533,39 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let result = self.write_batch(&batch, &mut buf);
-            for (a, r) in batch.into_iter().zip(result) {
+            let written = self.write_batch(&batch, &mut buf);
+            // What may follow the write runs before the sync: the fdatasync then overlaps the
+            // hand-out of the records to whoever waits for them.
+            let mut later = Vec::with_capacity(batch.len());
+            for (a, w) in batch.into_iter().zip(written) {
                 match a.done {
-                    // A caller that gave up drops the pin with the message.
-                    Some(Done::Tell(done)) => {
-                        let _ = done.send(r);
+                    Some(Done::Early { written, synced }) => {
+                        let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
+                        written(w);
+                        later.push(Later::Synced(synced, outcome));
                     }
-                    Some(Done::Then(then)) => then(r),
+                    Some(Done::Tell(done)) => later.push(Later::Tell(done, w)),
                     None => {}
+                }
+            }
+            // Only a batch someone waits on is fsynced. Records nobody waits for (settlements)
+            // are written, so a killed process keeps them, and reach the disk with the next
+            // fsync; a power loss before that redelivers those messages, which at-least-once
+            // allows.
+            let synced = if later.iter().any(Later::was_written) {
+                self.sync()
+            } else {
+                Ok(())
+            };
+            for who in later {
+                // A caller that gave up drops the pin with the message.
+                match who {
+                    Later::Tell(done, w) => {
+                        let _ = done.send(after_sync(&synced, w));
+                    }
+                    Later::Synced(done, w) => {
+                        let _ = done.send(after_sync(&synced, w));
+                    }
                 }
             }
         }
@@ -511,23 +574,29 @@ impl Writer {
         }
     }
 
-    /// Writes a batch with one sync; each append gets its location, pinned (before a later
-    /// append of the batch can close the segment), or the error.
-    fn write_batch(
-        &mut self,
-        batch: &[Append],
-        buf: &mut Vec<u8>,
-    ) -> Vec<io::Result<(Location, SegmentPin)>> {
+    /// The fdatasync of the active segment; a failure leaves the segment untrusted.
+    fn sync(&mut self) -> io::Result<()> {
+        let synced = match self.file.as_mut() {
+            Some(f) => f.sync_data(),
+            None => Err(io::Error::other("no active segment")),
+        };
+        if let Err(e) = &synced {
+            tracing::error!(error = %e, "store sync failed");
+            self.broken = true;
+        }
+        synced
+    }
+
+    /// Writes a batch (without its sync); each append gets its location, pinned (before a
+    /// later append of the batch can close the segment), or the error.
+    fn write_batch(&mut self, batch: &[Append], buf: &mut Vec<u8>) -> Vec<Written> {
         let mut locs = Vec::with_capacity(batch.len());
         buf.clear();
         let mut failed: Option<io::Error> = None;
         if self.broken {
             let next = self.active.load(Ordering::Acquire) + 1;
             if let Err(e) = self.roll(next) {
-                return batch
-                    .iter()
-                    .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
-                    .collect();
+                return batch.iter().map(|_| Err(copy_error(&e))).collect();
             }
             self.broken = false;
         }
@@ -549,27 +618,16 @@ impl Writer {
             ));
             buf.extend_from_slice(&a.bytes);
         }
-        // Only a batch someone waits on is fsynced. Records nobody waits for (settlements) are
-        // written, so a killed process keeps them, and reach the disk with the next fsync; a power
-        // loss before that redelivers those messages, which at-least-once allows.
-        let durable = batch.iter().any(|a| a.done.is_some());
-        let synced = match failed {
+        let flushed = match failed {
             Some(e) => Err(e),
-            None => self.flush(buf).and_then(|_| match self.file.as_mut() {
-                Some(f) if durable => f.sync_data(),
-                Some(_) => Ok(()),
-                None => Err(io::Error::other("no active segment")),
-            }),
+            None => self.flush(buf),
         };
-        match synced {
+        match flushed {
             Ok(()) => locs.into_iter().map(Ok).collect(),
             Err(e) => {
                 tracing::error!(error = %e, "store write failed");
                 self.broken = true;
-                batch
-                    .iter()
-                    .map(|_| Err(io::Error::new(e.kind(), e.to_string())))
-                    .collect()
+                batch.iter().map(|_| Err(copy_error(&e))).collect()
             }
         }
     }
@@ -646,6 +704,43 @@ mod tests {
             !log.remove(a.segment).expect("remove again"),
             "already gone"
         );
+    }
+
+    /// An early append's records are readable in the step that runs before their fdatasync,
+    /// which is reported afterwards; once the writer has stopped, nothing runs.
+    #[tokio::test]
+    async fn an_early_append_is_readable_before_its_sync_is_reported() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = Arc::new(
+            Log::start(dir.path(), &[], SEGMENT_BYTES, Box::new(BytesMut::new)).expect("log"),
+        );
+        let mut buf = BytesMut::new();
+        let len = enqueue(&mut buf, "early");
+        let (seen, read) = oneshot::channel();
+        let reader = log.clone();
+        let synced = log
+            .append_early(buf, move |written| {
+                let got = written.map(|(loc, _pin)| body(&reader.read(loc, len)));
+                let _ = seen.send(got.ok().flatten());
+            })
+            .expect("append");
+        assert_eq!(
+            read.await.expect("written step ran"),
+            Some(b"early".to_vec()),
+            "the record reads back in the step before the sync"
+        );
+        synced.await.expect("told").expect("synced");
+
+        log.close();
+        let mut buf = BytesMut::new();
+        enqueue(&mut buf, "late");
+        let ran = Arc::new(AtomicU64::new(0));
+        let counted = ran.clone();
+        let refused = log.append_early(buf, move |_| {
+            counted.fetch_add(1, Ordering::Relaxed);
+        });
+        assert!(refused.is_err(), "a closed log refuses the append");
+        assert_eq!(ran.load(Ordering::Relaxed), 0, "and runs nothing");
     }
 
     /// Back-to-back records come back from one read each with their own body; a span that does

@@ -365,7 +365,8 @@ impl Store {
 
     /// Sends messages as SendQueueMessage / a batch / an upstream request would: each gets its own
     /// result, in order; valid messages are durable when this returns, and counted in the queues
-    /// even if the caller stops waiting.
+    /// even if the caller stops waiting. Consumers may have them from the moment they are
+    /// written, before their fdatasync ends.
     pub async fn send(
         self: &Arc<Self>,
         messages: Vec<QueueMessage>,
@@ -388,16 +389,17 @@ impl Store {
         }
         let sent = results.len() as u64;
         let store = self.clone();
-        let (counted, wait) = tokio::sync::oneshot::channel();
-        // The writer thread counts the records live as soon as they are on disk, whether or not
-        // this caller still waits: the messages are stored, so they must become visible.
-        let appended = self.log.append_then(records, move |written| {
-            let result = written.map(|(base, _pin)| store.count_placed(base, placed, sent));
-            let _ = counted.send(result);
+        // The writer thread counts the records live as soon as they are written, before their
+        // fdatasync and whether or not this caller still waits: a consumer can have them while
+        // the disk syncs. The sender hears of success only once they are on disk.
+        let appended = self.log.append_early(records, move |written| {
+            if let Ok((base, _pin)) = written {
+                store.count_placed(base, placed, sent);
+            }
         });
         let failure = match appended {
             Err(e) => e.to_string(),
-            Ok(()) => match wait.await {
+            Ok(synced) => match synced.await {
                 Ok(Ok(())) => {
                     return Sent {
                         results,
@@ -485,8 +487,8 @@ impl Store {
         }
     }
 
-    /// Counts the placed messages live once their records are on disk at `base` (their
-    /// segment is pinned by the caller until this returns), and wakes the Gets waiting for them.
+    /// Counts the placed messages live once their records are written at `base` (their segment
+    /// is pinned by the caller until this returns), and wakes the Gets waiting for them.
     fn count_placed(&self, base: Location, placed: Vec<Placed>, sent: u64) {
         let mut st = self.lock();
         for p in placed {
