@@ -1,6 +1,7 @@
-//! The connector's HTTP endpoint: `/metrics` (Prometheus text), `/livez` (the process runs) and
-//! `/readyz` (the AMQP listener is bound and the backend reachable), for Kubernetes probes and
-//! scrapers; the detail endpoints `/api/amqp10/connections` and `/api/amqp10/links` (OBS-1), for
+//! The connector's HTTP endpoint: `/metrics` (Prometheus text, MET-0's families),
+//! `/metrics/operations` (the process's own gauges, `operations`), `/livez` (the process runs)
+//! and `/readyz` (the AMQP listener is bound and the backend reachable), for Kubernetes probes
+//! and scrapers; the detail endpoints `/api/amqp10/connections` and `/api/amqp10/links` (OBS-1), for
 //! people; and `/api/amqp10/stages`, where queue messages' time goes (`stages`), for the load tool.
 
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use ops::http::Answer;
 
 use crate::detail::Registry;
 use crate::metrics::Metrics;
+use crate::operations::Operations;
 
 /// What the endpoint reports.
 #[derive(Clone)]
@@ -21,6 +23,8 @@ pub struct Health {
     pub ready: tokio::sync::watch::Receiver<bool>,
     /// The open connections, for the detail endpoints.
     pub registry: Arc<Registry>,
+    /// The process's own gauges.
+    pub operations: Operations,
 }
 
 /// Serves the endpoint on `listener`, within the default [`Limits`], until the task is dropped.
@@ -33,6 +37,7 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 "/api/amqp10/connections" => Answer::json(health.registry.connections_json().await),
                 "/api/amqp10/links" => Answer::json(health.registry.links_json().await),
                 "/api/amqp10/stages" => Answer::json(health.metrics.stages.json()),
+                "/metrics/operations" => Answer::metrics(health.operations.encode()),
                 _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
             }
         }
@@ -57,7 +62,8 @@ mod tests {
         out
     }
 
-    /// /livez always, /readyz only when ready, /metrics with the families.
+    /// /livez always, /readyz only when ready, /metrics with the families, the operational
+    /// gauges on a page of their own.
     #[test]
     fn endpoints() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -70,8 +76,14 @@ mod tests {
             let (ready, readiness) = tokio::sync::watch::channel(false);
             let health = Health {
                 metrics: Arc::new(Metrics::new()),
-                ready: readiness,
+                ready: readiness.clone(),
                 registry: Arc::default(),
+                operations: Operations {
+                    broker_ready: readiness,
+                    budget: crate::engine::ProcessBudget::new(1 << 20),
+                    max_connections: 0,
+                    tls: None,
+                },
             };
             tokio::spawn(serve(listener, health.clone()));
             assert!(get(addr, "/livez").await.starts_with("HTTP/1.1 200"));
@@ -84,6 +96,15 @@ mod tests {
                 m.to_ascii_lowercase()
                     .contains("content-type: text/plain; version=0.0.4; charset=utf-8\r\n"),
                 "{m}"
+            );
+            let o = get(addr, "/metrics/operations").await;
+            assert!(
+                o.contains("\nkubemq_amqp_connector_broker_ready 1\n"),
+                "{o}"
+            );
+            assert!(
+                !o.contains("kubemq_amqp10_"),
+                "MET-0's families stay on /metrics: {o}"
             );
             assert!(get(addr, "/nope").await.starts_with("HTTP/1.1 404"));
             ready.send_replace(false);

@@ -17,6 +17,7 @@ pub mod http;
 pub mod kubemq;
 pub mod metrics;
 pub mod observed;
+pub mod operations;
 pub mod pattern;
 pub mod stages;
 pub mod store;

@@ -17,6 +17,7 @@ use connector::driver::{serve, Listeners, ServeOptions, TlsSource};
 use connector::http::Health;
 use connector::metrics::Metrics;
 use connector::observed::Observing;
+use connector::operations::Operations;
 use connector::store::Store;
 
 /// glibc's malloc cost the connector about a tenth of its CPU per message (mostly frees across
@@ -228,16 +229,23 @@ async fn serve_amqp<B: Backend + Clone>(
     // state admits connections (CONN-15) and, lost, closes them (CONN-16).
     let ready = readiness::watch(Arc::new(backend.clone())).await;
     let registry = Arc::new(connector::detail::Registry::default());
+    let cfg = Arc::new(settings.engine_config(security.auth));
     if let Some(addr) = settings.http_address {
         match ops::listen::listen(addr) {
             Ok(l) => {
-                tracing::info!(%addr, "serving /metrics, /livez, /readyz and /api/amqp10/{{connections,links}}");
+                tracing::info!(%addr, "serving /metrics, /metrics/operations, /livez, /readyz and /api/amqp10/{{connections,links,stages}}");
                 tokio::spawn(connector::http::serve(
                     l,
                     Health {
                         metrics: metrics.clone(),
                         ready: ready.clone(),
                         registry: registry.clone(),
+                        operations: Operations {
+                            broker_ready: ready.clone(),
+                            budget: cfg.process_memory.clone(),
+                            max_connections: settings.max_connections,
+                            tls: listener.tls.as_ref().map(|(_, source)| source.clone()),
+                        },
                     },
                 ));
             }
@@ -247,7 +255,6 @@ async fn serve_amqp<B: Backend + Clone>(
             }
         }
     }
-    let cfg = Arc::new(settings.engine_config(security.auth));
     let opts = ServeOptions {
         max_connections: settings.max_connections,
         shutdown_grace: Duration::from_secs(10),

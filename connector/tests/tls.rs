@@ -250,6 +250,54 @@ fn secret_volume(dir: &Path, version: &str, pki: &Pki, name: &str) {
     }
 }
 
+/// The server certificate's notAfter, as `/metrics/operations` should report it.
+fn not_after(pem: &Path) -> String {
+    let pem = std::fs::read(pem).unwrap();
+    let (_, pem) = x509_parser::pem::parse_x509_pem(&pem).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    cert.validity().not_after.timestamp().to_string()
+}
+
+/// `/metrics/operations` exports the served certificate's notAfter, and the rotated one's once
+/// the files change, before any connection asks for it.
+#[test]
+fn tls_certificate_expiry_is_exported_and_follows_a_rotation() {
+    let pki = Pki::new("test CA");
+    pki.issue("first", "127.0.0.1", 31, false, true);
+    pki.issue("second", "127.0.0.1", 32, false, false);
+    let volume = tempfile::tempdir().unwrap();
+    secret_volume(volume.path(), "..v1", &pki, "first");
+    let http: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let _c = Tls::start(
+        &volume.path().join("tls.crt"),
+        &volume.path().join("tls.key"),
+        &["--http-address", &http.to_string()],
+    );
+    let gauge = || {
+        let reply = testkit::http_get(http, "/metrics/operations").expect("answered");
+        assert_eq!(reply.status, 200, "{reply:?}");
+        reply
+            .body
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("kubemq_amqp_connector_tls_certificate_not_after_seconds ")
+            })
+            .map(str::to_string)
+    };
+    let first = not_after(&pki.path("first.pem"));
+    assert_eq!(
+        first, "1609459200",
+        "the first certificate expired on 2021-01-01"
+    );
+    assert_eq!(gauge().as_deref(), Some(first.as_str()));
+    secret_volume(volume.path(), "..v2", &pki, "second");
+    assert_eq!(
+        gauge().as_deref(),
+        Some(not_after(&pki.path("second.pem")).as_str()),
+        "the rotated certificate's notAfter"
+    );
+}
+
 /// A certificate replaced while connections are open: new connections get the new one, the
 /// open connection goes on with the old one, and nothing restarts.
 #[test]

@@ -31,6 +31,11 @@ impl ProcessBudget {
         })
     }
 
+    /// Its size in bytes.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
     /// Bytes charged to it now.
     pub fn used(&self) -> u64 {
         self.used.load(Ordering::Relaxed)

@@ -56,6 +56,8 @@ pub struct TlsSource {
 struct Loaded {
     tried: Vec<Option<FileStamp>>,
     acceptor: TlsAcceptor,
+    /// The server certificate's notAfter, Unix seconds (None when it cannot be read).
+    not_after: Option<i64>,
 }
 
 /// What tells that a file changed: the file a path leads to (a symlink swap leads elsewhere),
@@ -80,10 +82,14 @@ impl TlsSource {
     /// Loads the files; an error here stops the connector at start.
     pub fn load(files: TlsFiles) -> Result<TlsSource, TlsError> {
         let tried = stamps(&files);
-        let acceptor = TlsAcceptor::from(Arc::new(server_config(&files)?));
+        let (config, not_after) = server_config(&files)?;
         Ok(TlsSource {
             files,
-            current: Mutex::new(Loaded { tried, acceptor }),
+            current: Mutex::new(Loaded {
+                tried,
+                acceptor: TlsAcceptor::from(Arc::new(config)),
+                not_after,
+            }),
         })
     }
 
@@ -96,13 +102,25 @@ impl TlsSource {
     /// changed and the new set does not load (a half-written rotation), the last good one stays
     /// and the failure is logged once; the next change is tried again.
     pub fn acceptor(&self) -> TlsAcceptor {
+        self.current().acceptor.clone()
+    }
+
+    /// When the certificate new connections get expires, in Unix seconds; the files are looked
+    /// at again first, so a rotation shows without waiting for a connection.
+    pub fn not_after(&self) -> Option<i64> {
+        self.current().not_after
+    }
+
+    /// The loaded configuration, loaded again first when a file changed.
+    fn current(&self) -> std::sync::MutexGuard<'_, Loaded> {
         let now = stamps(&self.files);
         let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
         if now != current.tried {
             match server_config(&self.files) {
-                Ok(config) => {
+                Ok((config, not_after)) => {
                     tracing::info!(cert = %self.files.cert.display(), "TLS files changed: new connections use them");
                     current.acceptor = TlsAcceptor::from(Arc::new(config));
+                    current.not_after = not_after;
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "TLS files changed but do not load; the previous certificate stays in use")
@@ -110,7 +128,7 @@ impl TlsSource {
             }
             current.tried = now;
         }
-        current.acceptor.clone()
+        current
     }
 }
 
@@ -156,10 +174,15 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
 }
 
 /// The rustls server configuration of `files`: TLS 1.2 and 1.3 with the ring provider; in
-/// mtls mode a verifier that requires a client certificate chaining to the CA bundle.
-fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
+/// mtls mode a verifier that requires a client certificate chaining to the CA bundle. With it,
+/// the server certificate's notAfter in Unix seconds.
+fn server_config(files: &TlsFiles) -> Result<(ServerConfig, Option<i64>), TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let chain = certificates(&files.cert)?;
+    let not_after = chain.first().and_then(|leaf| {
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+        Some(cert.validity().not_after.timestamp())
+    });
     let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?)
         .map_err(|_| TlsError::NoKey(files.key.clone()))?;
     let refused = |path: &Path| {
@@ -188,9 +211,10 @@ fn server_config(files: &TlsFiles) -> Result<ServerConfig, TlsError> {
             builder.with_client_cert_verifier(verifier)
         }
     };
-    builder
+    let config = builder
         .with_single_cert(chain, key)
-        .map_err(refused(&files.key))
+        .map_err(refused(&files.key))?;
+    Ok((config, not_after))
 }
 
 /// The verified certificate the client presented (mTLS; TLS-4), for EXTERNAL (SASL-7): its

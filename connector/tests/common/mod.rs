@@ -26,18 +26,16 @@ impl Drop for Reaper {
 }
 
 /// Starts the connector on its embedded store in `dir`, listening on `port`, with `args` added
-/// to its command line; returns once it listens.
+/// to its command line (its HTTP endpoint off unless they set `--http-address`); returns once it
+/// listens.
 pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child {
     let (_, log) = testkit::logs::file("connector");
-    let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind-address",
-            "127.0.0.1",
-            "--http-address",
-            "off",
-        ])
+    let mut command = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"));
+    command.args(["--port", &port.to_string(), "--bind-address", "127.0.0.1"]);
+    if !args.contains(&"--http-address") {
+        command.args(["--http-address", "off"]);
+    }
+    let child = command
         .args(["--data-dir", dir.to_str().expect("utf-8 path")])
         .args(args)
         .env("RUST_LOG", "info")
