@@ -182,13 +182,11 @@ fn stages_are_reported_from_the_connector() {
         rt.block_on(async move {
             listener.set_nonblocking(true).expect("non-blocking");
             let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
-            let ready = tokio::sync::watch::channel(true).1;
             let health = connector::http::Health {
                 metrics,
-                ready: ready.clone(),
+                ready: tokio::sync::watch::channel(true).1,
                 registry: Default::default(),
                 operations: connector::operations::Operations {
-                    broker_ready: ready,
                     budget: connector::engine::ProcessBudget::new(1 << 20),
                     max_connections: 0,
                     tls: None,

@@ -37,7 +37,9 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 "/api/amqp10/connections" => Answer::json(health.registry.connections_json().await),
                 "/api/amqp10/links" => Answer::json(health.registry.links_json().await),
                 "/api/amqp10/stages" => Answer::json(health.metrics.stages.json()),
-                "/metrics/operations" => Answer::metrics(health.operations.encode()),
+                "/metrics/operations" => {
+                    Answer::metrics(health.operations.encode(*health.ready.borrow()))
+                }
                 _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
             }
         }
@@ -76,10 +78,9 @@ mod tests {
             let (ready, readiness) = tokio::sync::watch::channel(false);
             let health = Health {
                 metrics: Arc::new(Metrics::new()),
-                ready: readiness.clone(),
+                ready: readiness,
                 registry: Arc::default(),
                 operations: Operations {
-                    broker_ready: readiness,
                     budget: crate::engine::ProcessBudget::new(1 << 20),
                     max_connections: 0,
                     tls: None,

@@ -241,7 +241,6 @@ async fn serve_amqp<B: Backend + Clone>(
                         ready: ready.clone(),
                         registry: registry.clone(),
                         operations: Operations {
-                            broker_ready: ready.clone(),
                             budget: cfg.process_memory.clone(),
                             max_connections: settings.max_connections,
                             tls: listener.tls.as_ref().map(|(_, source)| source.clone()),

@@ -3,10 +3,10 @@
 //! the TLS certificate expires). MET-0 fixes `/metrics` at exactly eleven families, so these are
 //! served at `/metrics/operations` (docs/decisions.md, "Operational metrics").
 
-use std::fmt::Write;
 use std::sync::Arc;
 
-use tokio::sync::watch;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 use crate::driver::TlsSource;
 use crate::engine::ProcessBudget;
@@ -14,8 +14,6 @@ use crate::engine::ProcessBudget;
 /// Where the operational gauges are read from, at each scrape.
 #[derive(Clone)]
 pub struct Operations {
-    /// Whether the broker answers its pings (the same state as `/readyz`).
-    pub broker_ready: watch::Receiver<bool>,
     /// The process memory budget every connection draws on.
     pub budget: Arc<ProcessBudget>,
     /// `MaxConnections` (0 = unlimited).
@@ -25,53 +23,47 @@ pub struct Operations {
 }
 
 impl Operations {
-    /// The text exposition of the gauges (Prometheus text format 0.0.4).
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        let ready = u64::from(*self.broker_ready.borrow());
+    /// The text exposition of the gauges, with `broker_ready` the state `/readyz` answers.
+    pub fn encode(&self, broker_ready: bool) -> String {
+        let mut r = Registry::default();
+        let mut gauge = |name: &str, help: &str, value: u64| {
+            let g = Gauge::<i64>::default();
+            g.set(i64::try_from(value).unwrap_or(i64::MAX));
+            r.register(name, help, g);
+        };
         gauge(
-            &mut out,
             "kubemq_amqp_connector_broker_ready",
             "1 while the broker answers its pings (the connector admits connections), else 0",
-            ready,
+            u64::from(broker_ready),
         );
         gauge(
-            &mut out,
             "kubemq_amqp_connector_memory_budget_bytes",
             "Bytes all connections together may hold beyond their guaranteed share (MaxProcessMemory)",
             self.budget.limit(),
         );
         gauge(
-            &mut out,
             "kubemq_amqp_connector_memory_budget_used_bytes",
             "Bytes of the process memory budget held now",
             self.budget.used(),
         );
         gauge(
-            &mut out,
             "kubemq_amqp_connector_max_connections",
             "Connections this process accepts at once (MaxConnections; 0 = unlimited)",
             u64::from(self.max_connections),
         );
         if let Some(not_after) = self.tls.as_ref().and_then(|t| t.not_after()) {
             gauge(
-                &mut out,
                 "kubemq_amqp_connector_tls_certificate_not_after_seconds",
                 "When the TLS listener's server certificate expires (Unix seconds)",
-                not_after,
+                u64::try_from(not_after).unwrap_or(0),
             );
+        }
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
+            out.clear();
         }
         out
     }
-}
-
-/// Appends one gauge family with a single unlabelled sample.
-fn gauge(out: &mut String, name: &str, help: &str, value: impl std::fmt::Display) {
-    // Writing to a String cannot fail.
-    let _ = write!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}\n"
-    );
 }
 
 #[cfg(test)]
@@ -79,20 +71,16 @@ mod tests {
     use super::*;
     use crate::config::TlsFiles;
 
-    fn operations(tls: Option<Arc<TlsSource>>) -> (Operations, watch::Sender<bool>) {
-        let (tx, rx) = watch::channel(true);
+    /// The gauges' sources, with 4 KiB of the budget held while the `Reserved` lives.
+    fn operations(tls: Option<Arc<TlsSource>>) -> (Operations, crate::engine::Reserved) {
         let budget = ProcessBudget::new(64 * 1024 * 1024);
         let held = budget.reserve(4096).expect("fits");
-        std::mem::forget(held);
-        (
-            Operations {
-                broker_ready: rx,
-                budget,
-                max_connections: 500,
-                tls,
-            },
-            tx,
-        )
+        let ops = Operations {
+            budget,
+            max_connections: 500,
+            tls,
+        };
+        (ops, held)
     }
 
     fn value(text: &str, name: &str) -> Option<String> {
@@ -105,8 +93,8 @@ mod tests {
     /// the connection limit; without TLS there is no certificate gauge.
     #[test]
     fn gauges_read_their_sources() {
-        let (ops, ready) = operations(None);
-        let text = ops.encode();
+        let (ops, _held) = operations(None);
+        let text = ops.encode(true);
         assert_eq!(
             value(&text, "kubemq_amqp_connector_broker_ready").as_deref(),
             Some("1")
@@ -125,9 +113,8 @@ mod tests {
         );
         assert!(!text.contains("tls_certificate"), "{text}");
         assert_eq!(text.matches("# TYPE ").count(), 4, "{text}");
-        ready.send(false).expect("send");
         assert_eq!(
-            value(&ops.encode(), "kubemq_amqp_connector_broker_ready").as_deref(),
+            value(&ops.encode(false), "kubemq_amqp_connector_broker_ready").as_deref(),
             Some("0")
         );
     }
@@ -155,11 +142,17 @@ mod tests {
             client_ca: None,
         };
         let tls = Arc::new(TlsSource::load(files).expect("load"));
-        let (ops, _ready) = operations(Some(tls));
+        let (ops, _held) = operations(Some(tls));
         let name = "kubemq_amqp_connector_tls_certificate_not_after_seconds";
-        assert_eq!(value(&ops.encode(), name).as_deref(), Some("4102444800"));
+        assert_eq!(
+            value(&ops.encode(true), name).as_deref(),
+            Some("4102444800")
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
         write(4_133_980_800); // 2101-01-01
-        assert_eq!(value(&ops.encode(), name).as_deref(), Some("4133980800"));
+        assert_eq!(
+            value(&ops.encode(true), name).as_deref(),
+            Some("4133980800")
+        );
     }
 }

@@ -36,7 +36,7 @@ pub use auth::{
     sanitize_client_id, sanitize_id, AuthFailure, AuthPolicy, ClientCertificate, Credential,
     Identity, Mechanism, TokenVerifier, VerifiedToken, MAX_INITIAL_RESPONSE,
 };
-pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget};
+pub use budget::{BudgetExceeded, Charge, ConnectionBudget, ProcessBudget, Reserved};
 pub use connection::{
     Connection, EngineConfig, ErrorCounts, Transport, HEADER_AMQP, HEADER_SASL, HEADER_TLS,
     MAX_UNWRITTEN, MIN_MAX_FRAME_SIZE, SERVER_CONTAINER_ID,
