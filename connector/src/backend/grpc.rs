@@ -28,7 +28,9 @@ use tonic::Status;
 use super::ready_estimate::ReadyEstimate;
 use super::status::{credential_refused, failure, refused, retryable, unavailable};
 use super::SEND_STALL;
-use super::{Backend, BackendError, Batch, Downstream, EventStream, ReadyHint, RequestStream};
+use super::{
+    Backend, BackendError, Batch, Downstream, EventStream, Handled, ReadyHint, RequestStream,
+};
 use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
 use crate::kubemq::new_id;
@@ -758,6 +760,24 @@ impl Downstream for GrpcDownstream {
     async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
         self.settle(settle_request(Op::CloseByClient, transaction, &[], ""))
             .await
+    }
+
+    async fn handled(&mut self, transaction: &str) -> Result<Handled, BackendError> {
+        let Some(s) = self.stream.as_ref() else {
+            return Ok(Handled::now());
+        };
+        s.check()?;
+        // ActiveOffsets is answered whether the transaction is open, closed or unknown, and
+        // only after what came before it on the stream (KMQ-5).
+        let req = settle_request(Op::ActiveOffsets, transaction, &[], "");
+        let id = req.request_id.clone();
+        let (done, answer) = oneshot::channel();
+        s.waiters().insert(id.clone(), done);
+        if s.tx.send(req).await.is_err() {
+            s.waiters().remove(&id);
+            return Err(BackendError::Unavailable("downstream stream lost".into()));
+        }
+        Ok(Handled::when(answer))
     }
 }
 

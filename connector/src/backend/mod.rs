@@ -117,6 +117,37 @@ pub struct Batch {
     pub messages: Vec<QueueMessage>,
 }
 
+/// Resolves once a downstream session has handled every request sent on it before
+/// ([`Downstream::handled`]); a session that ends meanwhile counts as handled (its transactions
+/// are over with it).
+#[derive(Debug)]
+pub struct Handled(Option<tokio::sync::oneshot::Receiver<crate::kubemq::QueuesDownstreamResponse>>);
+
+impl Handled {
+    /// Already handled.
+    pub fn now() -> Handled {
+        Handled(None)
+    }
+
+    /// Handled when `answer` arrives (or its sender goes).
+    pub fn when(
+        answer: tokio::sync::oneshot::Receiver<crate::kubemq::QueuesDownstreamResponse>,
+    ) -> Handled {
+        Handled(Some(answer))
+    }
+}
+
+impl Future for Handled {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        match &mut self.0 {
+            None => std::task::Poll::Ready(()),
+            Some(answer) => Pin::new(answer).poll(cx).map(|_| ()),
+        }
+    }
+}
+
 /// A KubeMQ backend.
 pub trait Backend: Send + Sync + 'static {
     /// The downstream session type.
@@ -285,6 +316,18 @@ pub trait Downstream: Send + 'static {
     /// CloseByClient: every unsettled message goes back unchanged.
     fn close(&mut self, transaction: &str)
         -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Asks the session to answer once it has handled every request sent on it before, naming
+    /// `transaction` (the last one settled on it). KubeMQ answers a settlement with nothing, so
+    /// only the answer to a later request on the same stream tells that it closed the
+    /// transaction (KMQ-5). The embedded store applies a settlement before returning: handled
+    /// at once.
+    fn handled(
+        &mut self,
+        _transaction: &str,
+    ) -> impl Future<Output = Result<Handled, BackendError>> + Send {
+        std::future::ready(Ok(Handled::now()))
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use super::get_gate::{GetGate, Moment};
+use super::close_fence::Fences;
+use super::get_gate::{GetGate, Moment, OVERLAP_WAIT};
 use super::refill_wait::RefillWait;
 use super::rehome::{Arrival, Moved, StallWatch};
 use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
@@ -337,6 +338,8 @@ struct Fetcher<B: Backend> {
     refill_wait: Option<RefillWait>,
     /// Holds back a Get that would wait while transactions are open.
     gate: GetGate,
+    /// Answers that tell the transactions closed so far are closed (close_fence.rs).
+    closing: Fences,
     /// When to close transactions held by consumers that wait for more (rehome.rs).
     stall: StallWatch,
     /// Messages of transactions closed under their consumers, until they come back.
@@ -362,6 +365,7 @@ impl<B: Backend> Fetcher<B> {
             registry,
             refill_wait: None,
             gate: GetGate::new(backend.ready_changes()),
+            closing: Fences::default(),
             stall: StallWatch::default(),
             moved: Moved::default(),
             rehome_want: 0,
@@ -434,6 +438,18 @@ impl<B: Backend> Fetcher<B> {
                 }
                 self.refill_wait = None;
             }
+            // No Get joins KubeMQ's queue group while a close before it may still be under
+            // way (close_fence.rs).
+            if !self.closing.is_empty() {
+                tokio::select! {
+                    cmd = rx.recv() => match cmd {
+                        Some(cmd) => self.apply(cmd),
+                        None => return,
+                    },
+                    () = self.closing.next() => {}
+                }
+                continue;
+            }
             let at = Moment {
                 captures: self.backend.captures(),
                 open: !self.txns.is_empty(),
@@ -496,6 +512,17 @@ impl<B: Backend> Fetcher<B> {
                 // cannot wait (get_gate.rs).
                 want = want.min(u32::try_from(stored).unwrap_or(u32::MAX));
             }
+            // A Get for stored messages answers within a few milliseconds; a close sent while it
+            // is out could stall it for 100 ms (close_fence.rs), so settlements wait for it,
+            // unless it turns out to be waiting after all.
+            let prompt = at.captures && u64::from(want) <= stored;
+            let overlap = tokio::time::sleep(if prompt {
+                OVERLAP_WAIT
+            } else {
+                std::time::Duration::ZERO
+            });
+            tokio::pin!(overlap);
+            let mut overlapped = !prompt;
             // Commands that arrive while the Get waits are queued, not lost; settlements wait for
             // it because the stream processes requests in order anyway (KMQ-5).
             let channel = self.key.channel.clone();
@@ -512,9 +539,10 @@ impl<B: Backend> Fetcher<B> {
                         cmd = rx.recv() => match cmd {
                             Some(cmd) => {
                                 self.apply(cmd);
-                                // Settlements of other sessions' transactions go now: on a
-                                // real KubeMQ, what they free may be held until they are sent.
-                                if !self.settle.is_empty() {
+                                // Settlements of other sessions' transactions go once the Get
+                                // is known to wait: on a real KubeMQ, what they free may be
+                                // held until they are sent.
+                                if overlapped && !self.settle.is_empty() {
                                     Box::pin(self.flush()).await;
                                 }
                                 // A drain that arrives once the Get has outlived the grace has
@@ -525,6 +553,12 @@ impl<B: Backend> Fetcher<B> {
                             }
                             None => return,
                         },
+                        _ = &mut overlap, if !overlapped => {
+                            overlapped = true;
+                            if !self.settle.is_empty() {
+                                Box::pin(self.flush()).await;
+                            }
+                        }
                         // A Get still waiting this long has nothing immediately available for a
                         // drain; whatever it brings later is held for the next credit.
                         _ = &mut grace, if !graced => {
@@ -639,6 +673,7 @@ impl<B: Backend> Fetcher<B> {
         let settle = std::mem::take(&mut self.settle);
         let whole = self.backend.captures();
         let mut lost: Vec<u64> = Vec::new();
+        let mut closed: Vec<(u64, Arc<str>)> = Vec::new();
         for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.transaction, &b.transaction)) {
             let Some(txn) = of_txn.first().and_then(|s| self.txns.get(&s.transaction)) else {
                 // Its session was lost: KubeMQ gave its messages back already.
@@ -652,7 +687,27 @@ impl<B: Backend> Fetcher<B> {
                 continue;
             }
             for group in of_txn.chunk_by(|a, b| a.outcome == b.outcome) {
-                self.send_settlements(group, &mut lost).await;
+                self.send_settlements(group, &mut lost, &mut closed).await;
+            }
+        }
+        // One answer per session tells when KubeMQ has closed what was closed on it.
+        closed.sort_unstable_by_key(|(sid, _)| *sid);
+        closed.dedup_by_key(|(sid, _)| *sid);
+        for (sid, t) in closed {
+            if lost.contains(&sid) {
+                continue;
+            }
+            let Some(d) = self
+                .sessions
+                .iter_mut()
+                .find(|s| s.id == sid)
+                .and_then(|s| s.d.as_mut())
+            else {
+                continue;
+            };
+            match d.handled(&t).await {
+                Ok(h) => self.closing.push(h),
+                Err(_) => lost.push(sid),
             }
         }
         lost.sort_unstable();
@@ -669,8 +724,14 @@ impl<B: Backend> Fetcher<B> {
     }
 
     /// Sends one transaction's settlements of one outcome on the session that owns it (or keeps
-    /// them for after the running Get); a session whose send fails goes into `lost`.
-    async fn send_settlements(&mut self, group: &[Settlement], lost: &mut Vec<u64>) {
+    /// them for after the running Get); a session whose send fails goes into `lost`, a
+    /// transaction that this closes on a backend that captures into `closed`.
+    async fn send_settlements(
+        &mut self,
+        group: &[Settlement],
+        lost: &mut Vec<u64>,
+        closed: &mut Vec<(u64, Arc<str>)>,
+    ) {
         let Some(Settlement {
             transaction: t,
             outcome: o,
@@ -734,6 +795,9 @@ impl<B: Backend> Fetcher<B> {
             }
         }
         if done {
+            if self.backend.captures() {
+                closed.push((sid, t.clone()));
+            }
             self.txns.remove(t);
             slot.open = slot.open.saturating_sub(1);
         }
@@ -1318,7 +1382,18 @@ mod tests {
         hint: Option<ReadyHint>,
         log: Log,
         kubemq: Option<StoredCount>,
+        /// Holds the answers to [`Downstream::handled`] for the test to give, when set.
+        answers: Option<Answers>,
+        /// How long each Get takes before it asks the store.
+        get_delay: std::time::Duration,
     }
+
+    /// Answers to [`Downstream::handled`] that a test gives itself.
+    type Answers = Arc<
+        std::sync::Mutex<
+            Vec<tokio::sync::oneshot::Sender<crate::kubemq::QueuesDownstreamResponse>>,
+        >,
+    >;
 
     /// What a [`Watched`] backend saw, in order.
     type Log = Arc<std::sync::Mutex<Vec<Seen>>>;
@@ -1332,7 +1407,9 @@ mod tests {
         Settle {
             op: i32,
             transaction: String,
+            at: tokio::time::Instant,
         },
+        Handled,
     }
 
     /// The messages a KubeMQ-like [`Watched`] counts as stored, and the signal that it rose.
@@ -1348,6 +1425,8 @@ mod tests {
                 hint,
                 log: Arc::default(),
                 kubemq: None,
+                answers: None,
+                get_delay: std::time::Duration::ZERO,
             }
         }
 
@@ -1369,7 +1448,7 @@ mod tests {
         fn gets_seen(&self) -> Vec<(i32, tokio::time::Instant)> {
             let get = |s: Seen| match s {
                 Seen::Get { max_items, at } => Some((max_items, at)),
-                Seen::Settle { .. } => None,
+                _ => None,
             };
             self.seen().into_iter().filter_map(get).collect()
         }
@@ -1377,8 +1456,10 @@ mod tests {
         /// Each settlement request's type and transaction, in order.
         fn settles_seen(&self) -> Vec<(i32, String)> {
             let settle = |s: Seen| match s {
-                Seen::Settle { op, transaction } => Some((op, transaction)),
-                Seen::Get { .. } => None,
+                Seen::Settle {
+                    op, transaction, ..
+                } => Some((op, transaction)),
+                _ => None,
             };
             self.seen().into_iter().filter_map(settle).collect()
         }
@@ -1396,10 +1477,25 @@ mod tests {
         mpsc::UnboundedSender<Command>,
         mpsc::UnboundedReceiver<ToConsumer>,
     ) {
+        one_consumer_of(channel, credit, Watched::like_kubemq).await
+    }
+
+    /// [`one_consumer_like_kubemq`] with the backend `make` builds on the store.
+    async fn one_consumer_of(
+        channel: &str,
+        credit: u32,
+        make: impl FnOnce(Arc<Store>) -> Watched,
+    ) -> (
+        tempfile::TempDir,
+        Arc<Store>,
+        Arc<Double<Watched>>,
+        mpsc::UnboundedSender<Command>,
+        mpsc::UnboundedReceiver<ToConsumer>,
+    ) {
         let dir = tempfile::tempdir().expect("dir");
         let (store, _) = Store::open(dir.path()).expect("store");
         assert!(!store.send(vec![message(channel)]).await[0].is_error);
-        let backend = Arc::new(Double(Watched::like_kubemq(store.clone())));
+        let backend = Arc::new(Double(make(store.clone())));
         let limits = FetchLimits {
             max_batch: 10,
             idle_exit: std::time::Duration::from_secs(60),
@@ -1416,17 +1512,25 @@ mod tests {
         (dir, store, backend, tx, from)
     }
 
-    struct RecordedGets<D>(D, Log);
+    /// A [`Watched`] backend's session: the embedded one, recorded, its Gets delayed and its
+    /// answers held as the backend says.
+    struct RecordedGets<D> {
+        inner: D,
+        log: Log,
+        answers: Option<Answers>,
+        get_delay: std::time::Duration,
+    }
 
     impl<D> RecordedGets<D> {
         /// Records a settlement request as the downstream protocol names it.
         fn saw(&self, op: Op, transaction: &str) {
-            self.1
+            self.log
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(Seen::Settle {
                     op: op as i32,
                     transaction: transaction.to_string(),
+                    at: tokio::time::Instant::now(),
                 });
         }
     }
@@ -1439,24 +1543,25 @@ mod tests {
             max_items: i32,
             wait_ms: i32,
         ) -> Result<crate::backend::Batch, BackendError> {
-            self.1
+            self.log
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(Seen::Get {
                     max_items,
                     at: tokio::time::Instant::now(),
                 });
-            self.0.get(channel, client_id, max_items, wait_ms).await
+            tokio::time::sleep(self.get_delay).await;
+            self.inner.get(channel, client_id, max_items, wait_ms).await
         }
 
         async fn ack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
             self.saw(Op::AckRange, transaction);
-            self.0.ack(transaction, sequences).await
+            self.inner.ack(transaction, sequences).await
         }
 
         async fn nack(&mut self, transaction: &str, sequences: &[u64]) -> Result<(), BackendError> {
             self.saw(Op::NAckRange, transaction);
-            self.0.nack(transaction, sequences).await
+            self.inner.nack(transaction, sequences).await
         }
 
         async fn requeue(
@@ -1466,12 +1571,30 @@ mod tests {
             channel: &str,
         ) -> Result<(), BackendError> {
             self.saw(Op::ReQueueRange, transaction);
-            self.0.requeue(transaction, sequences, channel).await
+            self.inner.requeue(transaction, sequences, channel).await
         }
 
         async fn close(&mut self, transaction: &str) -> Result<(), BackendError> {
             self.saw(Op::CloseByClient, transaction);
-            self.0.close(transaction).await
+            self.inner.close(transaction).await
+        }
+
+        async fn handled(
+            &mut self,
+            transaction: &str,
+        ) -> Result<crate::backend::Handled, BackendError> {
+            self.log
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Seen::Handled);
+            match &self.answers {
+                Some(answers) => {
+                    let (done, answer) = tokio::sync::oneshot::channel();
+                    answers.lock().unwrap_or_else(|e| e.into_inner()).push(done);
+                    Ok(crate::backend::Handled::when(answer))
+                }
+                None => self.inner.handled(transaction).await,
+            }
         }
     }
 
@@ -1485,7 +1608,12 @@ mod tests {
 
         async fn open_downstream(&self) -> Result<<Self as Overrides>::Downstream, BackendError> {
             let d = self.inner.open_downstream().await?;
-            Ok(RecordedGets(d, self.log.clone()))
+            Ok(RecordedGets {
+                inner: d,
+                log: self.log.clone(),
+                answers: self.answers.clone(),
+                get_delay: self.get_delay,
+            })
         }
 
         fn ready_hint(&self, channel: &str) -> ReadyHint {
@@ -1589,6 +1717,131 @@ mod tests {
             ]
         );
         assert_eq!(store.ready_count("close") + store.locked_count("close"), 0);
+    }
+
+    /// KMQ-17, as close_fence.rs decides: once settling closed a transaction on a backend that
+    /// captures, the next Get waits for KubeMQ's answer to the request sent behind the close,
+    /// even with a message known to be stored, and goes as soon as that answer comes.
+    #[tokio::test]
+    async fn a_get_waits_until_the_closes_before_it_are_handled() {
+        use super::super::close_fence::FENCE_WAIT;
+        let answers: Answers = Arc::default();
+        let held = answers.clone();
+        let (_dir, store, backend, tx, mut from) =
+            one_consumer_of("fence", 1, move |store| Watched {
+                answers: Some(held),
+                ..Watched::like_kubemq(store)
+            })
+            .await;
+        let Ok(Some(ToConsumer::Messages(hs))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
+        else {
+            panic!("a message");
+        };
+        let h = hs.into_iter().next().expect("one");
+        // A second message is stored and counted: without the fence, the Get for it would go
+        // as soon as the consumer settles and asks for more.
+        assert!(!store.send(vec![message("fence")]).await[0].is_error);
+        let stored = backend.kubemq.as_ref().expect("like KubeMQ");
+        stored.n.store(1, std::sync::atomic::Ordering::SeqCst);
+        stored.rose.send_replace(());
+        let _ = tx.send(Command::Settle(vec![Settlement {
+            transaction: h.transaction.clone(),
+            sequence: h.sequence,
+            outcome: Outcome::Ack,
+        }]));
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: (1, 1),
+            credit: 1,
+            taken: 1,
+        }));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !backend.seen().contains(&Seen::Handled) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                backend.seen()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        let t = h.transaction.to_string();
+        assert_eq!(
+            backend.settles_seen(),
+            vec![
+                (Op::AckRange as i32, t.clone()),
+                (Op::CloseByClient as i32, t)
+            ],
+            "the answer is asked for after the close"
+        );
+        tokio::time::sleep(FENCE_WAIT / 2).await;
+        assert_eq!(backend.gets_seen().len(), 1, "no Get before the answer");
+        let answered_at = tokio::time::Instant::now();
+        for done in answers.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            let _ = done.send(Default::default());
+        }
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
+        assert!(
+            matches!(got, Ok(Some(ToConsumer::Messages(ref hs))) if hs.len() == 1),
+            "{got:?}"
+        );
+        let gets = backend.gets_seen();
+        assert_eq!(gets.len(), 2, "{gets:?}");
+        assert!(gets[1].1 >= answered_at, "the Get went after the answer");
+    }
+
+    /// KMQ-17, as close_fence.rs decides: while a Get for messages known to be stored is out,
+    /// the settlement of another transaction waits for it (or for OVERLAP_WAIT), so that its
+    /// close cannot land beside the Get.
+    #[tokio::test]
+    async fn a_settlement_waits_for_a_get_of_stored_messages() {
+        use super::super::get_gate::OVERLAP_WAIT;
+        let delay = std::time::Duration::from_millis(100);
+        let (_dir, store, backend, tx, mut from) = one_consumer_of("overlap", 2, move |store| {
+            let w = Watched {
+                get_delay: delay,
+                ..Watched::like_kubemq(store)
+            };
+            let stored = w.kubemq.as_ref().expect("like KubeMQ");
+            stored.n.store(2, std::sync::atomic::Ordering::SeqCst);
+            w
+        })
+        .await;
+        assert!(!store.send(vec![message("overlap")]).await[0].is_error);
+        let Ok(Some(ToConsumer::Messages(hs))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
+        else {
+            panic!("a message");
+        };
+        let h = hs.into_iter().next().expect("one");
+        // The second Get (for the stored second message) is out now.
+        let _ = tx.send(Command::Settle(vec![Settlement {
+            transaction: h.transaction.clone(),
+            sequence: h.sequence,
+            outcome: Outcome::Ack,
+        }]));
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
+        assert!(matches!(got, Ok(Some(ToConsumer::Messages(_)))), "{got:?}");
+        let seen = backend.seen();
+        let second_get = seen
+            .iter()
+            .filter_map(|s| match s {
+                Seen::Get { at, .. } => Some(*at),
+                _ => None,
+            })
+            .nth(1)
+            .expect("a second Get");
+        let ack = seen
+            .iter()
+            .find_map(|s| match s {
+                Seen::Settle { op, at, .. } if *op == Op::AckRange as i32 => Some(*at),
+                _ => None,
+            })
+            .expect("the AckRange");
+        assert!(
+            ack >= second_get + OVERLAP_WAIT - std::time::Duration::from_millis(1),
+            "the settlement waited for the Get: {:?} after it",
+            ack.saturating_duration_since(second_get)
+        );
     }
 
     /// Two consumers with a window of 100 each that settle and re-grant every 50 (as clients

@@ -6,6 +6,7 @@
 //! are sent within credit, settlements go back as Ack/NAck (Q-11 … Q-30), and a link that ends
 //! NAcks what it still holds, once.
 
+mod close_fence;
 pub mod fetcher;
 mod get_gate;
 mod refill_wait;
