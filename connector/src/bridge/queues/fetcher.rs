@@ -528,8 +528,6 @@ impl<B: Backend> Fetcher<B> {
             let channel = self.key.channel.clone();
             let caller = self.key.caller.clone();
             let asked = tokio::time::Instant::now();
-            // The session's own transactions would go back with it if the Get were cancelled.
-            let bare = self.sessions.iter().any(|s| s.id == sid && s.open == 0);
             let got = {
                 let mut get = Box::pin(d.get(&channel, caller.get_client_id(), want as i32, 1000));
                 let grace = tokio::time::sleep(DRAIN_GRACE);
@@ -537,13 +535,10 @@ impl<B: Backend> Fetcher<B> {
                 let mut graced = false;
                 loop {
                     tokio::select! {
-                        r = &mut get => break Some(r),
+                        r = &mut get => break r,
                         cmd = rx.recv() => match cmd {
                             Some(cmd) => {
                                 self.apply(cmd);
-                                if self.consumers.is_empty() && bare {
-                                    break None;
-                                }
                                 // Settlements of other sessions' transactions go once the Get
                                 // is known to wait: on a real KubeMQ, what they free may be
                                 // held until they are sent.
@@ -572,14 +567,6 @@ impl<B: Backend> Fetcher<B> {
                         }
                     }
                 }
-            };
-            let Some(got) = got else {
-                // Every consumer left while the Get waited: nobody wants what it would bring,
-                // and on KubeMQ a waiting Get holds one of the broker's pooled clients, which
-                // stalls other Gets (KMQ-21). Ending its session cancels it.
-                tracing::trace!(channel = %self.key.channel, session = sid, "Get cancelled: no consumer left");
-                self.lose_session(sid, d);
-                continue;
             };
             tracing::trace!(
                 channel = %self.key.channel,
@@ -1855,49 +1842,6 @@ mod tests {
             "the settlement waited for the Get: {:?} after it",
             ack.saturating_duration_since(second_get)
         );
-    }
-
-    /// KMQ-21: when the last consumer leaves while a Get waits on an empty queue, the Get is
-    /// cancelled then, not left to wait out its second (on KubeMQ it holds a pooled client that
-    /// other Gets wait for meanwhile).
-    #[tokio::test]
-    async fn a_waiting_get_is_cancelled_when_its_last_consumer_leaves() {
-        let (_dir, store, _backend, tx, mut from) = one_consumer_like_kubemq("leave", 1).await;
-        let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
-        let Ok(Some(ToConsumer::Messages(hs))) = got else {
-            panic!("a message: {got:?}");
-        };
-        let h = hs.into_iter().next().expect("one");
-        let _ = tx.send(Command::Settle(vec![Settlement {
-            transaction: h.transaction.clone(),
-            sequence: h.sequence,
-            outcome: Outcome::Ack,
-        }]));
-        let _ = tx.send(Command::Demand(DemandReport {
-            consumer: (1, 1),
-            credit: 1,
-            taken: 1,
-        }));
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-        while store.waiting_gets() == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "a Get waits");
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-        let left = tokio::time::Instant::now();
-        let _ = tx.send(Command::Leave((1, 1)));
-        while store.waiting_gets() > 0 {
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-        // The embedded store's Get waits a second (KubeMQ's shortest wait) unless cancelled.
-        assert!(
-            left.elapsed() < std::time::Duration::from_millis(500),
-            "{:?}",
-            left.elapsed()
-        );
-        // A message sent now stays in the queue for the next consumer.
-        assert!(!store.send(vec![message("leave")]).await[0].is_error);
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        assert_eq!(store.ready_count("leave"), 1);
     }
 
     /// Two consumers with a window of 100 each that settle and re-grant every 50 (as clients
