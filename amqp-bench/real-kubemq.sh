@@ -7,6 +7,7 @@
 #
 #   bash amqp-bench/real-kubemq.sh throughput   # connector vs straight gRPC, alternating ROUNDS
 #   bash amqp-bench/real-kubemq.sh latency      # 500, 2,000 and 10,000 msg/s, and the idle queue
+#   bash amqp-bench/real-kubemq.sh neighbour    # a busy queue alone and beside an idle consumer
 #   bash amqp-bench/real-kubemq.sh scale-out    # one connector, then two, RUNS runs each
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,6 +50,7 @@ sleep 1
 bench() {
   local label=$1; shift 2
   local k0 c0 out n
+  settle_down
   k0=$(cpu_ticks "$KUBEMQ_PID"); c0=$(cpu_ticks "$CONNECTOR_PID")
   # amqp-bench exits 1 when a message was lost: the line says so, and the runs go on.
   out=$(/usr/bin/time -f "tool_cpu %U %S" $B/amqp-bench "$@" 2>&1) || true
@@ -62,6 +64,10 @@ bench() {
     END { printf "%s: %s msg/s; %s; %s; CPU µs/msg: tool %.1f, KubeMQ %.1f, connector %.1f\n",
           l, rate, lat, lost, tool, k / c * 1e6 / n, x / c * 1e6 / n }' <<<"$out"
 }
+# A run's last Get may still wait in KubeMQ for up to a second after its client is gone, and
+# holds one of KubeMQ's pooled clients meanwhile, stalling the Gets of the next run that draw it
+# (KMQ-21): each run waits that out first.
+settle_down() { sleep 1.5; }
 
 case "${1:-}" in
 throughput)
@@ -82,7 +88,11 @@ latency)
       # floor is a Get of one per round.
       bench "$rate msg/s direct gRPC" -- --grpc 127.0.0.1:50000 --address "queues/ld$rate$r" \
         --messages $((rate * 10)) --rate "$rate" --pipeline 100 --credit 1
-      bench "$rate msg/s via connector" -- --address "queues/la$rate$r" \
+      # Accepting each message, as the straight client acknowledges each; then settling half
+      # the window at a time (amqp-bench's default), which keeps transactions open on KubeMQ.
+      bench "$rate msg/s via connector, accept each" -- --address "queues/la$rate$r" \
+        --messages $((rate * 10)) --rate "$rate" --pipeline 100 --credit 100 --settle-every 1
+      bench "$rate msg/s via connector, settle 50 at a time" -- --address "queues/lh$rate$r" \
         --messages $((rate * 10)) --rate "$rate" --pipeline 100 --credit 100
     done
   done
@@ -91,6 +101,21 @@ latency)
       bench "idle queue, accept every $settle" -- --address "queues/idle$settle.$r" \
         --messages 2000 --rate 200 --credit 10 --settle-every "$settle" --pipeline 10
     done
+  done
+  ;;
+neighbour)
+  # KMQ-21: a consumer of another, idle queue keeps one of KubeMQ's pooled clients in a waiting
+  # Get; a busy queue's Gets pass through that client in turn.
+  for r in $(seq "$ROUNDS"); do
+    bench "2000 msg/s alone" -- --address "queues/nb$r" --messages 20000 --rate 2000 \
+      --pipeline 100 --credit 100 --settle-every 1
+    $B/amqp-bench --address "queues/idle-neighbour$r" --messages 30 --rate 1 --credit 10 \
+      --settle-every 1 >/dev/null 2>&1 &
+    idle=$!
+    sleep 2
+    bench "2000 msg/s beside an idle consumer" -- --address "queues/nn$r" --messages 20000 \
+      --rate 2000 --pipeline 100 --credit 100 --settle-every 1
+    wait "$idle" || true
   done
   ;;
 scale-out)
@@ -106,7 +131,7 @@ scale-out)
   done
   ;;
 *)
-  echo "usage: $0 throughput|latency|scale-out" >&2
+  echo "usage: $0 throughput|latency|neighbour|scale-out" >&2
   exit 2
   ;;
 esac
