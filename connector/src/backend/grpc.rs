@@ -523,6 +523,13 @@ fn deadline_exceeded() -> BackendError {
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>>>;
 
+/// Forgets the requests nobody waits for any more: the Get loop stops waiting for a
+/// [`Downstream::handled`] answer after a while, and one that never came must not stay for the
+/// stream's life.
+fn forget_unheard(waiters: &mut HashMap<String, oneshot::Sender<QueuesDownstreamResponse>>) {
+    waiters.retain(|_, w| !w.is_closed());
+}
+
 /// One QueuesDownstream stream. It opens with its first Get: KubeMQ (grpc-go) answers the call's
 /// headers only with its first response, so the call cannot be awaited before a request is on
 /// it. A stream that was open and is lost fails every later call with `Unavailable` (its
@@ -772,7 +779,11 @@ impl Downstream for GrpcDownstream {
         let req = settle_request(Op::ActiveOffsets, transaction, &[], "");
         let id = req.request_id.clone();
         let (done, answer) = oneshot::channel();
-        s.waiters().insert(id.clone(), done);
+        {
+            let mut waiters = s.waiters();
+            forget_unheard(&mut waiters);
+            waiters.insert(id.clone(), done);
+        }
         if s.tx.send(req).await.is_err() {
             s.waiters().remove(&id);
             return Err(BackendError::Unavailable("downstream stream lost".into()));
@@ -1068,6 +1079,19 @@ mod tests {
                 .collect();
             assert_eq!(streams.len(), UPSTREAM_STREAMS, "from lane {first}");
         }
+    }
+
+    /// A request whose answer nobody waits for any more is forgotten; one still awaited stays.
+    #[test]
+    fn unheard_requests_are_forgotten() {
+        let mut waiters = HashMap::new();
+        let (heard, _kept) = oneshot::channel();
+        let (unheard, gone) = oneshot::channel();
+        waiters.insert("heard".to_string(), heard);
+        waiters.insert("unheard".to_string(), unheard);
+        drop(gone);
+        forget_unheard(&mut waiters);
+        assert_eq!(waiters.keys().collect::<Vec<_>>(), ["heard"]);
     }
 
     /// Where KubeMQ authorizes, a denied send is its Error 412 in the upstream result.
