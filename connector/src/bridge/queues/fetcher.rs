@@ -1465,22 +1465,27 @@ mod tests {
         }
     }
 
-    /// A store holding one message of `channel`, behind a KubeMQ-like [`Watched`] backend, and
-    /// one consumer of that channel with `credit`: its loop's sender and its hand-outs.
-    async fn one_consumer_like_kubemq(
-        channel: &str,
-        credit: u32,
-    ) -> (
-        tempfile::TempDir,
-        Arc<Store>,
-        Arc<Double<Watched>>,
-        mpsc::UnboundedSender<Command>,
-        mpsc::UnboundedReceiver<ToConsumer>,
-    ) {
-        one_consumer_of(channel, credit, Watched::like_kubemq).await
+    /// The next hand-out, which must be one message.
+    async fn one_handout(from: &mut mpsc::UnboundedReceiver<ToConsumer>) -> Handout {
+        let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
+        let Ok(Some(ToConsumer::Messages(hs))) = got else {
+            panic!("a message: {got:?}");
+        };
+        hs.into_iter().next().expect("one")
     }
 
-    /// [`one_consumer_like_kubemq`] with the backend `make` builds on the store.
+    /// The consumer accepts `h`.
+    fn ack(tx: &mpsc::UnboundedSender<Command>, h: &Handout) {
+        let _ = tx.send(Command::Settle(vec![Settlement {
+            transaction: h.transaction.clone(),
+            sequence: h.sequence,
+            outcome: Outcome::Ack,
+        }]));
+    }
+
+    /// A store holding one message of `channel`, behind the [`Watched`] backend `make` builds
+    /// on it, and one consumer of that channel with `credit`: its loop's sender and its
+    /// hand-outs.
     async fn one_consumer_of(
         channel: &str,
         credit: u32,
@@ -1645,7 +1650,8 @@ mod tests {
     #[tokio::test]
     async fn a_get_that_would_wait_is_held_back_while_a_transaction_is_open() {
         use super::super::get_gate::OVERLAP_WAIT;
-        let (_dir, store, backend, _tx, mut from) = one_consumer_like_kubemq("gate", 10).await;
+        let (_dir, store, backend, _tx, mut from) =
+            one_consumer_of("gate", 10, Watched::like_kubemq).await;
         let first = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
             .await
             .expect("the first message");
@@ -1690,18 +1696,10 @@ mod tests {
     /// answering the Get is given back instead of staying hidden while the session lives.
     #[tokio::test]
     async fn a_settled_transaction_is_closed_on_a_backend_that_captures() {
-        let (_dir, store, backend, tx, mut from) = one_consumer_like_kubemq("close", 1).await;
-        let Ok(Some(ToConsumer::Messages(hs))) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
-        else {
-            panic!("a message");
-        };
-        let h = hs.into_iter().next().expect("one");
-        let _ = tx.send(Command::Settle(vec![Settlement {
-            transaction: h.transaction.clone(),
-            sequence: h.sequence,
-            outcome: Outcome::Ack,
-        }]));
+        let (_dir, store, backend, tx, mut from) =
+            one_consumer_of("close", 1, Watched::like_kubemq).await;
+        let h = one_handout(&mut from).await;
+        ack(&tx, &h);
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         let settles = || backend.settles_seen();
         while settles().len() < 2 {
@@ -1733,23 +1731,14 @@ mod tests {
                 ..Watched::like_kubemq(store)
             })
             .await;
-        let Ok(Some(ToConsumer::Messages(hs))) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
-        else {
-            panic!("a message");
-        };
-        let h = hs.into_iter().next().expect("one");
+        let h = one_handout(&mut from).await;
         // A second message is stored and counted: without the fence, the Get for it would go
         // as soon as the consumer settles and asks for more.
         assert!(!store.send(vec![message("fence")]).await[0].is_error);
         let stored = backend.kubemq.as_ref().expect("like KubeMQ");
         stored.n.store(1, std::sync::atomic::Ordering::SeqCst);
         stored.rose.send_replace(());
-        let _ = tx.send(Command::Settle(vec![Settlement {
-            transaction: h.transaction.clone(),
-            sequence: h.sequence,
-            outcome: Outcome::Ack,
-        }]));
+        ack(&tx, &h);
         let _ = tx.send(Command::Demand(DemandReport {
             consumer: (1, 1),
             credit: 1,
@@ -1807,18 +1796,9 @@ mod tests {
         })
         .await;
         assert!(!store.send(vec![message("overlap")]).await[0].is_error);
-        let Ok(Some(ToConsumer::Messages(hs))) =
-            tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await
-        else {
-            panic!("a message");
-        };
-        let h = hs.into_iter().next().expect("one");
+        let h = one_handout(&mut from).await;
         // The second Get (for the stored second message) is out now.
-        let _ = tx.send(Command::Settle(vec![Settlement {
-            transaction: h.transaction.clone(),
-            sequence: h.sequence,
-            outcome: Outcome::Ack,
-        }]));
+        ack(&tx, &h);
         let got = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv()).await;
         assert!(matches!(got, Ok(Some(ToConsumer::Messages(_)))), "{got:?}");
         let seen = backend.seen();
