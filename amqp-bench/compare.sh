@@ -113,9 +113,15 @@ ms() {
     else printf "%s", v }'
 }
 
+# Every run starts with the page cache clean: a run leaves up to 150 MB for the kernel to write
+# back, and whoever ran next paid for it (the full loads' 50,000 messages showed as a stall in
+# the first steady run, whichever server it was).
+quiesce() { sync; sleep 1; }
+
 echo "| server | msg/s (2+2, 100 in flight, credit 100, 1 KiB, $N msgs) | server CPU µs/msg | peak RSS MiB |"
 echo "|---|---|---|---|"
 for s in "${servers[@]}"; do
+  quiesce
   t0=$(cpu_ticks "${pid[$s]}")
   # amqp-bench exits non-zero on a lost message: say so in the table instead of stopping silently.
   if ! out=$($B/amqp-bench --url "${url[$s]}" --address "${prefix[$s]}bench" --messages "$N" --producers 2 --consumers 2 --pipeline 100 --credit 100 2>/dev/null); then
@@ -129,11 +135,14 @@ for s in "${servers[@]}"; do
 done
 
 # The steady rates: one producer with 100 in flight, one consumer with credit 100 settling 50 at
-# a time, SECS seconds each; the servers take turns within each repetition.
+# a time, SECS seconds each; the servers take turns within each repetition, and each repetition
+# starts with a different one.
 declare -A lat stages
 for rep in $(seq "$REPS"); do
+  order=("${servers[@]:$(((rep - 1) % ${#servers[@]}))}" "${servers[@]:0:$(((rep - 1) % ${#servers[@]}))}")
   for rate in $RATES; do
-    for s in "${servers[@]}"; do
+    for s in "${order[@]}"; do
+      quiesce
       extra=()
       [ "$s" = connector ] && extra=(--stages "http://127.0.0.1:$CONN_HTTP")
       out=$($B/amqp-bench --url "${url[$s]}" --address "${prefix[$s]}lat${rate}_$rep" \
