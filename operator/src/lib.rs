@@ -2,13 +2,16 @@
 //!
 //! The `AmqpConnector` custom resource ([`crd`]) and the CRD generated from it (`crdgen`), the
 //! objects one AmqpConnector wants ([`render`], pure functions), and the reconcile loop that
-//! applies them ([`controller`]), telling what it did in Events ([`events`]); the binary adds `/livez`, `/readyz` and `/metrics` ([`http`]).
+//! applies them ([`controller`]), telling what it did in Events ([`events`]); the binary adds
+//! `/livez`, `/readyz` and `/metrics` ([`http`]). [`monitoring`] holds the one foreign type it
+//! writes, the Prometheus operator's ServiceMonitor.
 
 pub mod controller;
 pub mod crd;
 pub mod events;
 pub mod http;
 pub mod metrics;
+pub mod monitoring;
 pub mod render;
 
 /// The CRD as YAML, exactly as `crds/amqpconnector.yaml` holds it.

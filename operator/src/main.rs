@@ -54,6 +54,10 @@ struct Args {
     /// Log lines as `text` or `json` (one object per line); verbosity follows `RUST_LOG`.
     #[arg(long, env = "OPERATOR_LOG_FORMAT", default_value = "text")]
     log_format: ops::logs::LogFormat,
+    /// Make the ServiceMonitors AmqpConnectors ask for; the chart passes `true` only with
+    /// `connectorServiceMonitors.enabled`, which grants it ServiceMonitors.
+    #[arg(long, env = "OPERATOR_SERVICE_MONITORS", default_value_t = false, action = ArgAction::Set)]
+    service_monitors: bool,
 }
 
 /// Seconds a leader's Lease stays valid without renewal.
@@ -124,7 +128,12 @@ async fn main() -> ExitCode {
         )),
     });
     let leading_gauge = metrics.leading.clone();
-    let ctx = Arc::new(Context::new(client.clone(), metrics, args.identity.clone()));
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        metrics,
+        args.identity.clone(),
+        args.service_monitors,
+    ));
     leading_gauge.set(1);
     reconcile_until(client, ns, ctx, stop.clone(), leading).await;
     leading_gauge.set(0);

@@ -12,6 +12,7 @@
     clippy::indexing_slicing
 )]
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -209,6 +210,46 @@ fn labels_security_and_rbac() {
             .expect("YAML")
             .contains("leases"));
     }
+}
+
+/// The operator may touch ServiceMonitors only where the values say so: then every role grants
+/// them and the operator is told (`--service-monitors=true`); otherwise no role names them.
+#[test]
+fn service_monitors_are_granted_only_when_asked() {
+    let (_, helm) = &helms()[0];
+    let mut seen = BTreeSet::new();
+    for values in fixtures() {
+        let given: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&values).expect("values")).expect("YAML");
+        let asked = given["connectorServiceMonitors"]["enabled"] == true;
+        seen.insert(asked);
+        let docs = template(helm, &values, "1.30.0");
+        let roles: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+            .filter(|d| d["metadata"]["name"] == "op")
+            .collect();
+        assert!(!roles.is_empty(), "{}", values.display());
+        for role in roles {
+            let rules = serde_yaml::to_string(&role["rules"]).expect("YAML");
+            assert_eq!(
+                rules.contains("servicemonitors"),
+                asked,
+                "{}: {rules}",
+                values.display()
+            );
+        }
+        let deployment = &docs_of("Deployment", &docs)[0];
+        let args =
+            serde_yaml::to_string(&deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+                .expect("YAML");
+        assert!(
+            args.contains(&format!("--service-monitors={asked}")),
+            "{}: {args}",
+            values.display()
+        );
+    }
+    assert_eq!(seen.len(), 2, "a fixture with and one without");
 }
 
 #[test]

@@ -13,6 +13,7 @@
 
 mod cases;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -456,7 +457,18 @@ fn unsupported_fields_are_refused_by_name() {
         }
         other => panic!("{other:?}"),
     }
-    let mut monitored = fixture("amqpconnector.yaml");
+}
+
+/// The ServiceMonitor: none unless asked for; when asked, one `<name>` owned like every child,
+/// selecting this connector's Services, scraping `/metrics` and `/metrics/operations` on the
+/// metrics port at the spec's interval, the job named by `app.kubernetes.io/name` (so
+/// `amqp-connector`, the chart's alerts' default selector), with the spec's extra labels.
+#[test]
+fn the_service_monitor_scrapes_both_metrics_paths_as_one_job() {
+    let plain = fixture("amqpconnector.yaml");
+    assert!(desired(&plain).expect("renders").service_monitor.is_none());
+
+    let mut monitored = plain.clone();
     monitored
         .spec
         .metrics
@@ -464,12 +476,76 @@ fn unsupported_fields_are_refused_by_name() {
         .expect("metrics")
         .service_monitor = Some(kubemq_amqp_operator::crd::ServiceMonitor {
         enabled: true,
-        ..Default::default()
+        interval: Some("15s".into()),
+        labels: Some(BTreeMap::from([("release".into(), "kps".into())])),
     });
-    match desired(&monitored) {
-        Err(RenderError::Unsupported(f)) => assert_eq!(f, ["spec.metrics.serviceMonitor"]),
-        other => panic!("{other:?}"),
+    let d = desired(&monitored).expect("renders");
+    let sm = d.service_monitor.expect("a ServiceMonitor");
+    let metrics = d.metrics_service.expect("the metrics Service");
+    assert_eq!(sm.metadata.name.as_deref(), Some("orders"));
+    assert_eq!(sm.metadata.namespace, metrics.metadata.namespace);
+    assert_eq!(
+        sm.metadata.owner_references,
+        metrics.metadata.owner_references
+    );
+    let labels = sm.metadata.labels.expect("labels");
+    assert_eq!(labels.get("release").map(String::as_str), Some("kps"));
+    assert_eq!(
+        labels
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("amqp-connector-operator")
+    );
+    let service_labels = metrics.metadata.labels.expect("labels");
+    let selected = sm.spec.selector.match_labels.expect("match labels");
+    assert!(
+        selected
+            .iter()
+            .all(|(k, v)| service_labels.get(k) == Some(v)),
+        "{selected:?} selects {service_labels:?}"
+    );
+    assert_eq!(sm.spec.job_label, "app.kubernetes.io/name");
+    assert_eq!(
+        service_labels.get(&sm.spec.job_label).map(String::as_str),
+        Some("amqp-connector")
+    );
+    let port = metrics
+        .spec
+        .and_then(|s| s.ports)
+        .and_then(|p| p.into_iter().next())
+        .and_then(|p| p.name)
+        .expect("a named port");
+    let scraped: Vec<(&str, &str, Option<&str>)> = sm
+        .spec
+        .endpoints
+        .iter()
+        .map(|e| (e.port.as_str(), e.path.as_str(), e.interval.as_deref()))
+        .collect();
+    assert_eq!(
+        scraped,
+        [
+            (port.as_str(), "/metrics", Some("15s")),
+            (port.as_str(), "/metrics/operations", Some("15s")),
+        ]
+    );
+
+    // Off, or metrics off (the CRD refuses that pairing; rendering alone makes none either).
+    let mut metrics_off = monitored.clone();
+    metrics_off.spec.metrics.as_mut().expect("metrics").enabled = false;
+    assert!(desired(&metrics_off)
+        .expect("renders")
+        .service_monitor
+        .is_none());
+    let mut off = monitored;
+    if let Some(m) = off
+        .spec
+        .metrics
+        .as_mut()
+        .and_then(|m| m.service_monitor.as_mut())
+    {
+        m.enabled = false;
     }
+    assert!(desired(&off).expect("renders").service_monitor.is_none());
 }
 
 /// TLS-1, TLS-3, TLS-4: the amqps listener mounts the TLS Secrets read-only (their files

@@ -33,9 +33,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- /* Exactly what the operator asks for (the real-cluster test compares the API server's audit
 log with these): it watches AmqpConnectors and its children, reads the Deployment that still
 runs while a spec cannot be applied (to report its pods), server-side-applies the children
-and its status (create is needed for an apply that creates), deletes only the metrics Service
-and the PDB (ConfigMap and Deployment go with their owner, by the garbage collector), and sets
-blockOwnerDeletion (which needs update on the finalizers). */}}
+and its status (create is needed for an apply that creates), deletes only the metrics Service,
+the PDB and the ServiceMonitor (ConfigMap and Deployment go with their owner, by the garbage
+collector), and sets blockOwnerDeletion (which needs update on the finalizers). ServiceMonitors,
+only with connectorServiceMonitors.enabled, are not watched: their CRD may be missing, and the
+periodic resync restores a changed one. */}}
 - apiGroups: ["amqp.kubemq.io"]
   resources: ["amqpconnectors"]
   verbs: ["list", "watch"]
@@ -57,6 +59,11 @@ blockOwnerDeletion (which needs update on the finalizers). */}}
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
+{{- if .Values.connectorServiceMonitors.enabled }}
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["servicemonitors"]
+  verbs: ["get", "create", "patch", "delete"]
+{{- end }}
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]

@@ -162,14 +162,6 @@ fn unsupported(spec: &AmqpConnectorSpec) -> Result<(), RenderError> {
     if spec.broker.client_id_prefix.is_some() {
         fields.push("spec.broker.clientIdPrefix");
     }
-    if spec
-        .metrics
-        .as_ref()
-        .and_then(|m| m.service_monitor.as_ref())
-        .is_some_and(|m| m.enabled)
-    {
-        fields.push("spec.metrics.serviceMonitor");
-    }
     if fields.is_empty() {
         Ok(())
     } else {

@@ -1,6 +1,6 @@
 //! The objects one `AmqpConnector` wants, as pure functions of it: a ConfigMap with the
-//! connector's configuration, a Deployment, the clients' Service, a metrics Service and a
-//! PodDisruptionBudget. The controller applies what [`desired`] returns with server-side apply and
+//! connector's configuration, a Deployment, the clients' Service, a metrics Service with its
+//! ServiceMonitor, and a PodDisruptionBudget. The controller applies what [`desired`] returns with server-side apply and
 //! deletes its labelled children that are no longer in the list.
 
 mod config;
@@ -22,7 +22,7 @@ pub use config::{
     TLS_DIR,
 };
 pub use deployment::{deployment, CONFIG_HASH_ANNOTATION, PRE_STOP_SECONDS};
-pub use service::{amqp_service, metrics_service};
+pub use service::{amqp_service, metrics_service, service_monitor};
 
 /// The field manager of every server-side apply, and the `managed-by` label of every child.
 pub const MANAGER: &str = "amqp-connector-operator";
@@ -61,6 +61,8 @@ pub struct Desired {
     pub metrics_service: Option<Service>,
     /// `<name>`, when replicas ≥ 2 and the budget is on.
     pub pdb: Option<PodDisruptionBudget>,
+    /// `<name>`, when metrics and their ServiceMonitor are on.
+    pub service_monitor: Option<crate::monitoring::ServiceMonitor>,
     /// The configuration hash (also on the pod template and in the status).
     pub config_hash: String,
 }
@@ -117,6 +119,7 @@ pub fn desired(cr: &AmqpConnector) -> Result<Desired, RenderError> {
         service: amqp_service(&name, &cr.spec, meta("")),
         metrics_service: metrics_enabled(&cr.spec)
             .then(|| metrics_service(&name, &cr.spec, meta("-metrics"))),
+        service_monitor: service_monitor(&name, &cr.spec, meta("")),
         config_map,
         pdb,
         config_hash: cfg.hash,

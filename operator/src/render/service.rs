@@ -1,12 +1,16 @@
-//! The clients' Service (AMQP ports only, so a LoadBalancer never exposes metrics) and the
-//! metrics Service a ServiceMonitor scrapes.
+//! The clients' Service (AMQP ports only, so a LoadBalancer never exposes metrics), the metrics
+//! Service, and the ServiceMonitor that has the Prometheus operator scrape it.
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{http_port, selector_labels};
 use crate::crd::{AmqpConnectorSpec, ServiceType, SessionAffinity, TrafficPolicy};
+use crate::monitoring::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
+
+/// The name of the metrics Service's port, which the ServiceMonitor's endpoints name.
+const METRICS_PORT: &str = "metrics";
 
 /// The Service `name` AMQP clients connect to.
 pub fn amqp_service(name: &str, spec: &AmqpConnectorSpec, mut meta: ObjectMeta) -> Service {
@@ -85,7 +89,7 @@ pub fn metrics_service(name: &str, spec: &AmqpConnectorSpec, meta: ObjectMeta) -
             type_: Some("ClusterIP".into()),
             selector: Some(selector_labels(name)),
             ports: Some(vec![ServicePort {
-                name: Some("metrics".into()),
+                name: Some(METRICS_PORT.into()),
                 port: http_port(spec),
                 target_port: Some(IntOrString::String("http".into())),
                 app_protocol: Some("http".into()),
@@ -96,4 +100,44 @@ pub fn metrics_service(name: &str, spec: &AmqpConnectorSpec, meta: ObjectMeta) -
         }),
         ..Service::default()
     }
+}
+
+/// The ServiceMonitor `<name>` for the metrics Service: both of the connector's metrics paths
+/// (`/metrics` and `/metrics/operations`, which the chart's alerts need together), with the
+/// job named by `app.kubernetes.io/name`, so every connector is the job `amqp-connector`.
+pub fn service_monitor(
+    name: &str,
+    spec: &AmqpConnectorSpec,
+    mut meta: ObjectMeta,
+) -> Option<ServiceMonitor> {
+    let opts = spec
+        .metrics
+        .as_ref()
+        .filter(|m| m.enabled)?
+        .service_monitor
+        .as_ref()
+        .filter(|m| m.enabled)?;
+    if let Some(extra) = &opts.labels {
+        let mut labels = extra.clone();
+        labels.extend(meta.labels.take().unwrap_or_default());
+        meta.labels = Some(labels);
+    }
+    let endpoint = |path: &str| Endpoint {
+        port: METRICS_PORT.into(),
+        path: path.into(),
+        interval: opts.interval.clone(),
+    };
+    Some(ServiceMonitor {
+        metadata: meta,
+        spec: ServiceMonitorSpec {
+            job_label: "app.kubernetes.io/name".into(),
+            // The clients' Service has the same labels but no `metrics` port, so it has no
+            // targets.
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(name)),
+                ..LabelSelector::default()
+            },
+            endpoints: vec![endpoint("/metrics"), endpoint("/metrics/operations")],
+        },
+    })
 }

@@ -235,6 +235,11 @@ pub const RULES: &[RuleCase] = &[
         change: |s| s["metrics"]["serviceMonitor"] = json!({"enabled": true, "interval": "soon"}),
         message: "a duration such as 30s",
     },
+    RuleCase {
+        name: "service-monitor-without-metrics",
+        change: |s| s["metrics"] = json!({"enabled": false, "serviceMonitor": {"enabled": true}}),
+        message: "spec.metrics.serviceMonitor needs spec.metrics.enabled",
+    },
 ];
 
 /// The rule case called `name`.

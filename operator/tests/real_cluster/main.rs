@@ -38,7 +38,7 @@ fn main() -> ExitCode {
     let mut args = Arguments::from_args();
     // One control plane, one cluster-wide operator at a time.
     args.test_threads = Some(1);
-    let scenarios: [(&str, Scenario); 18] = [
+    let scenarios: [(&str, Scenario); 19] = [
         (
             "the_crd_is_served_and_explained",
             the_crd_is_served_and_explained,
@@ -63,6 +63,10 @@ fn main() -> ExitCode {
         (
             "an_unsupported_spec_is_degraded_without_a_hot_loop",
             an_unsupported_spec_is_degraded_without_a_hot_loop,
+        ),
+        (
+            "a_service_monitor_waits_for_its_crd",
+            a_service_monitor_waits_for_its_crd,
         ),
         (
             "a_restarted_operator_writes_nothing_and_sigterm_stops_it",
@@ -884,12 +888,7 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
     wait_for_condition(c, &op, "apps-invalid", "Degraded", "True", "InvalidSpec");
     let degraded = amqpc(c, "apps-invalid", "orders");
-    let message = degraded["status"]["conditions"]
-        .as_array()
-        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
-        .and_then(|c| c["message"].as_str())
-        .unwrap_or("")
-        .to_string();
+    let message = degraded_message(&degraded);
     assert!(message.contains("spec.broker.clientIdPrefix"), "{message}");
     wait_for_event(
         c,
@@ -944,14 +943,14 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
         "orders",
         "--type=merge",
         "-p",
-        r#"{"spec":{"broker":{"clientIdPrefix":null},"metrics":{"serviceMonitor":{"enabled":true}}}}"#,
+        r#"{"spec":{"broker":{"clientIdPrefix":null,"tls":{"serverName":"kubemq"}}}}"#,
     ]);
     wait_for_event(
         c,
         "apps-invalid",
         "Warning",
         "InvalidSpec",
-        "spec.metrics.serviceMonitor",
+        "spec.broker.tls",
     );
     c.kubectl_ok(&[
         "-n",
@@ -963,6 +962,186 @@ fn an_unsupported_spec_is_degraded_without_a_hot_loop(c: &Cluster) {
     ]);
     drop(op);
     uninstall(c, "HELM3", "aco-invalid");
+}
+
+/// Has the control plane serve the Prometheus operator's ServiceMonitor CRD (from its Go module;
+/// tests/run.sh names the file in `SERVICE_MONITOR_CRD`).
+fn serve_service_monitors(c: &Cluster) {
+    let crd = std::env::var("SERVICE_MONITOR_CRD")
+        .expect("SERVICE_MONITOR_CRD names the ServiceMonitor CRD (tests/run.sh sets it)");
+    c.kubectl_ok(&["apply", "--server-side", "-f", &crd]);
+    c.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "--timeout=60s",
+    ]);
+}
+
+/// The message of the `Degraded` condition of the AmqpConnector `cr`.
+fn degraded_message(cr: &Value) -> String {
+    cr["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Degraded"))
+        .and_then(|c| c["message"].as_str())
+        .unwrap_or("")
+        .to_string()
+}
+
+/// The ServiceMonitor `orders` in `namespace`, if there is one.
+fn service_monitor(c: &Cluster, namespace: &str) -> Option<Value> {
+    let r = c.kubectl(&[
+        "-n",
+        namespace,
+        "get",
+        "servicemonitors.monitoring.coreos.com",
+        "orders",
+        "-o",
+        "json",
+    ]);
+    r.ok.then(|| serde_json::from_str(&r.stdout).unwrap())
+}
+
+/// A ServiceMonitor asked for from an operator installed without ServiceMonitors, then where its
+/// CRD is missing: everything else is applied, the AmqpConnector is Degraded
+/// (`ServiceMonitorsOff`, then `ServiceMonitorCRDMissing`) with a message that says what to do,
+/// and it is retried, so installing the CRD is enough for the ServiceMonitor to appear (owned by
+/// the AmqpConnector, scraping both metrics paths, accepted by the CRD's schema) and for the
+/// condition to clear. Turned off, the ServiceMonitor is deleted.
+fn a_service_monitor_waits_for_its_crd(c: &Cluster) {
+    c.kubectl_ok(&[
+        "delete",
+        "crd",
+        "servicemonitors.monitoring.coreos.com",
+        "--ignore-not-found",
+        "--wait=true",
+    ]);
+    namespace_with_token(c, "apps-monitor");
+    // Installed without the grant: the operator says how to get it, and applies the rest.
+    let op = install(c, "HELM3", "aco-monitor", &[]);
+    let mut cr = example_in("apps-monitor");
+    cr["spec"]["metrics"]["serviceMonitor"] =
+        serde_json::json!({"enabled": true, "interval": "15s", "labels": {"release": "kps"}});
+    c.kubectl_ok_in(&["apply", "-f", "-"], &cr.to_string());
+    let degraded = wait_for_condition(
+        c,
+        &op,
+        "apps-monitor",
+        "Degraded",
+        "True",
+        "ServiceMonitorsOff",
+    );
+    let message = degraded_message(&degraded);
+    assert!(
+        message.contains("connectorServiceMonitors.enabled=true"),
+        "{message}"
+    );
+    let made = children(c, "apps-monitor", "orders");
+    for child in [
+        "configmap/orders-config",
+        "deployment.apps/orders",
+        "service/orders",
+        "service/orders-metrics",
+    ] {
+        assert!(made.iter().any(|m| m == child), "{child} in {made:?}");
+    }
+    drop(op);
+
+    // Granted, where the cluster lacks the CRD.
+    let chart = root().join("helm/amqp-connector-operator");
+    let r = c.helm(
+        &helm_binary("HELM3"),
+        &[
+            "upgrade",
+            "aco-monitor",
+            chart.to_str().unwrap(),
+            "-n",
+            "aco-monitor",
+            "--reuse-values",
+            "--set",
+            "connectorServiceMonitors.enabled=true",
+            "--wait",
+            "--timeout",
+            "120s",
+        ],
+    );
+    assert!(r.ok, "helm upgrade: {}{}", r.stdout, r.stderr);
+    let op = c.chart_operator("aco-monitor", "aco-monitor", "aco-monitor-1");
+    let degraded = wait_for_condition(
+        c,
+        &op,
+        "apps-monitor",
+        "Degraded",
+        "True",
+        "ServiceMonitorCRDMissing",
+    );
+    let message = degraded_message(&degraded);
+    assert!(
+        message.contains("spec.metrics.serviceMonitor")
+            && message.contains("monitoring.coreos.com/v1"),
+        "{message}"
+    );
+
+    serve_service_monitors(c);
+    wait_until(
+        "the ServiceMonitor is made once its CRD is served",
+        Duration::from_secs(120),
+        || service_monitor(c, "apps-monitor").is_some(),
+        || op.log(),
+    );
+    wait_for_condition(c, &op, "apps-monitor", "Degraded", "False", "Reconciled");
+    let sm = service_monitor(c, "apps-monitor").unwrap();
+    let owner = &sm["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "AmqpConnector", "{sm}");
+    assert_eq!(owner["name"], "orders", "{sm}");
+    assert_eq!(sm["metadata"]["labels"]["release"], "kps", "{sm}");
+    assert_eq!(sm["spec"]["jobLabel"], "app.kubernetes.io/name", "{sm}");
+    let endpoints: Vec<(String, String, String)> = sm["spec"]["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            (s("port"), s("path"), s("interval"))
+        })
+        .collect();
+    let e = |path: &str| ("metrics".to_string(), path.to_string(), "15s".to_string());
+    assert_eq!(endpoints, [e("/metrics"), e("/metrics/operations")]);
+    // What it selects is the metrics Service, whose port is the one the endpoints name.
+    let metrics = json(
+        c,
+        &[
+            "-n",
+            "apps-monitor",
+            "get",
+            "service",
+            "orders-metrics",
+            "-o",
+            "json",
+        ],
+    );
+    for (k, v) in sm["spec"]["selector"]["matchLabels"].as_object().unwrap() {
+        assert_eq!(&metrics["metadata"]["labels"][k], v, "{k}");
+    }
+    assert_eq!(metrics["spec"]["ports"][0]["name"], "metrics", "{metrics}");
+
+    c.kubectl_ok(&[
+        "-n",
+        "apps-monitor",
+        "patch",
+        "amqpc",
+        "orders",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"metrics":{"serviceMonitor":{"enabled":false}}}}"#,
+    ]);
+    wait_until(
+        "the ServiceMonitor is deleted once turned off",
+        Duration::from_secs(60),
+        || service_monitor(c, "apps-monitor").is_none(),
+        || op.log(),
+    );
+    finish(c, op, "HELM3", "aco-monitor", "apps-monitor", "orders");
 }
 
 /// The resourceVersions of the AmqpConnector and its children.
@@ -1289,7 +1468,13 @@ fn granted(c: &Cluster, release: &str) -> BTreeSet<(String, String, String)> {
 /// every granted (group, resource, verb), except those the API server checks without a request
 /// of that verb (listed with why).
 fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
-    let op = install_with_orders(c, "HELM3", "aco-rbac", "apps-rbac");
+    let op = install(
+        c,
+        "HELM3",
+        "aco-rbac",
+        &["connectorServiceMonitors.enabled=true"],
+    );
+    apply_example(c, &op, "apps-rbac", "examples/amqpconnector.yaml", "orders");
     c.kubectl_ok(&["-n", "apps-rbac", "scale", "amqpc/orders", "--replicas=1"]);
     let gone = |kind: &str, name: &str| !c.kubectl(&["-n", "apps-rbac", "get", kind, name]).ok;
     wait_until(
@@ -1310,11 +1495,22 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
             p,
         ])
     };
-    patch(r#"{"spec":{"metrics":{"enabled":false}}}"#);
+    serve_service_monitors(c);
+    patch(r#"{"spec":{"metrics":{"serviceMonitor":{"enabled":true}}}}"#);
     wait_until(
-        "the metrics Service is removed",
+        "the ServiceMonitor is made",
         Duration::from_secs(60),
-        || gone("service", "orders-metrics"),
+        || !gone("servicemonitors.monitoring.coreos.com", "orders"),
+        || op.log(),
+    );
+    patch(r#"{"spec":{"metrics":{"enabled":false,"serviceMonitor":null}}}"#);
+    wait_until(
+        "the metrics Service and the ServiceMonitor are removed",
+        Duration::from_secs(60),
+        || {
+            gone("service", "orders-metrics")
+                && gone("servicemonitors.monitoring.coreos.com", "orders")
+        },
         || op.log(),
     );
     // The same Warning twice: the second is a repeat of the first Event.
@@ -1409,6 +1605,7 @@ fn the_charts_rbac_is_what_the_operator_uses(c: &Cluster) {
         s("", "services", "create"),
         s("apps", "deployments", "create"),
         s("policy", "poddisruptionbudgets", "create"),
+        s("monitoring.coreos.com", "servicemonitors", "create"),
     ]);
     let unused: Vec<_> = granted(c, "aco-rbac")
         .into_iter()
