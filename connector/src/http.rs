@@ -38,7 +38,8 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 "/api/amqp10/links" => Answer::json(health.registry.links_json().await),
                 "/api/amqp10/stages" => Answer::json(health.metrics.stages.json()),
                 "/metrics/operations" => {
-                    Answer::metrics(health.operations.encode(*health.ready.borrow()))
+                    let ready = *health.ready.borrow();
+                    Answer::metrics(health.operations.encode(ready, &health.metrics.stages))
                 }
                 _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
             }

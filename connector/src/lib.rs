@@ -12,6 +12,7 @@ pub mod config;
 pub mod detail;
 pub mod driver;
 pub mod facade;
+pub mod failures;
 pub use engine;
 pub mod http;
 pub mod kubemq;

@@ -85,6 +85,7 @@ impl<H> Observed<H> {
             audit::authenticated(source, report);
             return;
         }
+        crate::failures::FAILURES.authentication_failed();
         let verdict = self
             .logins
             .failed(source, tokio::time::Instant::now().into_std());

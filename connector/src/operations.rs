@@ -1,15 +1,23 @@
 //! Gauges about the process itself, beside MET-0's families: what alerts and dashboards need to
 //! know (whether the broker answers, the memory budget and its use, the connection limit, when
-//! the TLS certificate expires). MET-0 fixes `/metrics` at exactly eleven families, so these are
-//! served at `/metrics/operations` (docs/decisions.md, "Operational metrics").
+//! the TLS certificate expires, failed TLS handshakes, logins and authorizations), and where
+//! queue messages' time goes (the stage histograms).
+//! MET-0 fixes `/metrics` at exactly eleven families, so these are served at
+//! `/metrics/operations` (docs/decisions.md, "Operational metrics").
 
 use std::sync::Arc;
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
 use crate::driver::TlsSource;
 use crate::engine::ProcessBudget;
+use crate::failures::FAILURES;
+use crate::stages::{Cumulative, Stage, Stages};
 
 /// Where the operational gauges are read from, at each scrape.
 #[derive(Clone)]
@@ -23,8 +31,9 @@ pub struct Operations {
 }
 
 impl Operations {
-    /// The text exposition of the gauges, with `broker_ready` the state `/readyz` answers.
-    pub fn encode(&self, broker_ready: bool) -> String {
+    /// The text exposition of the gauges, with `broker_ready` the state `/readyz` answers, and
+    /// of the queue stage histograms counted in `stages`.
+    pub fn encode(&self, broker_ready: bool, stages: &Stages) -> String {
         let mut r = Registry::default();
         let mut gauge = |name: &str, help: &str, value: u64| {
             let g = Gauge::<i64>::default();
@@ -58,11 +67,81 @@ impl Operations {
                 u64::try_from(not_after).unwrap_or(0),
             );
         }
+        let mut counter = |name: &str, help: &str, value: u64| {
+            let c = Counter::<u64>::default();
+            c.inc_by(value);
+            r.register(name, help, c);
+        };
+        counter(
+            "kubemq_amqp_connector_tls_handshake_failures",
+            "TLS handshakes that failed or did not finish in time",
+            FAILURES.tls_handshakes(),
+        );
+        counter(
+            "kubemq_amqp_connector_authentication_failures",
+            "SASL exchanges that failed",
+            FAILURES.authentications(),
+        );
+        counter(
+            "kubemq_amqp_connector_authorization_denials",
+            "Actions the authorization policy denied",
+            FAILURES.authorizations(),
+        );
+        r.register_collector(Box::new(StageHistograms(
+            Stage::ALL
+                .iter()
+                .map(|&s| (s.name(), stages.cumulative(s)))
+                .collect(),
+        )));
         let mut out = String::new();
         if prometheus_client::encoding::text::encode(&mut out, &r).is_err() {
             out.clear();
         }
         out
+    }
+}
+
+/// Label set `stage`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StageLabel {
+    stage: String,
+}
+
+/// The stage histograms at one scrape, as the family
+/// `kubemq_amqp_connector_queue_stage_seconds{stage}`.
+#[derive(Debug)]
+struct StageHistograms(Vec<(&'static str, Cumulative)>);
+
+impl Collector for StageHistograms {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let mut family = encoder.encode_descriptor(
+            "kubemq_amqp_connector_queue_stage_seconds",
+            "Where queue messages' time goes: stored (delivery to the backend's answer), waited \
+             (in the queue until the Get loop took it), handed_out (to the consumer's link), \
+             settled (transfer to the client's settlement)",
+            None,
+            MetricType::Histogram,
+        )?;
+        for (stage, h) in &self.0 {
+            // The encoder adds the buckets up itself.
+            let mut below = 0;
+            let per_bucket: Vec<(f64, u64)> = h
+                .buckets
+                .iter()
+                .map(|&(le, n)| {
+                    let own = n.saturating_sub(below);
+                    below = n;
+                    (le, own)
+                })
+                .collect();
+            let label = StageLabel {
+                stage: (*stage).to_string(),
+            };
+            family
+                .encode_family(&label)?
+                .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &per_bucket, None)?;
+        }
+        Ok(())
     }
 }
 
@@ -94,7 +173,7 @@ mod tests {
     #[test]
     fn gauges_read_their_sources() {
         let (ops, _held) = operations(None);
-        let text = ops.encode(true);
+        let text = ops.encode(true, &Stages::default());
         assert_eq!(
             value(&text, "kubemq_amqp_connector_broker_ready").as_deref(),
             Some("1")
@@ -112,11 +191,91 @@ mod tests {
             Some("500")
         );
         assert!(!text.contains("tls_certificate"), "{text}");
-        assert_eq!(text.matches("# TYPE ").count(), 4, "{text}");
+        assert_eq!(text.matches("# TYPE ").count(), 8, "{text}");
         assert_eq!(
-            value(&ops.encode(false), "kubemq_amqp_connector_broker_ready").as_deref(),
+            value(
+                &ops.encode(false, &Stages::default()),
+                "kubemq_amqp_connector_broker_ready"
+            )
+            .as_deref(),
             Some("0")
         );
+    }
+
+    /// The failure counters count what was reported, wherever it was.
+    #[test]
+    fn failure_counters_count() {
+        let (ops, _held) = operations(None);
+        let read = |name: &str| -> u64 {
+            value(&ops.encode(true, &Stages::default()), name)
+                .and_then(|v| v.parse().ok())
+                .expect("a counter")
+        };
+        let names = [
+            "kubemq_amqp_connector_tls_handshake_failures_total",
+            "kubemq_amqp_connector_authentication_failures_total",
+            "kubemq_amqp_connector_authorization_denials_total",
+        ];
+        // Other tests of this process may count too: only growth is certain.
+        let before: Vec<u64> = names.iter().map(|n| read(n)).collect();
+        FAILURES.tls_handshake_failed();
+        FAILURES.authentication_failed();
+        FAILURES.authentication_failed();
+        FAILURES.authorization_denied();
+        let after: Vec<u64> = names.iter().map(|n| read(n)).collect();
+        for ((name, b), (a, at_least)) in names
+            .iter()
+            .zip(before)
+            .zip(after.into_iter().zip([1, 2, 1]))
+        {
+            assert!(a >= b + at_least, "{name}: {b} then {a}");
+        }
+    }
+
+    /// The stage histograms: one series set per stage, cumulative buckets ending at `+Inf`, sum
+    /// and count as counted.
+    #[test]
+    fn stage_histograms_are_prometheus_histograms() {
+        let (ops, _held) = operations(None);
+        let stages = Stages::default();
+        stages.record(Stage::Waited, std::time::Duration::from_micros(20));
+        stages.record(Stage::Waited, std::time::Duration::from_micros(70));
+        let text = ops.encode(true, &stages);
+        assert!(
+            text.contains("# TYPE kubemq_amqp_connector_queue_stage_seconds histogram"),
+            "{text}"
+        );
+        let name = "kubemq_amqp_connector_queue_stage_seconds";
+        assert_eq!(
+            value(&text, &format!("{name}_count{{stage=\"waited\"}}")).as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            value(
+                &text,
+                &format!("{name}_bucket{{le=\"+Inf\",stage=\"waited\"}}")
+            )
+            .or_else(|| value(
+                &text,
+                &format!("{name}_bucket{{stage=\"waited\",le=\"+Inf\"}}")
+            ))
+            .as_deref(),
+            Some("2")
+        );
+        assert_eq!(
+            value(&text, &format!("{name}_count{{stage=\"stored\"}}")).as_deref(),
+            Some("0")
+        );
+        // Cumulative: the 20 µs one is in every bucket from 2^15 ns on, both from 2^17 ns on.
+        let waited: Vec<u64> = text
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_bucket")) && l.contains("\"waited\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+            .collect();
+        assert_eq!(waited.len(), 22, "{text}");
+        assert!(waited.windows(2).all(|w| w[0] <= w[1]), "{waited:?}");
+        assert_eq!(waited.first(), Some(&0));
+        assert_eq!(waited.last(), Some(&2));
     }
 
     /// The certificate gauge is the loaded certificate's notAfter, and follows a rotation of
@@ -145,13 +304,13 @@ mod tests {
         let (ops, _held) = operations(Some(tls));
         let name = "kubemq_amqp_connector_tls_certificate_not_after_seconds";
         assert_eq!(
-            value(&ops.encode(true), name).as_deref(),
+            value(&ops.encode(true, &Stages::default()), name).as_deref(),
             Some("4102444800")
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
         write(4_133_980_800); // 2101-01-01
         assert_eq!(
-            value(&ops.encode(true), name).as_deref(),
+            value(&ops.encode(true, &Stages::default()), name).as_deref(),
             Some("4133980800")
         );
     }

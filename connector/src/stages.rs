@@ -2,7 +2,9 @@
 //! took, how long it waited in the queue, how long its hand-out took to reach its link, and how
 //! long the client took to settle it. Counted in histograms of fixed buckets (four per power of
 //! two, so a bucket's bounds are within 19 % of each other) that cost a few atomic adds per
-//! message, and shown at `/api/amqp10/stages`, which the load tool reads before and after a run.
+//! message, and shown at `/api/amqp10/stages`, which the load tool reads before and after a run,
+//! and at `/metrics/operations` as Prometheus histograms with coarser buckets (each a power of two
+//! of nanoseconds, which is a bound of the fine ones, so the counts are exact).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -65,34 +67,94 @@ pub fn upper_ns(i: usize) -> u64 {
     }
 }
 
-/// One histogram per [`Stage`].
-pub struct Stages {
-    counts: [[AtomicU64; BUCKETS]; Stage::ALL.len()],
+/// The Prometheus buckets' bounds: 2^14 ns (16 µs) to 2^34 ns (17 s), one per power of two.
+const PROMETHEUS_BOUNDS: std::ops::RangeInclusive<u32> = 14..=34;
+
+/// One stage's counts.
+struct Histogram {
+    counts: [AtomicU64; BUCKETS],
+    /// The total time counted, in nanoseconds.
+    sum_ns: AtomicU64,
 }
 
-impl Default for Stages {
+impl Default for Histogram {
     fn default() -> Self {
-        Stages {
-            counts: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
+        Histogram {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            sum_ns: AtomicU64::new(0),
         }
     }
+}
+
+/// One histogram per [`Stage`].
+#[derive(Default)]
+pub struct Stages {
+    stored: Histogram,
+    waited: Histogram,
+    handed_out: Histogram,
+    settled: Histogram,
+}
+
+/// One stage's histogram as Prometheus shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Cumulative {
+    /// Seconds counted in all.
+    pub sum_seconds: f64,
+    /// Durations counted.
+    pub count: u64,
+    /// `(le in seconds, durations up to it)`, the last bound `+Inf`.
+    pub buckets: Vec<(f64, u64)>,
 }
 
 impl Stages {
     /// Counts one message's time in `stage`.
     pub fn record(&self, stage: Stage, took: Duration) {
         let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        if let Some(c) = self.stage(stage).get(bucket(ns)) {
+        let h = self.histogram(stage);
+        if let Some(c) = h.counts.get(bucket(ns)) {
             c.fetch_add(1, Ordering::Relaxed);
+        }
+        h.sum_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    fn histogram(&self, stage: Stage) -> &Histogram {
+        match stage {
+            Stage::Stored => &self.stored,
+            Stage::Waited => &self.waited,
+            Stage::HandedOut => &self.handed_out,
+            Stage::Settled => &self.settled,
         }
     }
 
     fn stage(&self, stage: Stage) -> &[AtomicU64; BUCKETS] {
-        match stage {
-            Stage::Stored => &self.counts[0],
-            Stage::Waited => &self.counts[1],
-            Stage::HandedOut => &self.counts[2],
-            Stage::Settled => &self.counts[3],
+        &self.histogram(stage).counts
+    }
+
+    /// `stage`'s histogram in the Prometheus buckets.
+    pub fn cumulative(&self, stage: Stage) -> Cumulative {
+        let counts: Vec<u64> = self
+            .stage(stage)
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let mut buckets = Vec::new();
+        let mut below = 0u64;
+        let mut next = 0usize;
+        for e in PROMETHEUS_BOUNDS {
+            let le_ns = 1u64 << e;
+            // Every fine bucket whose bound is at most 2^e lies wholly below it.
+            while next < BUCKETS && upper_ns(next) <= le_ns {
+                below += counts.get(next).copied().unwrap_or(0);
+                next += 1;
+            }
+            buckets.push((le_ns as f64 / 1e9, below));
+        }
+        let count: u64 = counts.iter().sum();
+        buckets.push((f64::INFINITY, count));
+        Cumulative {
+            sum_seconds: self.histogram(stage).sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            count,
+            buckets,
         }
     }
 
@@ -135,6 +197,36 @@ mod tests {
             }
         }
         assert_eq!(bucket(u64::MAX), BUCKETS - 1);
+    }
+
+    /// The Prometheus view counts exactly what the fine buckets hold below each power of two,
+    /// and sums the durations.
+    #[test]
+    fn cumulative_buckets_are_exact_at_powers_of_two() {
+        let s = Stages::default();
+        // 20 µs, 60 µs and 70 µs: the first two below 2^16 ns (65.5 µs), the third above.
+        for us in [20, 60, 70] {
+            s.record(Stage::Waited, Duration::from_micros(us));
+        }
+        let c = s.cumulative(Stage::Waited);
+        assert_eq!(c.count, 3);
+        assert!((c.sum_seconds - 150e-6).abs() < 1e-12, "{}", c.sum_seconds);
+        let at = |le_ns: u64| {
+            c.buckets
+                .iter()
+                .find(|(le, _)| (*le - le_ns as f64 / 1e9).abs() < 1e-15)
+                .map(|(_, n)| *n)
+        };
+        assert_eq!(at(1 << 14), Some(0));
+        assert_eq!(at(1 << 15), Some(1), "20 µs is below 32.8 µs");
+        assert_eq!(at(1 << 16), Some(2));
+        assert_eq!(at(1 << 17), Some(3));
+        assert_eq!(c.buckets.last(), Some(&(f64::INFINITY, 3)));
+        assert!(c
+            .buckets
+            .windows(2)
+            .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        assert_eq!(s.cumulative(Stage::Stored).count, 0);
     }
 
     /// The endpoint shows what was counted, by stage.

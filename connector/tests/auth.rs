@@ -12,6 +12,7 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -63,6 +64,8 @@ struct Secured {
     port: u16,
     tls_port: Option<u16>,
     log: PathBuf,
+    /// `/metrics` and `/metrics/operations`.
+    http: SocketAddr,
     /// Holds the key, the policy, the store and the log until the connector is gone.
     _dir: tempfile::TempDir,
 }
@@ -106,7 +109,7 @@ impl Secured {
             tls_port
         });
         let port = free_port();
-        let (child, log) = spawn(dir.path(), "connector", port, &args);
+        let (child, log, http) = spawn(dir.path(), "connector", port, &args);
         if let Some(p) = tls_port {
             wait_listening(p);
         }
@@ -115,6 +118,7 @@ impl Secured {
             port,
             tls_port,
             log,
+            http,
             _dir: dir,
         }
     }
@@ -131,6 +135,25 @@ impl Secured {
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .filter(|v| v["target"] == "audit")
             .collect()
+    }
+
+    /// The counter `name` of `/metrics/operations`.
+    fn counter(&self, name: &str) -> u64 {
+        let reply = testkit::http_get(self.http, "/metrics/operations").unwrap();
+        reply
+            .body
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {}", reply.body))
+    }
+
+    /// The audit events called `event`.
+    fn audited_count(&self, event: &str) -> usize {
+        self.audit()
+            .iter()
+            .filter(|v| v["fields"]["event"] == event)
+            .count()
     }
 
     /// The whole log.
@@ -267,6 +290,11 @@ fn authz_2_write_without_read_refuses_the_receiver() {
     let d = audited(&c, "authz.denied", "ClientID", "writer");
     assert_eq!(d["Action"], "read");
     assert_eq!(d["Resource"], "queues");
+    // Each denial is counted for the dashboard, as it is audited.
+    assert_eq!(
+        c.counter("kubemq_amqp_connector_authorization_denials_total"),
+        c.audited_count("authz.denied") as u64
+    );
 }
 
 /// AUTHZ-4: on an anonymous sender each message is checked for Write on its `to`: one to a
@@ -374,6 +402,11 @@ fn aud_5_repeated_failed_logins_are_slowed_and_summed_up() {
         })
         .count();
     assert_eq!(one_by_one, 5, "{:?}", c.audit());
+    // Every failure is counted, the ones not audited one by one too.
+    assert_eq!(
+        c.counter("kubemq_amqp_connector_authentication_failures_total"),
+        8
+    );
     c.python("send", &["app", &token("app", SECRET, 300), "orders"]);
 }
 
@@ -425,8 +458,14 @@ fn sasl_7_external_on_mtls() {
 
 /// Starts the connector with `args` (and a store in `dir`) listening on `port`, logging to a
 /// file of the suite's logs named after `name`; returns once its /readyz says it reaches its
-/// backend (before that it refuses connections, CONN-15), with the log's path.
-fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> (Child, PathBuf) {
+/// backend (before that it refuses connections, CONN-15), with the log's path and its HTTP
+/// endpoint.
+fn spawn(
+    dir: &std::path::Path,
+    name: &str,
+    port: u16,
+    args: &[String],
+) -> (Child, PathBuf, SocketAddr) {
     let (log, file) = testkit::logs::file(name);
     let http = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let child = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"))
@@ -443,7 +482,7 @@ fn spawn(dir: &std::path::Path, name: &str, port: u16, args: &[String]) -> (Chil
     testkit::eventually(&format!("{name} ready"), Duration::from_secs(20), || {
         testkit::http_get(http, "/readyz").is_some_and(|r| r.status == 200)
     });
-    (child, log)
+    (child, log, http)
 }
 
 /// SASL-3, AUTHZ (KubeMQ's refusal): the client's token, not the connector's, is what KubeMQ
@@ -482,13 +521,13 @@ fn sasl_3_client_token_is_what_kubemq_checks() {
     let grpc = free_port();
     let mut kubemq_args = auth(key("kubemq.key"));
     kubemq_args.extend(["--serve-kubemq-grpc".into(), format!("127.0.0.1:{grpc}")]);
-    let (kubemq, kubemq_log) = spawn(d, "kubemq", free_port(), &kubemq_args);
+    let (kubemq, kubemq_log, _) = spawn(d, "kubemq", free_port(), &kubemq_args);
     let mut children = Reaper(vec![kubemq]);
     let through = |name: &str, key_file: String| {
         let port = free_port();
         let mut args = auth(key_file);
         args.extend(["--kubemq-address".into(), format!("127.0.0.1:{grpc}")]);
-        let (child, log) = spawn(d, name, port, &args);
+        let (child, log, _) = spawn(d, name, port, &args);
         (child, port, log)
     };
     let (same, same_port, same_log) = through("same-key", key("kubemq.key"));

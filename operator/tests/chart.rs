@@ -252,6 +252,56 @@ fn service_monitors_are_granted_only_when_asked() {
     assert_eq!(seen.len(), 2, "a fixture with and one without");
 }
 
+/// The connectors' dashboard: no ConfigMap unless asked; asked, one ConfigMap with the label
+/// Grafana's sidecar loads, in the namespace given, holding the chart's dashboard file as it is:
+/// valid JSON whose every panel queries Prometheus through the templated data source and the
+/// `job` and `pod` variables. (connector/tests/dashboard.rs checks each metric it names against
+/// a running connector.)
+#[test]
+fn the_dashboard_renders_only_when_asked() {
+    let file = std::fs::read_to_string(chart().join("dashboards/amqp-connector.json"))
+        .expect("the dashboard file");
+    let dashboard: serde_json::Value = serde_json::from_str(&file).expect("JSON");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    assert!(panels.len() >= 10, "{}", panels.len());
+    for p in panels {
+        let targets = p["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", p["title"]);
+        for t in targets {
+            let expr = t["expr"].as_str().expect("a query");
+            assert!(
+                expr.contains(r#"job="$job", pod=~"$pod""#),
+                "{}: {expr}",
+                p["title"]
+            );
+            assert_eq!(t["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+        }
+    }
+    for (name, helm) in helms() {
+        let defaults = template(&helm, &chart().join("ci/default-values.yaml"), "1.30.0");
+        assert!(
+            !defaults
+                .iter()
+                .any(|d| d["metadata"]["labels"]["grafana_dashboard"] == "1"),
+            "{name}: off by default"
+        );
+        let asked = template(&helm, &chart().join("ci/dashboard-values.yaml"), "1.30.0");
+        let maps: Vec<&Value> = asked
+            .iter()
+            .filter(|d| d["metadata"]["labels"]["grafana_dashboard"] == "1")
+            .collect();
+        assert_eq!(maps.len(), 1, "{name}");
+        let map = maps[0];
+        assert_eq!(map["kind"], "ConfigMap");
+        assert_eq!(map["metadata"]["namespace"], "monitoring");
+        assert_eq!(map["metadata"]["annotations"]["grafana_folder"], "KubeMQ");
+        let shipped = map["data"]["amqp-connector.json"]
+            .as_str()
+            .expect("the JSON");
+        assert_eq!(shipped, file.trim_end(), "{name}: the file as it is");
+    }
+}
+
 #[test]
 fn watch_namespaces_switches_to_roles() {
     let (_, helm) = &helms()[0];

@@ -106,6 +106,7 @@ impl Access {
         match &self.0 {
             Some(policy) if !policy.allows(client_id, pattern, channel, action) => {
                 audit::denied(client_id, pattern, channel, action);
+                crate::failures::FAILURES.authorization_denied();
                 Err(AmqpError::new(
                     Condition::UnauthorizedAccess,
                     format!("not authorized for {channel}"),

@@ -214,10 +214,12 @@ fn spawn_tls<F: HandlerFactory>(
             Ok(Ok(tls)) => Some(tls),
             Ok(Err(e)) => {
                 tracing::debug!(error = %e, "TLS handshake failed");
+                crate::failures::FAILURES.tls_handshake_failed();
                 None
             }
             Err(_) => {
                 tracing::debug!("TLS handshake not finished in time; dropped");
+                crate::failures::FAILURES.tls_handshake_failed();
                 None
             }
         }
