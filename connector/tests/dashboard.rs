@@ -1,7 +1,8 @@
 //! The chart's Grafana dashboard against the connector binary: every metric a panel's query
 //! names is one the connector serves on `/metrics` or `/metrics/operations` (with TLS on, so
 //! the certificate gauge is there too), and the failure counters it shows count a failed TLS
-//! handshake.
+//! handshake; and a real Prometheus (built from its Go module by tests/prometheus/build.sh)
+//! that scrapes a connector under load has data for every panel's query.
 // A test target: unwrap, expect, panic and indexing are how its checks fail.
 #![allow(
     clippy::unwrap_used,
@@ -63,18 +64,28 @@ fn value(text: &str, name: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-#[test]
-fn every_metric_the_dashboard_names_is_served() {
+/// The connector with a TLS port and its HTTP endpoint, stopped when dropped.
+struct Served {
+    _connector: Reaper,
+    _data: tempfile::TempDir,
+    _pki: Pki,
+    amqp_port: u16,
+    tls_port: u16,
+    http: SocketAddr,
+}
+
+fn start() -> Served {
     let pki = Pki::new("dashboard CA");
     pki.issue("server", "127.0.0.1", 41, false, false);
     let data = tempfile::tempdir().unwrap();
+    let amqp_port = free_port();
     let tls_port = free_port();
     let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let cert = pki.path("server.pem");
     let key = pki.path("server.key");
-    let _connector = Reaper(vec![start_connector(
+    let connector = Reaper(vec![start_connector(
         data.path(),
-        free_port(),
+        amqp_port,
         &[
             "--tls-port",
             &tls_port.to_string(),
@@ -87,6 +98,36 @@ fn every_metric_the_dashboard_names_is_served() {
         ],
     )]);
     wait_listening(tls_port);
+    Served {
+        _connector: connector,
+        _data: data,
+        _pki: pki,
+        amqp_port,
+        tls_port,
+        http,
+    }
+}
+
+/// Every panel's queries, as (title, expression).
+fn queries() -> Vec<(String, String)> {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            out.push((
+                panel["title"].as_str().unwrap().to_string(),
+                target["expr"].as_str().unwrap().to_string(),
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_metric_the_dashboard_names_is_served() {
+    let c = start();
+    let (http, tls_port) = (c.http, c.tls_port);
 
     // The connection that saw the TLS port listen closed without a handshake: that is one
     // failure; a client that speaks no TLS is the second.
@@ -109,22 +150,16 @@ fn every_metric_the_dashboard_names_is_served() {
         .into_iter()
         .chain(sample_names(&scrape(http, "/metrics/operations")))
         .collect();
-    let dashboard: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
     let mut named = BTreeSet::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap();
-            let names = named_metrics(expr);
-            assert!(!names.is_empty(), "{}: {expr}", panel["title"]);
-            for name in names {
-                assert!(
-                    served.contains(&name),
-                    "{}: {name} is not served; served: {served:?}",
-                    panel["title"]
-                );
-                named.insert(name);
-            }
+    for (title, expr) in queries() {
+        let names = named_metrics(&expr);
+        assert!(!names.is_empty(), "{title}: {expr}");
+        for name in names {
+            assert!(
+                served.contains(&name),
+                "{title}: {name} is not served; served: {served:?}"
+            );
+            named.insert(name);
         }
     }
     // Every family of the connector's own has a panel, but the stage histogram's sum and count.
@@ -134,4 +169,193 @@ fn every_metric_the_dashboard_names_is_served() {
         .filter(|s| !s.starts_with("kubemq_amqp_connector_queue_stage_seconds_"))
         .collect();
     assert!(unshown.is_empty(), "no panel shows {unshown:?}");
+}
+
+/// `GET path` from a Prometheus at `addr`, over HTTP/1.0 (so the body is never chunked).
+fn prometheus_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_string();
+    Some((status, body))
+}
+
+/// A query string's value: every byte but letters and digits percent-encoded.
+fn encoded(q: &str) -> String {
+    q.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Queue traffic with every outcome, and events, for `for_how_long`.
+fn load(amqp_port: u16, for_how_long: Duration) {
+    use fe2o3_amqp::types::messaging::{Message, Outcome};
+    use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let url = format!("amqp://127.0.0.1:{amqp_port}");
+        let mut conn = Connection::open("dashboard-load", url.as_str())
+            .await
+            .unwrap();
+        let mut session = Session::begin(&mut conn).await.unwrap();
+        let mut queue = Sender::attach(&mut session, "tx", "queues/dashboard")
+            .await
+            .unwrap();
+        let mut events = Sender::attach(&mut session, "ev", "events/dashboard")
+            .await
+            .unwrap();
+        let mut consumer = Receiver::attach(&mut session, "rx", "queues/dashboard")
+            .await
+            .unwrap();
+        let until = tokio::time::Instant::now() + for_how_long;
+        let mut n = 0u64;
+        while tokio::time::Instant::now() < until {
+            let outcome = queue.send(Message::from(format!("m{n}"))).await.unwrap();
+            assert!(matches!(outcome, Outcome::Accepted(_)), "{outcome:?}");
+            events.send(Message::from(format!("e{n}"))).await.unwrap();
+            let delivery = consumer.recv::<String>().await.unwrap();
+            // Mostly accepted; now and then released (it comes back) or rejected.
+            match n % 10 {
+                3 => {
+                    consumer.release(&delivery).await.unwrap();
+                    let again = consumer.recv::<String>().await.unwrap();
+                    consumer.accept(&again).await.unwrap();
+                }
+                7 => consumer.reject(&delivery, None).await.unwrap(),
+                _ => consumer.accept(&delivery).await.unwrap(),
+            }
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        consumer.close().await.unwrap();
+        queue.close().await.unwrap();
+        events.close().await.unwrap();
+        session.end().await.unwrap();
+        conn.close().await.unwrap();
+    });
+}
+
+/// A real Prometheus scrapes a connector's `/metrics` and `/metrics/operations` as the job
+/// `amqp-connector` (as the operator's ServiceMonitor has it) while queue messages and events
+/// flow and are settled every way; then every panel's query, with the dashboard's variables
+/// filled in, returns at least one series with a number.
+#[test]
+#[cfg_attr(
+    not(feature = "external-tools"),
+    ignore = "runs Prometheus, built from its Go module: tests/run.sh"
+)]
+fn a_real_prometheus_has_data_for_every_panel() {
+    let prometheus = std::env::var_os("PROMETHEUS")
+        .expect("PROMETHEUS names the Prometheus binary (tests/run.sh builds it)");
+    let c = start();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("prometheus.yml");
+    let job = |name: &str, path: &str| {
+        format!(
+            "  - job_name: {name}\n    metrics_path: {path}\n    scrape_interval: 1s\n    \
+             static_configs:\n      - targets: ['{}']\n        labels: {{job: amqp-connector, \
+             pod: amqp-connector-0}}\n",
+            c.http
+        )
+    };
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{}{}",
+            job("connector", "/metrics"),
+            job("connector-operations", "/metrics/operations")
+        ),
+    )
+    .unwrap();
+    let web: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (_, log) = testkit::logs::file("prometheus");
+    let server = std::process::Command::new(prometheus)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address={web}"))
+        .stdout(std::process::Stdio::from(log.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(log))
+        .spawn()
+        .unwrap();
+    let _prometheus = Reaper(vec![server]);
+    testkit::eventually("Prometheus is ready", Duration::from_secs(60), || {
+        prometheus_get(web, "/-/ready").is_some_and(|(status, _)| status == 200)
+    });
+
+    load(c.amqp_port, Duration::from_secs(12));
+
+    // Each query's series: its labels and its value, where the value is a number.
+    let mut answers: Vec<(String, String, Vec<(serde_json::Value, f64)>)> = Vec::new();
+    for (title, expr) in queries() {
+        let filled = expr
+            .replace("$__rate_interval", "15s")
+            .replace("$job", "amqp-connector")
+            .replace("$pod", ".*");
+        let (status, body) =
+            prometheus_get(web, &format!("/api/v1/query?query={}", encoded(&filled)))
+                .expect("Prometheus answers");
+        assert_eq!(status, 200, "{title}: {filled}: {body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let series = answer["data"]["result"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| {
+                let v = s["value"][1].as_str()?.parse::<f64>().ok()?;
+                v.is_finite().then(|| (s["metric"].clone(), v))
+            })
+            .collect();
+        answers.push((title, filled, series));
+    }
+    let empty: Vec<String> = answers
+        .iter()
+        .filter(|(_, _, series)| series.is_empty())
+        .map(|(title, filled, _)| format!("{title}: {filled}"))
+        .collect();
+    assert!(empty.is_empty(), "no data:\n{}", empty.join("\n"));
+    // What the load did shows: every outcome, queue traffic both ways, every stage's time.
+    let positive = |title: &str, label: &str| -> BTreeSet<String> {
+        answers
+            .iter()
+            .filter(|(t, _, _)| t == title)
+            .flat_map(|(_, _, series)| series.iter())
+            .filter(|(_, v)| *v > 0.0)
+            .filter_map(|(m, _)| m[label].as_str().map(str::to_string))
+            .collect()
+    };
+    let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert!(
+        positive("Settlement outcomes", "outcome")
+            .is_superset(&set(&["accepted", "released", "rejected"])),
+        "{answers:?}"
+    );
+    assert!(
+        positive("Messages per second by pattern", "pattern")
+            .is_superset(&set(&["queues", "events"])),
+        "{answers:?}"
+    );
+    assert!(
+        positive("Queue message stages, p99", "stage").is_superset(&set(&[
+            "stored",
+            "waited",
+            "handed_out",
+            "settled"
+        ])),
+        "{answers:?}"
+    );
 }
