@@ -171,6 +171,21 @@ fn every_metric_the_dashboard_names_is_served() {
     assert!(unshown.is_empty(), "no panel shows {unshown:?}");
 }
 
+/// One panel query's answer: the series that carry a number.
+#[derive(Debug)]
+struct Answer {
+    title: String,
+    query: String,
+    series: Vec<Series>,
+}
+
+/// One series of an instant query.
+#[derive(Debug)]
+struct Series {
+    labels: serde_json::Value,
+    value: f64,
+}
+
 /// `GET path` from a Prometheus at `addr`, over HTTP/1.0 (so the body is never chunked).
 fn prometheus_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
@@ -299,8 +314,7 @@ fn a_real_prometheus_has_data_for_every_panel() {
 
     load(c.amqp_port, Duration::from_secs(12));
 
-    // Each query's series: its labels and its value, where the value is a number.
-    let mut answers: Vec<(String, String, Vec<(serde_json::Value, f64)>)> = Vec::new();
+    let mut answers: Vec<Answer> = Vec::new();
     for (title, expr) in queries() {
         let filled = expr
             .replace("$__rate_interval", "15s")
@@ -316,26 +330,33 @@ fn a_real_prometheus_has_data_for_every_panel() {
             .into_iter()
             .flatten()
             .filter_map(|s| {
-                let v = s["value"][1].as_str()?.parse::<f64>().ok()?;
-                v.is_finite().then(|| (s["metric"].clone(), v))
+                let value = s["value"][1].as_str()?.parse::<f64>().ok()?;
+                value.is_finite().then(|| Series {
+                    labels: s["metric"].clone(),
+                    value,
+                })
             })
             .collect();
-        answers.push((title, filled, series));
+        answers.push(Answer {
+            title,
+            query: filled,
+            series,
+        });
     }
     let empty: Vec<String> = answers
         .iter()
-        .filter(|(_, _, series)| series.is_empty())
-        .map(|(title, filled, _)| format!("{title}: {filled}"))
+        .filter(|a| a.series.is_empty())
+        .map(|a| format!("{}: {}", a.title, a.query))
         .collect();
     assert!(empty.is_empty(), "no data:\n{}", empty.join("\n"));
     // What the load did shows: every outcome, queue traffic both ways, every stage's time.
     let positive = |title: &str, label: &str| -> BTreeSet<String> {
         answers
             .iter()
-            .filter(|(t, _, _)| t == title)
-            .flat_map(|(_, _, series)| series.iter())
-            .filter(|(_, v)| *v > 0.0)
-            .filter_map(|(m, _)| m[label].as_str().map(str::to_string))
+            .filter(|a| a.title == title)
+            .flat_map(|a| a.series.iter())
+            .filter(|s| s.value > 0.0)
+            .filter_map(|s| s.labels[label].as_str().map(str::to_string))
             .collect()
     };
     let set = |items: &[&str]| items.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
