@@ -333,6 +333,45 @@ impl TestConnector {
         })
     }
 
+    /// Takes one message of `channel`'s queue straight from the broker, as a KubeMQ client sees
+    /// it (tags included), waiting up to 2 s: from the store itself, or with
+    /// `ReceiveQueueMessages` from the façade or the real KubeMQ.
+    pub fn take_from_broker(&self, channel: &str) -> Option<connector::kubemq::QueueMessage> {
+        if let Some(store) = &self.store {
+            return runtime().block_on(async {
+                let got = store.get(channel, 1, Duration::from_secs(2)).await;
+                let seqs: Vec<_> = got.iter().map(|d| d.sequence).collect();
+                store.ack(channel, &seqs);
+                got.into_iter().next().map(|d| d.message)
+            });
+        }
+        let addr = match (&self.kubemq, self.facade_addr()) {
+            (Some(k), _) => k.grpc,
+            (None, Some(f)) => f,
+            (None, None) => panic!("a store, a façade or a real KubeMQ"),
+        };
+        let request = connector::kubemq::ReceiveQueueMessagesRequest {
+            request_id: "take-from-broker".into(),
+            client_id: "interop-tests-take".into(),
+            channel: channel.into(),
+            max_number_of_messages: 1,
+            wait_time_seconds: 2,
+            is_peak: false,
+        };
+        runtime().block_on(async move {
+            let mut client =
+                connector::kubemq::kubemq_client::KubemqClient::connect(format!("http://{addr}"))
+                    .await
+                    .expect("the broker answers");
+            let reply = client
+                .receive_queue_messages(request)
+                .await
+                .expect("the receive is answered")
+                .into_inner();
+            reply.messages.into_iter().next()
+        })
+    }
+
     /// The real KubeMQ behind this connector, if it is on that backend.
     pub fn real_kubemq(&self) -> Option<&real_kubemq::RealKubemq> {
         self.kubemq.as_ref()

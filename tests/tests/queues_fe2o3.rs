@@ -319,3 +319,77 @@ fn fifty_concurrent_connections() {
         }
     });
 }
+
+/// A message's trace context (`traceparent`, `tracestate`, `Diagnostic-Id` among its application
+/// properties) is kept through the broker: a KubeMQ client taking the message sees it as the
+/// message's tags, and an AMQP consumer gets every application property unchanged, on every
+/// backend, the real KubeMQ included.
+#[test]
+fn trace_context_is_kept_through_the_broker() {
+    use fe2o3_amqp::types::messaging::ApplicationProperties;
+    use fe2o3_amqp::types::primitives::SimpleValue;
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let diagnostic = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let traced = |n: &str| {
+        Message::builder()
+            .application_properties(
+                ApplicationProperties::builder()
+                    .insert("traceparent", traceparent)
+                    .insert("tracestate", "congo=t61rcWkgMzE")
+                    .insert("Diagnostic-Id", diagnostic)
+                    .insert("order", n)
+                    .build(),
+            )
+            .data(Binary::from(n.as_bytes().to_vec()))
+            .build()
+    };
+    TestConnector::each_backend(Settings::default(), |c| {
+        let url = c.url();
+        rt().block_on(async {
+            let mut conn = Connection::open("fe2o3-trace", url.as_str()).await.unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut sender = Sender::attach(&mut session, "tx", "queues/fe-trace")
+                .await
+                .unwrap();
+            for n in ["1", "2"] {
+                let o = sender.send(traced(n)).await.unwrap();
+                assert!(matches!(o, Outcome::Accepted(_)), "{o:?}");
+            }
+            let mut receiver = Receiver::builder()
+                .name("rx")
+                .source("queues/fe-trace")
+                .credit_mode(CreditMode::Manual)
+                .attach(&mut session)
+                .await
+                .unwrap();
+            receiver.set_credit(1).await.unwrap();
+            let d = receiver.recv::<Data>().await.unwrap();
+            let app = d.message().application_properties.clone().expect("kept");
+            let want = [
+                ("traceparent", traceparent),
+                ("tracestate", "congo=t61rcWkgMzE"),
+                ("Diagnostic-Id", diagnostic),
+                ("order", "1"),
+            ];
+            assert_eq!(app.0.len(), want.len(), "{app:?}");
+            for (k, v) in want {
+                assert_eq!(app.0.get(k), Some(&SimpleValue::String(v.into())), "{k}");
+            }
+            receiver.accept(&d).await.unwrap();
+            receiver.close().await.unwrap();
+            conn.close().await.unwrap();
+        });
+        let taken = c.take_from_broker("fe-trace").expect("the second message");
+        assert_eq!(taken.body.as_ref(), b"2");
+        assert_eq!(
+            taken.tags,
+            std::collections::HashMap::from([
+                ("traceparent".to_string(), traceparent.to_string()),
+                ("tracestate".to_string(), "congo=t61rcWkgMzE".to_string()),
+                ("Diagnostic-Id".to_string(), diagnostic.to_string()),
+            ]),
+            "on the {} backend",
+            c.backend()
+        );
+    });
+}

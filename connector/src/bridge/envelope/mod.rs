@@ -67,7 +67,14 @@ pub struct Stored {
     /// What a reply to this message is correlated by (RPC-6): its `correlation-id`, or its
     /// `message-id` when it has none.
     pub correlation: Option<Value>,
+    /// The trace context among its application properties ([`TRACE_KEYS`] with string values),
+    /// for the KubeMQ message's `Tags`, where KubeMQ's own clients and tools look for it.
+    pub trace_tags: std::collections::HashMap<String, String>,
 }
+
+/// The application properties that carry a message's trace context: W3C Trace Context's
+/// `traceparent` and `tracestate`, and the `Diagnostic-Id` Azure's AMQP SDKs set.
+pub const TRACE_KEYS: [&str; 3] = ["traceparent", "tracestate", "Diagnostic-Id"];
 
 /// Why a message cannot be stored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -134,6 +141,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         text.push(b':');
     };
     let (mut to, mut reply_to, mut ttl, mut correlation) = (None, None, None, None);
+    let mut trace_tags = std::collections::HashMap::new();
     let mut props_open = false;
     let mut prop = |text: &mut Vec<u8>, name: &'static str| {
         if props_open {
@@ -209,6 +217,15 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
             if let Value::Map(m) = section_value(msg, r, what)? {
                 next_section(&mut text, name);
                 write::section_map(&mut text, &m);
+                if name == "app" {
+                    for (k, v) in m {
+                        if let (Value::String(k), Value::String(v)) = (k, v) {
+                            if TRACE_KEYS.contains(&k.as_str()) {
+                                trace_tags.insert(k, v);
+                            }
+                        }
+                    }
+                }
             }
         }
     }
@@ -253,6 +270,7 @@ pub fn ingress(received: &bytes::Bytes) -> Result<Stored, IngressError> {
         reply_to,
         ttl,
         correlation,
+        trace_tags,
     })
 }
 

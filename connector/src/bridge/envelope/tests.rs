@@ -800,3 +800,71 @@ proptest::proptest! {
         let _ = serde_json::from_str::<Json>(&text).map(|j| value_from_json(&j));
     }
 }
+
+/// The trace context among the application properties (`traceparent`, `tracestate`,
+/// `Diagnostic-Id`, string values only) is taken for the KubeMQ message's tags; the application
+/// properties themselves, the others included, are delivered unchanged, the envelope's winning
+/// over the tags.
+#[test]
+fn trace_context_becomes_tags_and_is_delivered_unchanged() {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let app = ApplicationProperties::builder()
+        .insert("traceparent", traceparent)
+        .insert("tracestate", "congo=t61rcWkgMzE")
+        .insert(
+            "Diagnostic-Id",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )
+        .insert("TraceParent", "not the key: names are case-sensitive")
+        .insert("color", "red")
+        .build();
+    let msg = Message::builder()
+        .application_properties(app)
+        .body(Body::<Value>::Data(
+            vec![Data(ByteBuf::from(b"x".to_vec()))].into(),
+        ))
+        .build();
+    let stored = ingress(&encode(msg)).unwrap();
+    assert_eq!(
+        stored.trace_tags,
+        HashMap::from([
+            ("traceparent".to_string(), traceparent.to_string()),
+            ("tracestate".to_string(), "congo=t61rcWkgMzE".to_string()),
+            (
+                "Diagnostic-Id".to_string(),
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_string()
+            ),
+        ])
+    );
+    let out = egress(
+        &stored.metadata,
+        &stored.body,
+        &stored.trace_tags,
+        first_delivery(),
+    );
+    let Value::Map(delivered) = section_of(&out, 0x74) else {
+        panic!("application properties")
+    };
+    assert_eq!(delivered.len(), 5, "{delivered:?}");
+    assert_eq!(
+        delivered.get(&Value::String("traceparent".into())),
+        Some(&Value::String(traceparent.into()))
+    );
+    assert_eq!(
+        delivered.get(&Value::String("color".into())),
+        Some(&Value::String("red".into()))
+    );
+
+    // A trace key with a value that is not a string is not a trace context.
+    let msg = Message::builder()
+        .application_properties(
+            ApplicationProperties::builder()
+                .insert("tracestate", 7i64)
+                .build(),
+        )
+        .body(Body::<Value>::Data(
+            vec![Data(ByteBuf::from(b"x".to_vec()))].into(),
+        ))
+        .build();
+    assert!(ingress(&encode(msg)).unwrap().trace_tags.is_empty());
+}

@@ -282,7 +282,7 @@ pub(crate) fn send<B: Backend>(
         metadata: stored.metadata,
         body: stored.body,
         store: target.pattern == Pattern::EventsStore,
-        tags: Default::default(),
+        tags: stored.trace_tags,
     };
     let backend = ctx.backend.clone();
     let sent = settling(d, async move { backend.send_event(event).await });

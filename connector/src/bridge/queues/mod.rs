@@ -67,6 +67,7 @@ impl Producer {
             channel,
             metadata: stored.metadata,
             body: stored.body,
+            tags: stored.trace_tags,
             ..Default::default()
         };
         self.lane.push(ToStore {

@@ -63,6 +63,7 @@ pub fn request(
         metadata: stored.metadata,
         body: stored.body.to_vec(),
         timeout: i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX),
+        tags: stored.trace_tags,
         ..Default::default()
     }
 }

@@ -136,6 +136,7 @@ impl Tokens {
             error,
             ..Default::default()
         };
+        response.tags = reply.trace_tags;
         if token.pattern == Pattern::Queries {
             response.metadata = reply.metadata;
             response.body = reply.body.to_vec();
@@ -186,6 +187,7 @@ mod tests {
             reply_to: None,
             ttl: None,
             correlation: None,
+            trace_tags: Default::default(),
         }
     }
 
