@@ -1,7 +1,7 @@
 //! The objects one `AmqpConnector` wants, as pure functions of it: a ConfigMap with the
 //! connector's configuration, a Deployment, the clients' Service, a metrics Service with its
-//! ServiceMonitor, and a PodDisruptionBudget. The controller applies what [`desired`] returns with server-side apply and
-//! deletes its labelled children that are no longer in the list.
+//! ServiceMonitor, and a PodDisruptionBudget. The controller applies what [`desired`] returns
+//! with server-side apply and deletes its labelled children that are no longer in the list.
 
 mod config;
 mod deployment;
