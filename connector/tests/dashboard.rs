@@ -2,7 +2,8 @@
 //! names is one the connector serves on `/metrics` or `/metrics/operations` (with TLS on, so
 //! the certificate gauge is there too), and the failure counters it shows count a failed TLS
 //! handshake; and a real Prometheus (built from its Go module by tests/prometheus/build.sh)
-//! that scrapes a connector under load has data for every panel's query.
+//! that scrapes a connector under load has data for every panel's query, which the test plots
+//! panel by panel into `target/dashboard/dashboard.svg` (README shows a copy).
 // A test target: unwrap, expect, panic and indexing are how its checks fail.
 #![allow(
     clippy::unwrap_used,
@@ -277,11 +278,12 @@ fn a_real_prometheus_has_data_for_every_panel() {
     let c = start();
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("prometheus.yml");
-    let job = |name: &str, path: &str| {
+    // As the operator's ServiceMonitor has it: one job, the pages told apart by `endpoint`.
+    let job = |name: &str, path: &str, page: &str| {
         format!(
             "  - job_name: {name}\n    metrics_path: {path}\n    scrape_interval: 1s\n    \
              static_configs:\n      - targets: ['{}']\n        labels: {{job: amqp-connector, \
-             pod: amqp-connector-0}}\n",
+             pod: amqp-connector-0, endpoint: {page}}}\n",
             c.http
         )
     };
@@ -289,8 +291,8 @@ fn a_real_prometheus_has_data_for_every_panel() {
         &config,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n{}{}",
-            job("connector", "/metrics"),
-            job("connector-operations", "/metrics/operations")
+            job("connector", "/metrics", "metrics"),
+            job("connector-operations", "/metrics/operations", "operations")
         ),
     )
     .unwrap();
@@ -312,7 +314,19 @@ fn a_real_prometheus_has_data_for_every_panel() {
         prometheus_get(web, "/-/ready").is_some_and(|(status, _)| status == 200)
     });
 
+    // Both pages scraped once before the load, so the plot starts from the quiet connector.
+    let up = format!("/api/v1/query?query={}", encoded("count(up == 1)"));
+    let scraped = (0..300).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        prometheus_get(web, &up).is_some_and(|(_, body)| body.contains(r#","2"]"#))
+    });
+    assert!(scraped, "{:?}", prometheus_get(web, &up));
+    let began = unix_seconds();
+    std::thread::sleep(Duration::from_secs(3));
     load(c.amqp_port, Duration::from_secs(12));
+    // One more scrape, so the last second of the load is in.
+    std::thread::sleep(Duration::from_millis(1500));
+    let ended = unix_seconds();
 
     let mut answers: Vec<Answer> = Vec::new();
     for (title, expr) in queries() {
@@ -379,4 +393,131 @@ fn a_real_prometheus_has_data_for_every_panel() {
         ])),
         "{answers:?}"
     );
+
+    let panels = plotted(web, began, ended);
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard");
+    std::fs::create_dir_all(&out).unwrap();
+    plot(&panels, &out.join("dashboard.svg"), ended - began);
+    assert!(
+        panels
+            .iter()
+            .all(|p| p.lines.iter().any(|l| l.points.len() >= 5)),
+        "every panel has a line of several points"
+    );
+}
+
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+/// One panel as plotted: its title and a line per series.
+struct Panel {
+    title: String,
+    lines: Vec<Line>,
+}
+
+/// One series over the load: its legend and its points (seconds since the start, value).
+struct Line {
+    legend: String,
+    points: Vec<(f64, f64)>,
+}
+
+/// Every panel's queries over `began..ended`, a point a second, with the panel's legends.
+fn plotted(web: SocketAddr, began: f64, ended: f64) -> Vec<Panel> {
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).unwrap()).unwrap();
+    let mut panels = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        let mut lines = Vec::new();
+        for target in panel["targets"].as_array().unwrap() {
+            let filled = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "5s")
+                .replace("$job", "amqp-connector")
+                .replace("$pod", ".*");
+            let path = format!(
+                "/api/v1/query_range?query={}&start={began:.3}&end={ended:.3}&step=1",
+                encoded(&filled)
+            );
+            let (status, body) = prometheus_get(web, &path).expect("Prometheus answers");
+            assert_eq!(status, 200, "{filled}: {body}");
+            let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+            for series in answer["data"]["result"].as_array().into_iter().flatten() {
+                let mut legend = target["legendFormat"].as_str().unwrap_or("").to_string();
+                for (k, v) in series["metric"].as_object().into_iter().flatten() {
+                    legend = legend.replace(&format!("{{{{{k}}}}}"), v.as_str().unwrap_or(""));
+                }
+                let points = series["values"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| {
+                        let t = p[0].as_f64()?;
+                        let v = p[1].as_str()?.parse::<f64>().ok()?;
+                        v.is_finite().then_some((t - began, v))
+                    })
+                    .collect();
+                lines.push(Line { legend, points });
+            }
+        }
+        panels.push(Panel {
+            title: panel["title"].as_str().unwrap().to_string(),
+            lines,
+        });
+    }
+    panels
+}
+
+/// The panels as a grid of line charts, four across, in an SVG file at `path`.
+fn plot(panels: &[Panel], path: &std::path::Path, seconds: f64) {
+    use plotters::prelude::*;
+    let rows = panels.len().div_ceil(4);
+    let root = SVGBackend::new(path, (1600, 300 * rows as u32)).into_drawing_area();
+    root.fill(&WHITE).unwrap();
+    for (area, panel) in root.split_evenly((rows, 4)).iter().zip(panels) {
+        let top = panel
+            .lines
+            .iter()
+            .flat_map(|l| l.points.iter().map(|p| p.1))
+            .fold(0.0f64, f64::max);
+        let top = if top > 0.0 { top * 1.15 } else { 1.0 };
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, ("sans-serif", 16))
+            .margin(10)
+            .x_label_area_size(22)
+            .y_label_area_size(56)
+            .build_cartesian_2d(0.0..seconds, 0.0..top)
+            .unwrap();
+        chart
+            .configure_mesh()
+            .x_labels(5)
+            .y_labels(5)
+            .x_desc("s")
+            .draw()
+            .unwrap();
+        for (i, line) in panel.lines.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            chart
+                .draw_series(LineSeries::new(
+                    line.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
+                .unwrap()
+                .label(line.legend.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK.mix(0.3))
+            .label_font(("sans-serif", 11))
+            .draw()
+            .unwrap();
+    }
+    root.present().unwrap();
 }

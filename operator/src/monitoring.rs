@@ -37,4 +37,19 @@ pub struct Endpoint {
     /// The scrape interval (Prometheus's own when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<String>,
+    /// Changes to the targets' labels before the scrape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub relabelings: Vec<Relabeling>,
+}
+
+/// One relabeling that sets a target label.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Relabeling {
+    /// `replace`.
+    pub action: String,
+    /// The label set.
+    pub target_label: String,
+    /// Its value.
+    pub replacement: String,
 }

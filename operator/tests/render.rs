@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kubemq_amqp_operator::crd::AmqpConnector;
+use kubemq_amqp_operator::monitoring::{Endpoint, Relabeling};
 use kubemq_amqp_operator::render::{
     desired, selector_labels, Desired, RenderError, CONFIG_FILE, CONFIG_HASH_ANNOTATION,
 };
@@ -515,17 +516,22 @@ fn the_service_monitor_scrapes_both_metrics_paths_as_one_job() {
         .and_then(|p| p.into_iter().next())
         .and_then(|p| p.name)
         .expect("a named port");
-    let scraped: Vec<(&str, &str, Option<&str>)> = sm
-        .spec
-        .endpoints
-        .iter()
-        .map(|e| (e.port.as_str(), e.path.as_str(), e.interval.as_deref()))
-        .collect();
+    // Each page's targets get a label of their own, or their `up` would be one series.
+    let endpoint = |path: &str, page: &str| Endpoint {
+        port: port.clone(),
+        path: path.into(),
+        interval: Some("15s".into()),
+        relabelings: vec![Relabeling {
+            action: "replace".into(),
+            target_label: "endpoint".into(),
+            replacement: page.into(),
+        }],
+    };
     assert_eq!(
-        scraped,
+        sm.spec.endpoints,
         [
-            (port.as_str(), "/metrics", Some("15s")),
-            (port.as_str(), "/metrics/operations", Some("15s")),
+            endpoint("/metrics", "metrics"),
+            endpoint("/metrics/operations", "operations")
         ]
     );
 

@@ -7,7 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{http_port, selector_labels};
 use crate::crd::{AmqpConnectorSpec, ServiceType, SessionAffinity, TrafficPolicy};
-use crate::monitoring::{Endpoint, ServiceMonitor, ServiceMonitorSpec};
+use crate::monitoring::{Endpoint, Relabeling, ServiceMonitor, ServiceMonitorSpec};
 
 /// The name of the metrics Service's port, which the ServiceMonitor's endpoints name.
 const METRICS_PORT: &str = "metrics";
@@ -104,7 +104,8 @@ pub fn metrics_service(name: &str, spec: &AmqpConnectorSpec, meta: ObjectMeta) -
 
 /// The ServiceMonitor `<name>` for the metrics Service: both of the connector's metrics paths
 /// (`/metrics` and `/metrics/operations`, which the chart's alerts need together), with the
-/// job named by `app.kubernetes.io/name`, so every connector is the job `amqp-connector`.
+/// job named by `app.kubernetes.io/name`, so every connector is the job `amqp-connector`, and
+/// the label `endpoint` telling the two pages apart (`metrics`, `operations`).
 pub fn service_monitor(
     name: &str,
     spec: &AmqpConnectorSpec,
@@ -122,10 +123,17 @@ pub fn service_monitor(
         labels.extend(meta.labels.take().unwrap_or_default());
         meta.labels = Some(labels);
     }
-    let endpoint = |path: &str| Endpoint {
+    // Both paths are one port of one pod: without a label of their own, the two targets' `up`
+    // (and other scrape series) would be one series written twice.
+    let endpoint = |path: &str, name: &str| Endpoint {
         port: METRICS_PORT.into(),
         path: path.into(),
         interval: opts.interval.clone(),
+        relabelings: vec![Relabeling {
+            action: "replace".into(),
+            target_label: "endpoint".into(),
+            replacement: name.into(),
+        }],
     };
     Some(ServiceMonitor {
         metadata: meta,
@@ -137,7 +145,10 @@ pub fn service_monitor(
                 match_labels: Some(selector_labels(name)),
                 ..LabelSelector::default()
             },
-            endpoints: vec![endpoint("/metrics"), endpoint("/metrics/operations")],
+            endpoints: vec![
+                endpoint("/metrics", METRICS_PORT),
+                endpoint("/metrics/operations", "operations"),
+            ],
         },
     })
 }

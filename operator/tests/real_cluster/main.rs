@@ -1096,17 +1096,35 @@ fn a_service_monitor_waits_for_its_crd(c: &Cluster) {
     assert_eq!(owner["name"], "orders", "{sm}");
     assert_eq!(sm["metadata"]["labels"]["release"], "kps", "{sm}");
     assert_eq!(sm["spec"]["jobLabel"], "app.kubernetes.io/name", "{sm}");
-    let endpoints: Vec<(String, String, String)> = sm["spec"]["endpoints"]
+    let endpoints: Vec<(String, String, String, Value)> = sm["spec"]["endpoints"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| {
             let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
-            (s("port"), s("path"), s("interval"))
+            (
+                s("port"),
+                s("path"),
+                s("interval"),
+                e["relabelings"].clone(),
+            )
         })
         .collect();
-    let e = |path: &str| ("metrics".to_string(), path.to_string(), "15s".to_string());
-    assert_eq!(endpoints, [e("/metrics"), e("/metrics/operations")]);
+    let e = |path: &str, page: &str| {
+        (
+            "metrics".to_string(),
+            path.to_string(),
+            "15s".to_string(),
+            serde_json::json!([{"action": "replace", "targetLabel": "endpoint", "replacement": page}]),
+        )
+    };
+    assert_eq!(
+        endpoints,
+        [
+            e("/metrics", "metrics"),
+            e("/metrics/operations", "operations")
+        ]
+    );
     // What it selects is the metrics Service, whose port is the one the endpoints name.
     let metrics = json(
         c,
