@@ -17,7 +17,7 @@ use prometheus_client::registry::Registry;
 use crate::driver::TlsSource;
 use crate::engine::ProcessBudget;
 use crate::failures::FAILURES;
-use crate::stages::{Cumulative, Stage, Stages};
+use crate::stages::{Coarse, Stage, Stages};
 
 /// Where the operational gauges are read from, at each scrape.
 #[derive(Clone)]
@@ -90,7 +90,7 @@ impl Operations {
         r.register_collector(Box::new(StageHistograms(
             Stage::ALL
                 .iter()
-                .map(|&s| (s.name(), stages.cumulative(s)))
+                .map(|&s| (s.name(), stages.coarse(s)))
                 .collect(),
         )));
         let mut out = String::new();
@@ -110,7 +110,7 @@ struct StageLabel {
 /// The stage histograms at one scrape, as the family
 /// `kubemq_amqp_connector_queue_stage_seconds{stage}`.
 #[derive(Debug)]
-struct StageHistograms(Vec<(&'static str, Cumulative)>);
+struct StageHistograms(Vec<(&'static str, Coarse)>);
 
 impl Collector for StageHistograms {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
@@ -123,23 +123,12 @@ impl Collector for StageHistograms {
             MetricType::Histogram,
         )?;
         for (stage, h) in &self.0 {
-            // The encoder adds the buckets up itself.
-            let mut below = 0;
-            let per_bucket: Vec<(f64, u64)> = h
-                .buckets
-                .iter()
-                .map(|&(le, n)| {
-                    let own = n.saturating_sub(below);
-                    below = n;
-                    (le, own)
-                })
-                .collect();
             let label = StageLabel {
                 stage: (*stage).to_string(),
             };
             family
                 .encode_family(&label)?
-                .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &per_bucket, None)?;
+                .encode_histogram::<NoLabelSet>(h.sum_seconds, h.count, &h.buckets, None)?;
         }
         Ok(())
     }

@@ -95,14 +95,15 @@ pub struct Stages {
     settled: Histogram,
 }
 
-/// One stage's histogram as Prometheus shows it.
+/// One stage's histogram in the Prometheus buckets.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Cumulative {
+pub struct Coarse {
     /// Seconds counted in all.
     pub sum_seconds: f64,
     /// Durations counted.
     pub count: u64,
-    /// `(le in seconds, durations up to it)`, the last bound `+Inf`.
+    /// `(le in seconds, durations above the previous bound and up to this one)`, the last
+    /// bound `+Inf`: what the exposition encoder adds up into Prometheus's cumulative buckets.
     pub buckets: Vec<(f64, u64)>,
 }
 
@@ -131,29 +132,29 @@ impl Stages {
     }
 
     /// `stage`'s histogram in the Prometheus buckets.
-    pub fn cumulative(&self, stage: Stage) -> Cumulative {
+    pub fn coarse(&self, stage: Stage) -> Coarse {
         let counts: Vec<u64> = self
             .stage(stage)
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect();
         let mut buckets = Vec::new();
-        let mut below = 0u64;
         let mut next = 0usize;
         for e in PROMETHEUS_BOUNDS {
             let le_ns = 1u64 << e;
             // Every fine bucket whose bound is at most 2^e lies wholly below it.
+            let mut within = 0u64;
             while next < BUCKETS && upper_ns(next) <= le_ns {
-                below += counts.get(next).copied().unwrap_or(0);
+                within += counts.get(next).copied().unwrap_or(0);
                 next += 1;
             }
-            buckets.push((le_ns as f64 / 1e9, below));
+            buckets.push((le_ns as f64 / 1e9, within));
         }
-        let count: u64 = counts.iter().sum();
-        buckets.push((f64::INFINITY, count));
-        Cumulative {
+        let rest = counts.iter().skip(next).sum();
+        buckets.push((f64::INFINITY, rest));
+        Coarse {
             sum_seconds: self.histogram(stage).sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
-            count,
+            count: counts.iter().sum(),
             buckets,
         }
     }
@@ -208,11 +209,21 @@ mod tests {
         for us in [20, 60, 70] {
             s.record(Stage::Waited, Duration::from_micros(us));
         }
-        let c = s.cumulative(Stage::Waited);
+        let c = s.coarse(Stage::Waited);
         assert_eq!(c.count, 3);
         assert!((c.sum_seconds - 150e-6).abs() < 1e-12, "{}", c.sum_seconds);
+        // As Prometheus shows them: durations up to each bound.
+        let mut below = 0;
+        let cumulative: Vec<(f64, u64)> = c
+            .buckets
+            .iter()
+            .map(|&(le, n)| {
+                below += n;
+                (le, below)
+            })
+            .collect();
         let at = |le_ns: u64| {
-            c.buckets
+            cumulative
                 .iter()
                 .find(|(le, _)| (*le - le_ns as f64 / 1e9).abs() < 1e-15)
                 .map(|(_, n)| *n)
@@ -221,12 +232,11 @@ mod tests {
         assert_eq!(at(1 << 15), Some(1), "20 µs is below 32.8 µs");
         assert_eq!(at(1 << 16), Some(2));
         assert_eq!(at(1 << 17), Some(3));
-        assert_eq!(c.buckets.last(), Some(&(f64::INFINITY, 3)));
-        assert!(c
-            .buckets
+        assert_eq!(cumulative.last(), Some(&(f64::INFINITY, 3)));
+        assert!(cumulative
             .windows(2)
             .all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
-        assert_eq!(s.cumulative(Stage::Stored).count, 0);
+        assert_eq!(s.coarse(Stage::Stored).count, 0);
     }
 
     /// The endpoint shows what was counted, by stage.
