@@ -305,32 +305,24 @@ impl TestConnector {
             return store.ready_count(channel) + store.locked_count(channel);
         }
         let kubemq = self.kubemq.as_ref().expect("a store or a real KubeMQ");
-        let grpc = format!("http://{}", kubemq.grpc);
-        let request = connector::kubemq::ReceiveQueueMessagesRequest {
-            request_id: "queue-depth".into(),
-            client_id: "interop-tests-peek".into(),
-            channel: channel.into(),
-            max_number_of_messages: 1024,
-            wait_time_seconds: 1,
-            is_peak: true,
-        };
-        runtime().block_on(async move {
-            let mut client = connector::kubemq::kubemq_client::KubemqClient::connect(grpc)
-                .await
-                .expect("KubeMQ answers");
-            let reply = client
-                .receive_queue_messages(request)
-                .await
-                .expect("the peek is answered")
-                .into_inner();
-            // KubeMQ answers a peek of an empty queue with an error saying so.
-            assert!(
-                !reply.is_error || reply.messages.is_empty(),
-                "peek failed: {}",
-                reply.error
-            );
-            reply.messages.len()
-        })
+        let reply = receive_queue_messages(
+            kubemq.grpc,
+            connector::kubemq::ReceiveQueueMessagesRequest {
+                request_id: "queue-depth".into(),
+                client_id: "interop-tests-peek".into(),
+                channel: channel.into(),
+                max_number_of_messages: 1024,
+                wait_time_seconds: 1,
+                is_peak: true,
+            },
+        );
+        // KubeMQ answers a peek of an empty queue with an error saying so.
+        assert!(
+            !reply.is_error || reply.messages.is_empty(),
+            "peek failed: {}",
+            reply.error
+        );
+        reply.messages.len()
     }
 
     /// Takes one message of `channel`'s queue straight from the broker, as a KubeMQ client sees
@@ -350,26 +342,20 @@ impl TestConnector {
             (None, Some(f)) => f,
             (None, None) => panic!("a store, a façade or a real KubeMQ"),
         };
-        let request = connector::kubemq::ReceiveQueueMessagesRequest {
-            request_id: "take-from-broker".into(),
-            client_id: "interop-tests-take".into(),
-            channel: channel.into(),
-            max_number_of_messages: 1,
-            wait_time_seconds: 2,
-            is_peak: false,
-        };
-        runtime().block_on(async move {
-            let mut client =
-                connector::kubemq::kubemq_client::KubemqClient::connect(format!("http://{addr}"))
-                    .await
-                    .expect("the broker answers");
-            let reply = client
-                .receive_queue_messages(request)
-                .await
-                .expect("the receive is answered")
-                .into_inner();
-            reply.messages.into_iter().next()
-        })
+        receive_queue_messages(
+            addr,
+            connector::kubemq::ReceiveQueueMessagesRequest {
+                request_id: "take-from-broker".into(),
+                client_id: "interop-tests-take".into(),
+                channel: channel.into(),
+                max_number_of_messages: 1,
+                wait_time_seconds: 2,
+                is_peak: false,
+            },
+        )
+        .messages
+        .into_iter()
+        .next()
     }
 
     /// The real KubeMQ behind this connector, if it is on that backend.
@@ -591,6 +577,24 @@ impl TestConnector {
             store.close();
         }
     }
+}
+
+/// `ReceiveQueueMessages` on the KubeMQ gRPC API at `addr` (the façade or a real KubeMQ).
+fn receive_queue_messages(
+    addr: SocketAddr,
+    request: connector::kubemq::ReceiveQueueMessagesRequest,
+) -> connector::kubemq::ReceiveQueueMessagesResponse {
+    runtime().block_on(async move {
+        let mut client =
+            connector::kubemq::kubemq_client::KubemqClient::connect(format!("http://{addr}"))
+                .await
+                .expect("the broker answers");
+        client
+            .receive_queue_messages(request)
+            .await
+            .expect("the receive is answered")
+            .into_inner()
+    })
 }
 
 /// Runs a client script (`program args...` in `dir`) against the server at `addr` and asserts it
