@@ -423,10 +423,15 @@ impl<B: Backend> Fetcher<B> {
                 continue;
             }
             // After a large Get, the next waits (briefly) for the consumers' credit to come back
-            // whole; a drain never waits (FLOW-5).
+            // whole, unless what is back already takes everything ready; a drain never waits
+            // (FLOW-5).
             if let Some(m) = self.refill_wait {
                 let draining = self.consumers.values().any(|c| c.draining);
-                if !draining && !m.over(demand as usize) {
+                let ready = match self.backend.ready_hint(&self.key.channel) {
+                    ReadyHint::Exact(n) | ReadyHint::Estimate(n) => Some(n),
+                    ReadyHint::Unknown => None,
+                };
+                if !draining && !m.over(demand as usize, ready) {
                     tokio::select! {
                         cmd = rx.recv() => match cmd {
                             Some(cmd) => self.apply(cmd),
@@ -1822,6 +1827,60 @@ mod tests {
             "the settlement waited for the Get: {:?} after it",
             ack.saturating_duration_since(second_get)
         );
+    }
+
+    /// A consumer with credit to spare is not kept waiting for the rest of its window: after
+    /// a Get of 40 for a credit of 100, with nothing more ready, the next Get goes out at once
+    /// (on a paused clock: before the clock moves on from the hand-out), where waiting for the credit to come back whole
+    /// would hold the next message for the full wait (what a consumer at a steady rate saw).
+    #[tokio::test]
+    async fn a_get_does_not_wait_for_credit_when_what_is_back_covers_the_ready() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (store, _) = Store::open(dir.path()).expect("store");
+        let batch: Vec<QueueMessage> = (0..40).map(|_| message("steady")).collect();
+        assert!(store.send(batch).await.iter().all(|r| !r.is_error));
+        tokio::time::pause();
+        let backend = Arc::new(Double(Watched::new(store.clone(), None)));
+        let registry: Registry = Arc::default();
+        let limits = FetchLimits {
+            max_batch: 1000,
+            idle_exit: std::time::Duration::from_secs(60),
+        };
+        let key = (1, 1);
+        let (to, mut from) = mpsc::unbounded_channel();
+        let tx = join(
+            &registry,
+            &backend,
+            LoopKey::shared("steady"),
+            limits,
+            key,
+            to,
+        );
+        let _ = tx.send(Command::Demand(DemandReport {
+            consumer: key,
+            credit: 100,
+            taken: 0,
+        }));
+        let mut taken = 0;
+        while taken < 40 {
+            match from.recv().await.expect("the loop runs") {
+                ToConsumer::Messages(hs) => taken += hs.len(),
+                _ => continue,
+            }
+        }
+        // The clock stands still while any task can run: it has not moved since the hand-out.
+        let handed = tokio::time::Instant::now();
+        while backend.gets_seen().len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+        }
+        let gets = backend.gets_seen();
+        assert_eq!(gets[0].0, 40, "{gets:?}");
+        assert_eq!(gets[1].0, 1, "a Get for the next message: {gets:?}");
+        assert!(
+            gets[1].1 <= handed,
+            "asked with the hand-out, not after a wait: {gets:?} {handed:?}"
+        );
+        drop(tx);
     }
 
     /// Two consumers with a window of 100 each that settle and re-grant every 50 (as clients

@@ -19,7 +19,7 @@ use fe2o3_amqp_types::messaging::{Accepted, DeliveryState};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::refill_wait::RefillWait;
+use super::refill_wait::{came_in_a_burst, RefillWait};
 use crate::backend::{Backend, BackendError, SEND_STALL};
 use crate::bridge::outcome::{rejected, send_failure};
 use crate::engine::{Condition, LinkId};
@@ -69,6 +69,8 @@ struct InFlight {
     ids: Vec<Storing>,
     call: Pin<Box<dyn Future<Output = Results> + Send>>,
     started: Instant,
+    /// When the batch before it started.
+    previous: Option<Instant>,
     /// Later batches went beside it (logged once).
     stalled: bool,
 }
@@ -82,6 +84,8 @@ pub(super) struct Lane {
     /// Oldest first; only the newest can be unstalled.
     flights: VecDeque<InFlight>,
     refill_wait: Option<RefillWait>,
+    /// When the latest batch started.
+    last_start: Option<Instant>,
     /// The link ended: nothing more will come, so no batch waits for a refill.
     closing: bool,
 }
@@ -95,6 +99,7 @@ impl Lane {
             queued: VecDeque::new(),
             flights: VecDeque::new(),
             refill_wait: None,
+            last_start: None,
             closing: false,
         }
     }
@@ -153,16 +158,27 @@ impl Lane {
                     at += 1;
                     continue;
                 };
-                let ids = self.flights.remove(at).map(|f| f.ids).unwrap_or_default();
-                let stored = ids.len();
-                report(self.link, done, ids, results);
-                // Expect as many back as were just stored.
-                if !self.closing && self.flights.is_empty() {
+                let Some(f) = self.flights.remove(at) else {
+                    break;
+                };
+                let stored = f.ids.len();
+                let burst = match (f.ids.first(), f.ids.last()) {
+                    (Some(a), Some(z)) => {
+                        came_in_a_burst(a.received, z.received, f.previous, f.started)
+                    }
+                    _ => false,
+                };
+                report(self.link, done, f.ids, results);
+                // Expect as many back as were just stored, if they came as a refill.
+                if !self.closing && self.flights.is_empty() && burst {
                     self.refill_wait =
                         RefillWait::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
                 }
             }
-            if self.refill_wait.is_some_and(|m| m.over(self.queued.len())) {
+            if self
+                .refill_wait
+                .is_some_and(|m| m.over(self.queued.len(), None))
+            {
                 self.refill_wait = None;
             }
             let waiting = self.flights.is_empty() && self.refill_wait.is_some();
@@ -186,10 +202,12 @@ impl Lane {
                 stalled.stalled = true;
                 tracing::warn!(link = ?self.link, messages = stalled.ids.len(), "a send is unanswered after {} s; the link's later batches go beside it", SEND_STALL.as_secs());
             }
+            let started = Instant::now();
             self.flights.push_back(InFlight {
                 ids,
                 call,
-                started: Instant::now(),
+                started,
+                previous: self.last_start.replace(started),
                 stalled: false,
             });
         }
@@ -315,6 +333,8 @@ mod tests {
         inner: Embedded,
         lane: tokio::sync::Mutex<()>,
         sizes: Mutex<Vec<usize>>,
+        /// When each call started.
+        starts: Mutex<Vec<Instant>>,
         /// The first call is never answered, as KubeMQ leaves some sends it stored (KMQ-19).
         lose_first_answer: std::sync::atomic::AtomicBool,
     }
@@ -347,10 +367,17 @@ mod tests {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(messages.len());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.starts
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(Instant::now());
+            tokio::time::sleep(STORE_TIME).await;
             Ok(vec![SendQueueMessageResult::default(); messages.len()])
         }
     }
+
+    /// How long [`OneAtATime`] takes to store a batch.
+    const STORE_TIME: Duration = Duration::from_millis(20);
 
     fn backend() -> (Arc<Double<OneAtATime>>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("dir");
@@ -359,6 +386,7 @@ mod tests {
             inner: Embedded::new(store),
             lane: tokio::sync::Mutex::new(()),
             sizes: Mutex::new(Vec::new()),
+            starts: Mutex::new(Vec::new()),
             lose_first_answer: false.into(),
         };
         (Arc::new(Double(b)), dir)
@@ -491,6 +519,53 @@ mod tests {
         // loaded machine lets the 1 ms wait pass before the refill is in.
         let mean = sizes.iter().sum::<usize>() / sizes.len();
         assert!(mean >= 80, "batches of whole windows, mostly: {sizes:?}");
+    }
+
+    /// A client sending at a steady rate (one message a millisecond, on a paused clock) is not
+    /// held for a refill: its messages spread over the whole time between two batches, so each
+    /// batch of 20 starts the moment the one before it is stored, where waiting for a whole
+    /// window would hold each for the full wait.
+    #[tokio::test(start_paused = true)]
+    async fn a_steady_rate_is_never_held_for_a_refill() {
+        use super::super::refill_wait::REFILL_MIN;
+        let (backend, _dir) = backend();
+        let (done_tx, mut done_rx) = mpsc::unbounded_channel();
+        let tx = spawn_sender(backend.clone(), 0, 1, done_tx);
+        let total = 200u32;
+        let paced = tokio::spawn(async move {
+            for id in 0..total {
+                tx.send(message(id)).expect("sender runs");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            tx
+        });
+        for expected in 0..total {
+            let d = done_rx.recv().await.expect("an outcome");
+            assert_eq!(d.delivery_id, expected, "outcomes in order");
+        }
+        drop(paced.await.expect("the producer"));
+        let sizes = backend
+            .sizes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let starts = backend
+            .starts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        assert!(
+            sizes.iter().filter(|n| **n >= REFILL_MIN).count() >= 5,
+            "batches large enough to wait after: {sizes:?}"
+        );
+        for (i, pair) in starts.windows(2).enumerate() {
+            assert_eq!(
+                pair[1] - pair[0],
+                STORE_TIME,
+                "batch {} started as the one before it was stored: {sizes:?}",
+                i + 1
+            );
+        }
     }
 
     /// The wait for a refill ends even when none comes: a message sent after a large batch is
