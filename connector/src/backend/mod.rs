@@ -273,6 +273,16 @@ pub enum ReadyHint {
     Estimate(u64),
 }
 
+impl ReadyHint {
+    /// The count, exact or estimated; `None` when nothing is known.
+    pub fn known(self) -> Option<u64> {
+        match self {
+            ReadyHint::Exact(n) | ReadyHint::Estimate(n) => Some(n),
+            ReadyHint::Unknown => None,
+        }
+    }
+}
+
 /// One consumer session: Gets open transactions, settlements apply to them. KubeMQ answers a
 /// successful settlement with nothing, so settlement methods return once the request is sent
 /// (the embedded store applies it before returning); a failure reported later is logged.

@@ -427,10 +427,7 @@ impl<B: Backend> Fetcher<B> {
             // (FLOW-5).
             if let Some(m) = self.refill_wait {
                 let draining = self.consumers.values().any(|c| c.draining);
-                let ready = match self.backend.ready_hint(&self.key.channel) {
-                    ReadyHint::Exact(n) | ReadyHint::Estimate(n) => Some(n),
-                    ReadyHint::Unknown => None,
-                };
+                let ready = self.backend.ready_hint(&self.key.channel).known();
                 if !draining && !m.over(demand as usize, ready) {
                     tokio::select! {
                         cmd = rx.recv() => match cmd {
@@ -847,10 +844,10 @@ impl<B: Backend> Fetcher<B> {
     fn get_size(&self, demand: u32) -> u32 {
         let cap = demand.min(self.limits.max_batch);
         let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);
-        match self.backend.ready_hint(&self.key.channel) {
-            ReadyHint::Exact(ready) | ReadyHint::Estimate(ready) => count(ready),
-            _ if self.consumers.values().any(|c| c.draining) => 1,
-            _ => cap.min(self.batch).max(1),
+        match self.backend.ready_hint(&self.key.channel).known() {
+            Some(ready) => count(ready),
+            None if self.consumers.values().any(|c| c.draining) => 1,
+            None => cap.min(self.batch).max(1),
         }
     }
 
@@ -1831,8 +1828,8 @@ mod tests {
 
     /// A consumer with credit to spare is not kept waiting for the rest of its window: after
     /// a Get of 40 for a credit of 100, with nothing more ready, the next Get goes out at once
-    /// (on a paused clock: before the clock moves on from the hand-out), where waiting for the credit to come back whole
-    /// would hold the next message for the full wait (what a consumer at a steady rate saw).
+    /// (on a paused clock: before the clock moves on from the hand-out), where waiting for the
+    /// credit to come back whole would hold the next message for the full wait.
     #[tokio::test]
     async fn a_get_does_not_wait_for_credit_when_what_is_back_covers_the_ready() {
         let dir = tempfile::tempdir().expect("dir");
