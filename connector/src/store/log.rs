@@ -105,6 +105,9 @@ impl Drop for SegmentPin {
     }
 }
 
+/// How a segment file reaches the disk: [`File::sync_data`] outside tests.
+type SyncFn = fn(&File) -> io::Result<()>;
+
 /// Produces the framed record that opens every new segment.
 pub type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
 
@@ -230,6 +233,17 @@ impl Log {
         segment_bytes: u64,
         checkpoint: CheckpointFn,
     ) -> io::Result<Log> {
+        Log::start_syncing_with(dir, existing, segment_bytes, checkpoint, File::sync_data)
+    }
+
+    /// [`Log::start`] with each batch's fdatasync made by `sync`.
+    fn start_syncing_with(
+        dir: &Path,
+        existing: &[u64],
+        segment_bytes: u64,
+        checkpoint: CheckpointFn,
+        sync: SyncFn,
+    ) -> io::Result<Log> {
         let mut files = BTreeMap::new();
         for &n in existing {
             files.insert(n, Arc::new(File::open(segment_path(dir, n))?));
@@ -249,6 +263,7 @@ impl Log {
             segment_bytes,
             broken: false,
             checkpoint,
+            sync,
         };
         writer.roll(first)?;
         let thread = std::thread::Builder::new()
@@ -466,9 +481,11 @@ struct Writer {
     file: Option<File>,
     len: u64,
     segment_bytes: u64,
-    /// A write failed part-way: offsets in the active segment can no longer be trusted.
+    /// A write or an fdatasync failed: the active segment can no longer be trusted.
     broken: bool,
     checkpoint: CheckpointFn,
+    /// Makes a batch's fdatasync.
+    sync: SyncFn,
 }
 
 /// Who hears of a batch's fdatasync, with what the write gave it.
@@ -503,8 +520,11 @@ fn copy_error(e: &io::Error) -> io::Error {
 
 impl Writer {
     fn roll(&mut self, n: u64) -> io::Result<()> {
-        if let Some(f) = self.file.as_mut() {
-            f.sync_data()?;
+        // A broken segment's sync proves nothing (after a failed fdatasync the next one of the
+        // same file can succeed without the lost pages), and a failing one must not keep the
+        // log from moving on to a new segment.
+        if let (Some(f), false) = (self.file.as_ref(), self.broken) {
+            (self.sync)(f)?;
         }
         let path = segment_path(&self.dir, n);
         let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
@@ -576,8 +596,8 @@ impl Writer {
 
     /// The fdatasync of the active segment; a failure leaves the segment untrusted.
     fn sync(&mut self) -> io::Result<()> {
-        let synced = match self.file.as_mut() {
-            Some(f) => f.sync_data(),
+        let synced = match self.file.as_ref() {
+            Some(f) => (self.sync)(f),
             None => Err(io::Error::other("no active segment")),
         };
         if let Err(e) = &synced {
@@ -741,6 +761,49 @@ mod tests {
         });
         assert!(refused.is_err(), "a closed log refuses the append");
         assert_eq!(ran.load(Ordering::Relaxed), 0, "and runs nothing");
+    }
+
+    /// The inode of the first file [`failing_disk`] was asked to sync.
+    static BAD_INODE: AtomicU64 = AtomicU64::new(0);
+
+    /// A disk on which the first file synced can never be synced again (every later fdatasync
+    /// of it fails too); other files sync.
+    fn failing_disk(f: &File) -> io::Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let inode = f.metadata()?.ino();
+        let bad = match BAD_INODE.compare_exchange(0, inode, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => inode,
+            Err(bad) => bad,
+        };
+        if inode == bad {
+            return Err(io::Error::other("injected: this file's blocks are gone"));
+        }
+        f.sync_data()
+    }
+
+    /// A failed fdatasync fails the appends of its batch, and the log goes on in a new segment
+    /// without syncing the failed one again (which proves nothing, and here fails for good),
+    /// whose appends are stored and read back.
+    #[tokio::test]
+    async fn a_failed_sync_fails_its_batch_and_the_log_goes_on_in_a_new_segment() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = Log::start_syncing_with(
+            dir.path(),
+            &[],
+            SEGMENT_BYTES,
+            Box::new(BytesMut::new),
+            failing_disk,
+        )
+        .expect("log");
+        let first = log.active_segment();
+        let mut buf = BytesMut::new();
+        enqueue(&mut buf, "lost");
+        assert!(log.append(buf).await.is_err(), "its sync failed");
+        let mut buf = BytesMut::new();
+        let len = enqueue(&mut buf, "kept");
+        let (at, _) = log.append(buf).await.expect("stored");
+        assert!(at.segment > first, "in a new segment");
+        assert_eq!(body(&log.read(at, len)), Some(b"kept".to_vec()));
     }
 
     /// Back-to-back records come back from one read each with their own body; a span that does
