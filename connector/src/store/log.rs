@@ -1,13 +1,15 @@
-//! The append-only log: numbered segment files, one writer thread doing group commit (every
-//! batch of waiting appends shares one `fdatasync`), positional reads, recovery with torn-tail
-//! truncation, and deletion of whole segments once nothing in them is live.
+//! The append-only log: numbered segment files written under one lock, group commit on the
+//! writer thread (every batch waiting while one `fdatasync` runs is written and synced together;
+//! a durable send that finds the writer idle writes itself and hands over only the sync),
+//! positional reads, recovery with torn-tail truncation, and deletion of whole segments once
+//! nothing in them is live.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 
 use bytes::BytesMut;
@@ -45,22 +47,40 @@ pub struct Dropped {
     pub reason: &'static str,
 }
 
+/// What the writer thread is handed.
+enum Work {
+    /// Records to write, and who waits for them.
+    Append(Append),
+    /// Records a sender wrote on its own thread, waiting only for their fdatasync.
+    Sync(Pending),
+}
+
 struct Append {
     bytes: BytesMut,
     done: Option<Done>,
 }
 
+/// Records already written, waiting for the fdatasync of their segment.
+struct Pending {
+    segment: u64,
+    synced: oneshot::Sender<io::Result<()>>,
+    written: io::Result<()>,
+}
+
 /// Where the writer's result of an append goes.
-type Written = io::Result<(Location, SegmentPin)>;
+pub type Written = io::Result<(Location, SegmentPin)>;
+
+/// How a segment file reaches the disk: [`File::sync_data`] outside tests.
+type SyncFn = fn(&File) -> io::Result<()>;
 
 /// Who is told once an append is on disk.
 enum Done {
     /// A caller waiting for the result.
     Tell(oneshot::Sender<Written>),
-    /// Work in two steps: `written` runs on the writer thread as soon as the records are in the
-    /// file (the page cache, which a killed process keeps) and before the batch's fdatasync, so
-    /// what makes them visible does not wait for the disk nor hop to another thread; `synced`
-    /// is told how the fdatasync went (a failed write tells both).
+    /// Work in two steps: `written` runs as soon as the records are in the file (the page cache,
+    /// which a killed process keeps) and before the batch's fdatasync, so what makes them
+    /// visible does not wait for the disk; `synced` is told how the fdatasync went (a failed
+    /// write tells both).
     Early {
         written: Box<dyn FnOnce(Written) + Send>,
         synced: oneshot::Sender<io::Result<()>>,
@@ -105,9 +125,6 @@ impl Drop for SegmentPin {
     }
 }
 
-/// How a segment file reaches the disk: [`File::sync_data`] outside tests.
-type SyncFn = fn(&File) -> io::Result<()>;
-
 /// Produces the framed record that opens every new segment.
 pub type CheckpointFn = Box<dyn Fn() -> BytesMut + Send>;
 
@@ -143,7 +160,11 @@ pub struct Log {
     dir: PathBuf,
     /// Deletes spent segments off the message path.
     deleter: Deleter,
-    tx: Mutex<Option<mpsc::Sender<Append>>>,
+    tx: Mutex<Option<mpsc::Sender<Work>>>,
+    /// The one writer of the segments, taken by the writer thread and by early appends.
+    writer: Arc<Mutex<Writer>>,
+    /// The writer thread waits for work: an early append writes itself.
+    writer_idle: Arc<AtomicBool>,
     files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
     active: Arc<AtomicU64>,
     pins: Pins,
@@ -252,7 +273,7 @@ impl Log {
         let files = Arc::new(Mutex::new(files));
         let active = Arc::new(AtomicU64::new(first));
         let pins = Pins::default();
-        let (tx, rx) = mpsc::channel::<Append>();
+        let (tx, rx) = mpsc::channel::<Work>();
         let mut writer = Writer {
             dir: dir.to_path_buf(),
             files: files.clone(),
@@ -262,17 +283,27 @@ impl Log {
             len: 0,
             segment_bytes,
             broken: false,
+            closed: false,
+            failed_segment: 0,
+            buf: Vec::new(),
             checkpoint,
             sync,
         };
         writer.roll(first)?;
-        let thread = std::thread::Builder::new()
-            .name("store-writer".into())
-            .spawn(move || writer.run(rx))?;
+        let writer = Arc::new(Mutex::new(writer));
+        let writer_idle = Arc::new(AtomicBool::new(true));
+        let thread = {
+            let (writer, idle) = (writer.clone(), writer_idle.clone());
+            std::thread::Builder::new()
+                .name("store-writer".into())
+                .spawn(move || run(&writer, &idle, rx))?
+        };
         Ok(Log {
             dir: dir.to_path_buf(),
             deleter: Deleter::start()?,
             tx: Mutex::new(Some(tx)),
+            writer,
+            writer_idle,
             files,
             active,
             pins,
@@ -284,10 +315,10 @@ impl Log {
     /// the returned [`SegmentPin`] is dropped (count the records live first).
     pub async fn append(&self, bytes: BytesMut) -> io::Result<(Location, SegmentPin)> {
         let (done, wait) = oneshot::channel();
-        self.send(Append {
+        self.send(Work::Append(Append {
             bytes,
             done: Some(Done::Tell(done)),
-        })?;
+        }))?;
         wait.await
             .map_err(|_| io::Error::other("store writer stopped"))?
     }
@@ -300,10 +331,10 @@ impl Log {
     ) -> impl std::future::Future<Output = io::Result<(Location, SegmentPin)>> + Send + 'static
     {
         let (done, wait) = oneshot::channel();
-        let sent = self.send(Append {
+        let sent = self.send(Work::Append(Append {
             bytes,
             done: Some(Done::Tell(done)),
-        });
+        }));
         async move {
             sent?;
             wait.await
@@ -311,39 +342,69 @@ impl Log {
         }
     }
 
-    /// Appends framed records durably: runs `written` on the writer's thread once they are
-    /// written, before their fdatasync (whether or not anyone still waits), and resolves the
-    /// returned receiver with the fdatasync's outcome; `Err` when the writer has stopped
-    /// (`written` is not run).
+    /// Appends framed records durably: runs `written` once they are in the file (the page
+    /// cache, which a killed process keeps), before their fdatasync, and resolves the returned
+    /// receiver with the fdatasync's outcome; `Err` when the log is closed (`written` is not
+    /// run). When the writer thread is idle the records are written on the caller's thread and
+    /// `written` runs there, sparing the thread's wake-up before they are visible; so the caller
+    /// must not hold a lock the log's checkpoint takes (a write can start a new segment).
     pub fn append_early(
         &self,
         bytes: BytesMut,
         written: impl FnOnce(Written) + Send + 'static,
     ) -> io::Result<oneshot::Receiver<io::Result<()>>> {
         let (synced, wait) = oneshot::channel();
-        self.send(Append {
-            bytes,
-            done: Some(Done::Early {
-                written: Box::new(written),
-                synced,
-            }),
-        })?;
+        if !self.writer_idle.load(Ordering::Acquire) {
+            self.send(Work::Append(Append {
+                bytes,
+                done: Some(Done::Early {
+                    written: Box::new(written),
+                    synced,
+                }),
+            }))?;
+            return Ok(wait);
+        }
+        let w = {
+            let mut writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+            if writer.closed {
+                return Err(io::Error::other("store is closed"));
+            }
+            writer.write_batch(&[&bytes]).pop()
+        };
+        let w = w.unwrap_or_else(|| Err(io::Error::other("nothing written")));
+        let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
+        let segment = w.as_ref().map_or(0, |(loc, _)| loc.segment);
+        written(w);
+        let pending = Pending {
+            segment,
+            synced,
+            written: outcome,
+        };
+        // Closed since the write: its sync is not known, so it counts as failed.
+        if let Err((Work::Sync(p), e)) = self.hand_over(Work::Sync(pending)) {
+            let _ = p.synced.send(Err(e));
+        }
         Ok(wait)
     }
 
     /// Appends framed records without waiting and without an fsync of their own (acks: they reach
     /// the disk with the next durable append; one lost in a power failure means a redelivery).
     pub fn append_nowait(&self, bytes: BytesMut) {
-        let _ = self.send(Append { bytes, done: None });
+        let _ = self.send(Work::Append(Append { bytes, done: None }));
     }
 
-    fn send(&self, a: Append) -> io::Result<()> {
+    fn send(&self, w: Work) -> io::Result<()> {
+        self.hand_over(w).map_err(|(_, e)| e)
+    }
+
+    /// Hands `w` to the writer thread, or gives it back with why not.
+    fn hand_over(&self, w: Work) -> Result<(), (Work, io::Error)> {
         let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
         match tx.as_ref() {
             Some(tx) => tx
-                .send(a)
-                .map_err(|_| io::Error::other("store writer stopped")),
-            None => Err(io::Error::other("store is closed")),
+                .send(w)
+                .map_err(|e| (e.0, io::Error::other("store writer stopped"))),
+            None => Err((w, io::Error::other("store is closed"))),
         }
     }
 
@@ -453,8 +514,9 @@ impl Log {
         Ok(known)
     }
 
-    /// Stops the writer after it has written everything queued.
+    /// Stops the writer after it has written and synced everything queued.
     pub fn close(&self) {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
         self.tx.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             // The writer itself can drop the last handle on the store, in the work an append
@@ -478,13 +540,22 @@ struct Writer {
     files: Arc<Mutex<BTreeMap<u64, Arc<File>>>>,
     active: Arc<AtomicU64>,
     pins: Pins,
-    file: Option<File>,
+    /// The active segment, shared with the fdatasync made outside the lock.
+    file: Option<Arc<File>>,
     len: u64,
     segment_bytes: u64,
     /// A write or an fdatasync failed: the active segment can no longer be trusted.
     broken: bool,
+    /// The log is closed: nothing more is written on a sender's thread.
+    closed: bool,
+    /// The last segment whose fdatasync failed, or that was closed broken (0: none): what was
+    /// written to it and not yet synced is never reported on disk (another fdatasync of the same
+    /// file can succeed without the pages the failed one lost).
+    failed_segment: u64,
+    /// A batch's bytes, gathered for one write.
+    buf: Vec<u8>,
     checkpoint: CheckpointFn,
-    /// Makes a batch's fdatasync.
+    /// Makes an fdatasync.
     sync: SyncFn,
 }
 
@@ -492,15 +563,45 @@ struct Writer {
 enum Later {
     /// A caller of [`Log::append`], told the location once it is on disk.
     Tell(oneshot::Sender<Written>, Written),
-    /// A caller of [`Log::append_early`], told how the fdatasync (or the write) went.
-    Synced(oneshot::Sender<io::Result<()>>, io::Result<()>),
+    /// A caller of [`Log::append_early`], told how the fdatasync (or the write) of the records
+    /// it wrote to `segment` went.
+    Synced {
+        synced: oneshot::Sender<io::Result<()>>,
+        written: io::Result<()>,
+        segment: u64,
+    },
 }
 
 impl Later {
     fn was_written(&self) -> bool {
         match self {
             Later::Tell(_, w) => w.is_ok(),
-            Later::Synced(_, w) => w.is_ok(),
+            Later::Synced { written, .. } => written.is_ok(),
+        }
+    }
+
+    /// The segment its records went to (0 when the write failed).
+    fn segment(&self) -> u64 {
+        match self {
+            Later::Tell(_, w) => w.as_ref().map_or(0, |(loc, _)| loc.segment),
+            Later::Synced { segment, .. } => *segment,
+        }
+    }
+
+    /// Tells the waiter its write's result as the sync `synced` leaves it.
+    fn tell(self, synced: &io::Result<()>) {
+        // A caller that gave up drops the pin with the message.
+        match self {
+            Later::Tell(done, w) => {
+                let _ = done.send(after_sync(synced, w));
+            }
+            Later::Synced {
+                synced: done,
+                written,
+                ..
+            } => {
+                let _ = done.send(after_sync(synced, written));
+            }
         }
     }
 }
@@ -518,18 +619,122 @@ fn copy_error(e: &io::Error) -> io::Error {
     io::Error::new(e.kind(), e.to_string())
 }
 
+/// The writer thread: writes what is handed to it in batches under the writer's lock, then runs
+/// one fdatasync for the batch and for the records senders wrote themselves before it began.
+/// Senders that find it busy hand it their records, which form its next batch.
+fn run(writer: &Mutex<Writer>, idle: &AtomicBool, rx: mpsc::Receiver<Work>) {
+    loop {
+        let first = match rx.try_recv() {
+            Ok(w) => w,
+            Err(mpsc::TryRecvError::Disconnected) => break,
+            Err(mpsc::TryRecvError::Empty) => {
+                idle.store(true, Ordering::Release);
+                let got = rx.recv();
+                idle.store(false, Ordering::Release);
+                match got {
+                    Ok(w) => w,
+                    Err(_) => break,
+                }
+            }
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(w) => batch.push(w),
+                Err(_) => break,
+            }
+        }
+        let mut appends = Vec::with_capacity(batch.len());
+        let mut later = Vec::new();
+        for w in batch {
+            match w {
+                Work::Append(a) => appends.push(a),
+                Work::Sync(p) => later.push(Later::Synced {
+                    synced: p.synced,
+                    written: p.written,
+                    segment: p.segment,
+                }),
+            }
+        }
+        let parts: Vec<&[u8]> = appends.iter().map(|a| &a.bytes[..]).collect();
+        let (written, file, active, sync) = {
+            let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+            let written = w.write_batch(&parts);
+            let active = w.active.load(Ordering::Acquire);
+            (written, w.file.clone(), active, w.sync)
+        };
+        // What may follow the write runs before the sync: the fdatasync then overlaps the
+        // hand-out of the records to whoever waits for them.
+        for (a, w) in appends.into_iter().zip(written) {
+            match a.done {
+                Some(Done::Early { written, synced }) => {
+                    let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
+                    let segment = w.as_ref().map_or(0, |(loc, _)| loc.segment);
+                    written(w);
+                    later.push(Later::Synced {
+                        synced,
+                        written: outcome,
+                        segment,
+                    });
+                }
+                Some(Done::Tell(done)) => later.push(Later::Tell(done, w)),
+                None => {}
+            }
+        }
+        // Only a batch someone waits on is fsynced. Records nobody waits for (settlements)
+        // are written, so a killed process keeps them, and reach the disk with the next
+        // fsync; a power loss before that redelivers those messages, which at-least-once
+        // allows. The sync runs outside the lock: only the active segment can hold records
+        // not yet synced (closing a segment syncs it).
+        let synced = match file {
+            Some(f) if later.iter().any(Later::was_written) => sync(&f),
+            _ => Ok(()),
+        };
+        let failed = {
+            let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
+            if let Err(e) = &synced {
+                tracing::error!(error = %e, segment = active, "store sync failed");
+                if w.active.load(Ordering::Acquire) == active {
+                    w.broken = true;
+                }
+                w.failed_segment = active;
+            }
+            w.failed_segment
+        };
+        for who in later {
+            let segment = who.segment();
+            if segment != 0 && segment == failed {
+                who.tell(&Err(io::Error::other(
+                    "an fdatasync of this segment failed",
+                )));
+            } else if segment == active {
+                who.tell(&synced);
+            } else {
+                // Closed (and synced) since it was written, or nothing was written.
+                who.tell(&Ok(()));
+            }
+        }
+    }
+    let w = writer.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(f) = w.file.as_ref() {
+        let _ = (w.sync)(f);
+    }
+}
+
 impl Writer {
     fn roll(&mut self, n: u64) -> io::Result<()> {
         // A broken segment's sync proves nothing (after a failed fdatasync the next one of the
         // same file can succeed without the lost pages), and a failing one must not keep the
         // log from moving on to a new segment.
-        if let (Some(f), false) = (self.file.as_ref(), self.broken) {
-            (self.sync)(f)?;
+        match (self.file.as_ref(), self.broken) {
+            (Some(f), false) => (self.sync)(f)?,
+            (Some(_), true) => self.failed_segment = self.active.load(Ordering::Acquire),
+            (None, _) => {}
         }
         let path = segment_path(&self.dir, n);
-        let mut f = OpenOptions::new().create(true).append(true).open(&path)?;
+        let f = OpenOptions::new().create(true).append(true).open(&path)?;
         let cp = (self.checkpoint)();
-        f.write_all(&cp)?;
+        (&f).write_all(&cp)?;
         f.sync_data()?;
         // The directory entry must be durable too, or the segment may vanish in a crash.
         File::open(&self.dir)?.sync_all()?;
@@ -538,78 +743,22 @@ impl Writer {
             .unwrap_or_else(|e| e.into_inner())
             .insert(n, Arc::new(File::open(&path)?));
         self.len = cp.len() as u64;
-        self.file = Some(f);
+        self.file = Some(Arc::new(f));
         self.active.store(n, Ordering::Release);
         Ok(())
     }
 
-    fn run(mut self, rx: mpsc::Receiver<Append>) {
-        let mut buf: Vec<u8> = Vec::new();
-        while let Ok(first) = rx.recv() {
-            let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(a) => batch.push(a),
-                    Err(_) => break,
-                }
-            }
-            let written = self.write_batch(&batch, &mut buf);
-            // What may follow the write runs before the sync: the fdatasync then overlaps the
-            // hand-out of the records to whoever waits for them.
-            let mut later = Vec::with_capacity(batch.len());
-            for (a, w) in batch.into_iter().zip(written) {
-                match a.done {
-                    Some(Done::Early { written, synced }) => {
-                        let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
-                        written(w);
-                        later.push(Later::Synced(synced, outcome));
-                    }
-                    Some(Done::Tell(done)) => later.push(Later::Tell(done, w)),
-                    None => {}
-                }
-            }
-            // Only a batch someone waits on is fsynced. Records nobody waits for (settlements)
-            // are written, so a killed process keeps them, and reach the disk with the next
-            // fsync; a power loss before that redelivers those messages, which at-least-once
-            // allows.
-            let synced = if later.iter().any(Later::was_written) {
-                self.sync()
-            } else {
-                Ok(())
-            };
-            for who in later {
-                // A caller that gave up drops the pin with the message.
-                match who {
-                    Later::Tell(done, w) => {
-                        let _ = done.send(after_sync(&synced, w));
-                    }
-                    Later::Synced(done, w) => {
-                        let _ = done.send(after_sync(&synced, w));
-                    }
-                }
-            }
-        }
-        if let Some(f) = self.file.as_mut() {
-            let _ = f.sync_data();
-        }
-    }
-
-    /// The fdatasync of the active segment; a failure leaves the segment untrusted.
-    fn sync(&mut self) -> io::Result<()> {
-        let synced = match self.file.as_ref() {
-            Some(f) => (self.sync)(f),
-            None => Err(io::Error::other("no active segment")),
-        };
-        if let Err(e) = &synced {
-            tracing::error!(error = %e, "store sync failed");
-            self.broken = true;
-        }
-        synced
-    }
-
     /// Writes a batch (without its sync); each append gets its location, pinned (before a
     /// later append of the batch can close the segment), or the error.
-    fn write_batch(&mut self, batch: &[Append], buf: &mut Vec<u8>) -> Vec<Written> {
+    fn write_batch(&mut self, batch: &[&[u8]]) -> Vec<Written> {
+        let mut buf = std::mem::take(&mut self.buf);
+        let written = self.write_through(batch, &mut buf);
+        buf.clear();
+        self.buf = buf;
+        written
+    }
+
+    fn write_through(&mut self, batch: &[&[u8]], buf: &mut Vec<u8>) -> Vec<Written> {
         let mut locs = Vec::with_capacity(batch.len());
         buf.clear();
         let mut failed: Option<io::Error> = None;
@@ -620,7 +769,7 @@ impl Writer {
             }
             self.broken = false;
         }
-        for a in batch {
+        for bytes in batch {
             if self.len + buf.len() as u64 > self.segment_bytes {
                 let next = self.active.load(Ordering::Acquire) + 1;
                 if let Err(e) = self.flush(buf).and_then(|_| self.roll(next)) {
@@ -636,7 +785,7 @@ impl Writer {
                 },
                 SegmentPin::new(&self.pins, segment),
             ));
-            buf.extend_from_slice(&a.bytes);
+            buf.extend_from_slice(bytes);
         }
         let flushed = match failed {
             Some(e) => Err(e),
@@ -656,9 +805,9 @@ impl Writer {
         if buf.is_empty() {
             return Ok(());
         }
-        let f = self
+        let mut f: &File = self
             .file
-            .as_mut()
+            .as_deref()
             .ok_or_else(|| io::Error::other("no active segment"))?;
         f.write_all(buf)?;
         self.len += buf.len() as u64;
@@ -727,7 +876,7 @@ mod tests {
     }
 
     /// An early append's records are readable in the step that runs before their fdatasync,
-    /// which is reported afterwards; once the writer has stopped, nothing runs.
+    /// which is reported afterwards; once the log is closed, nothing runs.
     #[tokio::test]
     async fn an_early_append_is_readable_before_its_sync_is_reported() {
         let dir = tempfile::tempdir().expect("dir");
@@ -761,6 +910,138 @@ mod tests {
         });
         assert!(refused.is_err(), "a closed log refuses the append");
         assert_eq!(ran.load(Ordering::Relaxed), 0, "and runs nothing");
+    }
+
+    /// A sync held until its test opens the gate.
+    struct Gate {
+        open: Mutex<bool>,
+        turned: std::sync::Condvar,
+    }
+
+    impl Gate {
+        const fn new() -> Gate {
+            Gate {
+                open: Mutex::new(false),
+                turned: std::sync::Condvar::new(),
+            }
+        }
+
+        fn pass(&self) {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            while !*open {
+                open = self.turned.wait(open).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+
+        fn open(&self) {
+            *self.open.lock().unwrap_or_else(|e| e.into_inner()) = true;
+            self.turned.notify_all();
+        }
+    }
+
+    static HELD: Gate = Gate::new();
+
+    fn held_sync(f: &File) -> io::Result<()> {
+        HELD.pass();
+        f.sync_data()
+    }
+
+    /// What an early append's written step saw.
+    struct Seen {
+        written: Written,
+        thread: std::thread::ThreadId,
+    }
+
+    /// Starts an early append of `body`; returns its sync's receiver and where its written step
+    /// reports.
+    fn early(
+        log: &Log,
+        body: &str,
+    ) -> (
+        oneshot::Receiver<io::Result<()>>,
+        std::sync::mpsc::Receiver<Seen>,
+    ) {
+        let mut buf = BytesMut::new();
+        enqueue(&mut buf, body);
+        let (seen, written) = std::sync::mpsc::channel();
+        let synced = log
+            .append_early(buf, move |w| {
+                let _ = seen.send(Seen {
+                    written: w,
+                    thread: std::thread::current().id(),
+                });
+            })
+            .expect("append");
+        (synced, written)
+    }
+
+    /// A durable append that finds the writer thread idle is written on the sender's own thread
+    /// (visible before `append_early` returns, without waking the writer) and only its
+    /// fdatasync is handed over; one that finds the writer busy in a sync joins its next batch.
+    /// Nothing is reported on disk before the disk says so.
+    #[tokio::test]
+    async fn an_idle_writer_lets_the_sender_write_and_a_busy_one_batches() {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = Log::start_syncing_with(
+            dir.path(),
+            &[],
+            SEGMENT_BYTES,
+            Box::new(BytesMut::new),
+            held_sync,
+        )
+        .expect("log");
+        // Opens the gate however the test ends, or closing the log would wait for it for ever.
+        struct OpenOnDrop;
+        impl Drop for OpenOnDrop {
+            fn drop(&mut self) {
+                HELD.open();
+            }
+        }
+        let _open = OpenOnDrop;
+        let (mut a_synced, a_seen) = early(&log, "a");
+        let a = a_seen
+            .try_recv()
+            .expect("written before append_early returned");
+        assert_eq!(
+            a.thread,
+            std::thread::current().id(),
+            "on the sender's thread"
+        );
+        a.written.expect("a written");
+        // The writer thread takes a's sync and holds there.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while log.writer_idle.load(Ordering::Acquire) {
+            assert!(
+                std::time::Instant::now() < end,
+                "the writer never took the sync"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let (b_synced, b_seen) = early(&log, "b");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(
+            b_seen.try_recv().is_err(),
+            "b waits for the writer's next batch"
+        );
+        assert!(
+            matches!(
+                a_synced.try_recv(),
+                Err(oneshot::error::TryRecvError::Empty)
+            ),
+            "a is not reported on disk while its fdatasync is held"
+        );
+        HELD.open();
+        a_synced.await.expect("told").expect("a synced");
+        let b = b_seen
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("b written");
+        assert_ne!(
+            b.thread,
+            std::thread::current().id(),
+            "by the writer thread"
+        );
+        b.written.expect("b written");
+        b_synced.await.expect("told").expect("b synced");
     }
 
     /// The inode of the first file [`failing_disk`] was asked to sync.

@@ -389,9 +389,9 @@ impl Store {
         }
         let sent = results.len() as u64;
         let store = self.clone();
-        // The writer thread counts the records live as soon as they are written, before their
-        // fdatasync and whether or not this caller still waits: a consumer can have them while
-        // the disk syncs. The sender hears of success only once they are on disk.
+        // The records are written on this thread and counted live as soon as they are, before
+        // their fdatasync and whether or not this caller still waits: a consumer can have them
+        // while the disk syncs. The sender hears of success only once they are on disk.
         let appended = self.log.append_early(records, move |written| {
             if let Ok((base, _pin)) = written {
                 store.count_placed(base, placed, sent);
