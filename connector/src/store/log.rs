@@ -4,7 +4,7 @@
 //! positional reads, recovery with torn-tail truncation, and deletion of whole segments once
 //! nothing in them is live.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
@@ -284,7 +284,7 @@ impl Log {
             segment_bytes,
             broken: false,
             closed: false,
-            failed_segment: 0,
+            failed_segments: BTreeSet::new(),
             buf: Vec::new(),
             checkpoint,
             sync,
@@ -548,10 +548,10 @@ struct Writer {
     broken: bool,
     /// The log is closed: nothing more is written on a sender's thread.
     closed: bool,
-    /// The last segment whose fdatasync failed, or that was closed broken (0: none): what was
-    /// written to it and not yet synced is never reported on disk (another fdatasync of the same
-    /// file can succeed without the pages the failed one lost).
-    failed_segment: u64,
+    /// The segments whose fdatasync failed, or that were closed broken: what was written to
+    /// them and not yet synced is never reported on disk (another fdatasync of the same file can
+    /// succeed without the pages the failed one lost). Only failures add to it.
+    failed_segments: BTreeSet<u64>,
     /// A batch's bytes, gathered for one write.
     buf: Vec<u8>,
     checkpoint: CheckpointFn,
@@ -690,20 +690,25 @@ fn run(writer: &Mutex<Writer>, idle: &AtomicBool, rx: mpsc::Receiver<Work>) {
             Some(f) if later.iter().any(Later::was_written) => sync(&f),
             _ => Ok(()),
         };
-        let failed = {
+        // The waiters' segments that cannot be trusted (failed now or before).
+        let failed: Vec<u64> = {
             let mut w = writer.lock().unwrap_or_else(|e| e.into_inner());
             if let Err(e) = &synced {
                 tracing::error!(error = %e, segment = active, "store sync failed");
                 if w.active.load(Ordering::Acquire) == active {
                     w.broken = true;
                 }
-                w.failed_segment = active;
+                w.failed_segments.insert(active);
             }
-            w.failed_segment
+            later
+                .iter()
+                .map(Later::segment)
+                .filter(|s| w.failed_segments.contains(s))
+                .collect()
         };
         for who in later {
             let segment = who.segment();
-            if segment != 0 && segment == failed {
+            if failed.contains(&segment) {
                 who.tell(&Err(io::Error::other(
                     "an fdatasync of this segment failed",
                 )));
@@ -728,7 +733,10 @@ impl Writer {
         // log from moving on to a new segment.
         match (self.file.as_ref(), self.broken) {
             (Some(f), false) => (self.sync)(f)?,
-            (Some(_), true) => self.failed_segment = self.active.load(Ordering::Acquire),
+            (Some(_), true) => {
+                self.failed_segments
+                    .insert(self.active.load(Ordering::Acquire));
+            }
             (None, _) => {}
         }
         let path = segment_path(&self.dir, n);
@@ -912,6 +920,12 @@ mod tests {
         assert_eq!(ran.load(Ordering::Relaxed), 0, "and runs nothing");
     }
 
+    /// A log in `dir` whose fdatasyncs are made by `sync`.
+    fn syncing_with(dir: &Path, sync: SyncFn) -> Log {
+        Log::start_syncing_with(dir, &[], SEGMENT_BYTES, Box::new(BytesMut::new), sync)
+            .expect("log")
+    }
+
     /// A sync held until its test opens the gate.
     struct Gate {
         open: Mutex<bool>,
@@ -982,14 +996,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_writer_lets_the_sender_write_and_a_busy_one_batches() {
         let dir = tempfile::tempdir().expect("dir");
-        let log = Log::start_syncing_with(
-            dir.path(),
-            &[],
-            SEGMENT_BYTES,
-            Box::new(BytesMut::new),
-            held_sync,
-        )
-        .expect("log");
+        let log = syncing_with(dir.path(), held_sync);
         // Opens the gate however the test ends, or closing the log would wait for it for ever.
         struct OpenOnDrop;
         impl Drop for OpenOnDrop {
@@ -1068,14 +1075,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_sync_fails_its_batch_and_the_log_goes_on_in_a_new_segment() {
         let dir = tempfile::tempdir().expect("dir");
-        let log = Log::start_syncing_with(
-            dir.path(),
-            &[],
-            SEGMENT_BYTES,
-            Box::new(BytesMut::new),
-            failing_disk,
-        )
-        .expect("log");
+        let log = syncing_with(dir.path(), failing_disk);
         let first = log.active_segment();
         let mut buf = BytesMut::new();
         enqueue(&mut buf, "lost");
