@@ -52,7 +52,7 @@ enum Work {
     /// Records to write, and who waits for them.
     Append(Append),
     /// Records a sender wrote on its own thread, waiting only for their fdatasync.
-    Sync(Pending),
+    Sync(Later),
 }
 
 struct Append {
@@ -60,15 +60,8 @@ struct Append {
     done: Option<Done>,
 }
 
-/// Records already written, waiting for the fdatasync of their segment.
-struct Pending {
-    segment: u64,
-    synced: oneshot::Sender<io::Result<()>>,
-    written: io::Result<()>,
-}
-
 /// Where the writer's result of an append goes.
-pub type Written = io::Result<(Location, SegmentPin)>;
+type Written = io::Result<(Location, SegmentPin)>;
 
 /// How a segment file reaches the disk: [`File::sync_data`] outside tests.
 type SyncFn = fn(&File) -> io::Result<()>;
@@ -372,17 +365,11 @@ impl Log {
             writer.write_batch(&[&bytes]).pop()
         };
         let w = w.unwrap_or_else(|| Err(io::Error::other("nothing written")));
-        let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
-        let segment = w.as_ref().map_or(0, |(loc, _)| loc.segment);
+        let later = Later::early(synced, &w);
         written(w);
-        let pending = Pending {
-            segment,
-            synced,
-            written: outcome,
-        };
         // Closed since the write: its sync is not known, so it counts as failed.
-        if let Err((Work::Sync(p), e)) = self.hand_over(Work::Sync(pending)) {
-            let _ = p.synced.send(Err(e));
+        if let Err((Work::Sync(later), e)) = self.hand_over(Work::Sync(later)) {
+            later.tell(&Err(e));
         }
         Ok(wait)
     }
@@ -573,6 +560,15 @@ enum Later {
 }
 
 impl Later {
+    /// The waiter of an early append whose write gave `w`.
+    fn early(synced: oneshot::Sender<io::Result<()>>, w: &Written) -> Later {
+        Later::Synced {
+            synced,
+            written: w.as_ref().map(|_| ()).map_err(copy_error),
+            segment: w.as_ref().map_or(0, |(loc, _)| loc.segment),
+        }
+    }
+
     fn was_written(&self) -> bool {
         match self {
             Later::Tell(_, w) => w.is_ok(),
@@ -649,11 +645,7 @@ fn run(writer: &Mutex<Writer>, idle: &AtomicBool, rx: mpsc::Receiver<Work>) {
         for w in batch {
             match w {
                 Work::Append(a) => appends.push(a),
-                Work::Sync(p) => later.push(Later::Synced {
-                    synced: p.synced,
-                    written: p.written,
-                    segment: p.segment,
-                }),
+                Work::Sync(who) => later.push(who),
             }
         }
         let parts: Vec<&[u8]> = appends.iter().map(|a| &a.bytes[..]).collect();
@@ -668,14 +660,8 @@ fn run(writer: &Mutex<Writer>, idle: &AtomicBool, rx: mpsc::Receiver<Work>) {
         for (a, w) in appends.into_iter().zip(written) {
             match a.done {
                 Some(Done::Early { written, synced }) => {
-                    let outcome = w.as_ref().map(|_| ()).map_err(copy_error);
-                    let segment = w.as_ref().map_or(0, |(loc, _)| loc.segment);
+                    later.push(Later::early(synced, &w));
                     written(w);
-                    later.push(Later::Synced {
-                        synced,
-                        written: outcome,
-                        segment,
-                    });
                 }
                 Some(Done::Tell(done)) => later.push(Later::Tell(done, w)),
                 None => {}
@@ -761,7 +747,6 @@ impl Writer {
     fn write_batch(&mut self, batch: &[&[u8]]) -> Vec<Written> {
         let mut buf = std::mem::take(&mut self.buf);
         let written = self.write_through(batch, &mut buf);
-        buf.clear();
         self.buf = buf;
         written
     }
