@@ -284,7 +284,9 @@ impl Log {
         };
         writer.roll(first)?;
         let writer = Arc::new(Mutex::new(writer));
-        let writer_idle = Arc::new(AtomicBool::new(true));
+        // Idle only once the thread waits for work: work sent before it starts is taken without
+        // a wait, and a sender must not write beside it then.
+        let writer_idle = Arc::new(AtomicBool::new(false));
         let thread = {
             let (writer, idle) = (writer.clone(), writer_idle.clone());
             std::thread::Builder::new()
@@ -990,6 +992,12 @@ mod tests {
             }
         }
         let _open = OpenOnDrop;
+        // The writer thread waits for work once it has started.
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !log.writer_idle.load(Ordering::Acquire) {
+            assert!(std::time::Instant::now() < end, "the writer never waited");
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
         let (mut a_synced, a_seen) = early(&log, "a");
         let a = a_seen
             .try_recv()
