@@ -187,16 +187,9 @@ struct Series {
     value: f64,
 }
 
-/// `GET path` from a Prometheus at `addr`, over HTTP/1.0 (so the body is never chunked).
+/// `GET path` from a Prometheus at `addr`: its status and whole body.
 fn prometheus_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: test\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n")?.1.to_string();
-    Some((status, body))
+    testkit::http_get(addr, path).map(|r| (r.status, r.body))
 }
 
 /// A query string's value: every byte but letters and digits percent-encoded.

@@ -67,7 +67,7 @@ pub struct Reply {
 }
 
 /// `GET path` on `addr` with `Connection: close`, waiting up to 5 s; `None` when nothing answers
-/// (not listening, closed early, or not HTTP).
+/// (not listening, closed early, or not HTTP). A chunked body is given whole.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<Reply> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
@@ -79,11 +79,32 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<Reply> {
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let chunked = head.lines().any(|l| {
+        l.split_once(':').is_some_and(|(k, v)| {
+            k.trim().eq_ignore_ascii_case("transfer-encoding") && v.trim() == "chunked"
+        })
+    });
+    let body = if chunked {
+        dechunked(body)?
+    } else {
+        body.to_string()
+    };
     Some(Reply { status, body })
+}
+
+/// The data of a chunked body (RFC 9112 7.1); `None` when it is cut short.
+fn dechunked(mut rest: &str) -> Option<String> {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            return Some(body);
+        }
+        body.push_str(after.get(..size)?);
+        rest = after.get(size..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// Checks `done` every 10 ms until it holds; fails naming `what` after `within` (a guard against
@@ -123,6 +144,17 @@ pub fn built_by(script: &Path, args: &[&OsStr]) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Chunks are joined, extensions ignored, and a body cut short is no body.
+    #[test]
+    fn a_chunked_body_is_joined() {
+        assert_eq!(
+            dechunked("5\r\nhello\r\n7;x=y\r\n, world\r\n0\r\n\r\n").as_deref(),
+            Some("hello, world")
+        );
+        assert_eq!(dechunked("5\r\nhel").as_deref(), None);
+        assert_eq!(dechunked("").as_deref(), None);
+    }
 
     #[test]
     fn concurrent_callers_are_handed_different_fixed_ports() {
