@@ -93,6 +93,10 @@ bash tests/k8s/build-node.sh >/dev/null
 # a connector for the dashboard's queries (connector/tests/dashboard.rs).
 prometheus_dir=$(bash tests/prometheus/build.sh)
 export PROMTOOL="$prometheus_dir/promtool" PROMETHEUS="$prometheus_dir/prometheus"
+# Jaeger from its Go module (once; cached under $TOOLS): the OTLP receiver the connector's spans
+# and the traced test clients' go to, read back through its query API (tests/tests/traces.rs).
+JAEGER=$(bash tests/jaeger/build.sh)
+export JAEGER
 # The Prometheus operator's ServiceMonitor CRD, which the operator's ServiceMonitors need
 # (operator/tests/real_cluster): the file its Go module ships (in Go's module cache once fetched).
 SERVICE_MONITOR_CRD=$(cd / && go mod download -json github.com/prometheus-operator/prometheus-operator@v0.88.0 |

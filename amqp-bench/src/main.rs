@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::definitions::SenderSettleMode;
-use fe2o3_amqp::types::messaging::{Data, Header, Message, Outcome};
+use fe2o3_amqp::types::messaging::{ApplicationProperties, Data, Header, Message, Outcome};
 use fe2o3_amqp::types::primitives::Binary;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
 
@@ -109,6 +109,11 @@ struct Args {
     /// printed beside the tool's own times.
     #[arg(long)]
     stages: Option<String>,
+    /// Each message carries a W3C `traceparent` of its own among its application properties,
+    /// as a traced producer's do (fe2o3 client): the connector then records spans of it when
+    /// its span export is on.
+    #[arg(long)]
+    traceparent: bool,
 }
 
 impl Args {
@@ -235,6 +240,11 @@ fn body(n: u64, started: Instant, size: usize) -> Vec<u8> {
     b
 }
 
+/// A sampled W3C `traceparent` of a trace of message `n`'s own.
+fn traceparent(n: u64) -> String {
+    format!("00-{:016x}{n:016x}-{:016x}-01", std::process::id(), n + 1)
+}
+
 async fn produce(
     args: Args,
     who: usize,
@@ -248,6 +258,9 @@ async fn produce(
     }
     match args.grpc.clone() {
         Some(addr) => direct::produce(&addr, &args, who, first, count, started, &tally).await,
+        None if args.client == Client::Lean && args.traceparent => {
+            Err("--traceparent needs the fe2o3 client".into())
+        }
         None if args.client == Client::Lean => {
             lean::produce(&args, who, first, count, started, &tally).await
         }
@@ -292,6 +305,11 @@ async fn produce_amqp(
                 durable: true,
                 ..Default::default()
             })
+            .application_properties(args.traceparent.then(|| {
+                ApplicationProperties::builder()
+                    .insert("traceparent", traceparent(first + i))
+                    .build()
+            }))
             .data(Binary::from(body(first + i, started, args.size)))
             .build();
         let sent_at = Instant::now();

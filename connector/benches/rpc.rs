@@ -95,7 +95,8 @@ fn round_trip(request_msg: &Bytes, reply_msg: &Bytes, tokens: &mut Tokens) -> Ve
     let reply_stored = ingress(reply_msg).unwrap();
     let response: Response = tokens
         .answer(&request_id, "responder", reply_stored, now)
-        .unwrap();
+        .unwrap()
+        .response;
     reply(&asked, &Ok(response)).unwrap()
 }
 
@@ -128,7 +129,8 @@ fn bench(c: &mut Criterion) {
     tokens.insert(req.clone(), Pattern::Queries, now + Duration::from_secs(15));
     let response = tokens
         .answer(REQUEST_ID, "responder", ingress(&reply_msg).unwrap(), now)
-        .unwrap();
+        .unwrap()
+        .response;
     let mut g = c.benchmark_group("rpc_steps_1k");
     g.bench_function("request_in", |b| {
         b.iter(|| black_box(ingress(&request_msg).unwrap()))

@@ -20,5 +20,6 @@ pub mod metrics;
 pub mod observed;
 pub mod operations;
 pub mod pattern;
+pub mod spans;
 pub mod stages;
 pub mod store;

@@ -59,7 +59,19 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(run(settings))
+    rt.block_on(async {
+        // Spans go out over OTLP only when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+        let spans = match connector::spans::start(|k| std::env::var(k).ok()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot export spans");
+                return ExitCode::from(2);
+            }
+        };
+        let code = run(settings).await;
+        spans.finish().await;
+        code
+    })
 }
 
 /// Binds the AMQP listeners, opens the backend and serves until a shutdown signal.

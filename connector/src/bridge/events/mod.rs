@@ -36,6 +36,7 @@ use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Event, EventReceive, Subscribe};
 use crate::metrics::{Counted, Direction, Metrics};
 use crate::pattern::{Pattern, Target};
+use crate::spans::{self, Step};
 
 /// First and last pause before a durable subscription asks again for a ClientID its previous
 /// link still held (about 1.3 s in all).
@@ -271,6 +272,7 @@ pub(crate) fn send<B: Backend>(
     stored: Stored,
     ctx: &Ctx<B>,
 ) -> impl Future<Output = Finished> + Send + 'static {
+    let traced = spans::traced(&stored.trace_tags, target.pattern, &target.channel);
     let event = Event {
         event_id: String::new(),
         client_id: if ctx.client_id.is_empty() {
@@ -285,7 +287,19 @@ pub(crate) fn send<B: Backend>(
         tags: stored.trace_tags,
     };
     let backend = ctx.backend.clone();
-    let sent = settling(d, async move { backend.send_event(event).await });
+    let sent = settling(d, async move {
+        let from = std::time::Instant::now();
+        let sent = backend.send_event(event).await;
+        if let Some(t) = traced {
+            let error = sent.as_ref().err().map(spans::failed);
+            t.record(
+                Step::Publish,
+                (from, std::time::Instant::now()),
+                error.as_slice(),
+            );
+        }
+        sent
+    });
     async move { Finished::Sent(sent.await) }
 }
 
@@ -554,6 +568,7 @@ impl EventLinks {
         event: &EventReceive,
         metrics: &Metrics,
     ) -> bool {
+        let from = std::time::Instant::now();
         let payload = self.egress.message(
             &event.metadata,
             &event.body,
@@ -562,6 +577,9 @@ impl EventLinks {
         );
         if self.outbound.send(conn, link, &payload, true).is_ok() {
             metrics.transfer(Direction::Out, Counted::Pattern(pattern));
+            if let Some(t) = spans::traced(&event.tags, pattern, &event.channel) {
+                t.record(Step::Deliver, (from, std::time::Instant::now()), &[]);
+            }
             true
         } else {
             false

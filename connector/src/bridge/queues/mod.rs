@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::definitions::SenderSettleMode;
-use fe2o3_amqp_types::messaging::{DistributionMode, Source};
+use fe2o3_amqp_types::messaging::{DeliveryState, DistributionMode, Source};
 use tokio::sync::mpsc;
 
 use self::fetcher::{
@@ -38,7 +38,9 @@ use crate::engine::{
 use crate::kubemq::QueueMessage;
 use crate::metrics::{self, Counted, Direction, Metrics};
 use crate::pattern::Pattern;
+use crate::spans::{self, Step, Traced};
 use crate::stages::Stage;
+use opentelemetry::KeyValue;
 
 /// The process-wide part of the queues bridge: its limits and one Get loop per channel.
 pub struct Shared {
@@ -62,6 +64,7 @@ impl Producer {
     /// Stores the message of delivery `d` in `channel`, after those the link sent before; the
     /// delivery is settled with the outcome the backend reports.
     pub(crate) fn store(&mut self, d: &Delivery, channel: String, stored: Stored, client_id: &str) {
+        let traced = spans::traced(&stored.trace_tags, Pattern::Queues, &channel);
         let message = QueueMessage {
             client_id: client_id.to_string(),
             channel,
@@ -75,6 +78,7 @@ impl Producer {
             presettled: d.settled,
             received: tokio::time::Instant::now(),
             message,
+            traced,
         });
     }
 }
@@ -95,11 +99,27 @@ struct Unsettled {
     transaction: Arc<str>,
     sequence: u64,
     sent: std::time::Instant,
+    /// Its trace, when its spans are recorded.
+    traced: Option<Box<Traced>>,
 }
 
 impl Unsettled {
-    /// The settlement the fetcher gets when the client settles it with `outcome`.
+    /// The settlement the fetcher gets when the client settles it with `outcome` (its settle
+    /// span recorded, when it is traced).
     fn settled(self, outcome: Outcome) -> Settlement {
+        if let Some(t) = &self.traced {
+            let said = match outcome {
+                Outcome::Ack => "ack",
+                Outcome::Nack => "nack",
+                Outcome::Close => "close",
+            };
+            let settlement = KeyValue::new("messaging.kubemq.settlement", said);
+            t.record(
+                Step::Settle,
+                (self.sent, std::time::Instant::now()),
+                &[settlement],
+            );
+        }
         Settlement {
             transaction: self.transaction,
             sequence: self.sequence,
@@ -378,6 +398,9 @@ impl QueueLinks {
     ) {
         for d in std::mem::take(&mut self.ready_done) {
             metrics.stages.record(Stage::Stored, d.received.elapsed());
+            if let Some(s) = &d.store_span {
+                publish_spans(s, d.received.into_std(), &d.state);
+            }
             // the outcome the backend reported; a link gone meanwhile needs nothing.
             settle_inbound(conn, metrics, d.link, d.delivery_id, d.presettled, d.state);
         }
@@ -430,7 +453,12 @@ impl QueueLinks {
             DeliveryInfo { receive_count },
         );
         let sent = self.outbound.send(conn, link, &payload, presettled);
+        let mut traced = None;
         if sent.is_ok() {
+            traced = spans::traced(&h.message.tags, Pattern::Queues, &h.message.channel);
+            if let Some(t) = &traced {
+                t.record(Step::Deliver, (h.taken.at, std::time::Instant::now()), &[]);
+            }
             // MET-4.
             metrics.transfer(Direction::Out, Counted::Pattern(Pattern::Queues));
             metrics.stages.record(Stage::Waited, h.taken.waited);
@@ -444,6 +472,7 @@ impl QueueLinks {
                     transaction: h.transaction,
                     sequence: h.sequence,
                     sent: std::time::Instant::now(),
+                    traced,
                 };
                 if presettled {
                     // at-most-once, acked as it is sent.
@@ -558,6 +587,23 @@ impl QueueLinks {
         if tokio::runtime::Handle::try_current().is_ok() {
             sender::finish(backend.clone(), lanes);
         }
+    }
+}
+
+/// A stored message's publish span (from its complete delivery to its outcome, now) and, within
+/// it, its batch's store span; a message the backend did not take says how (`error.type`).
+fn publish_spans(s: &sender::StoreSpan, received: std::time::Instant, state: &DeliveryState) {
+    let error = match state {
+        DeliveryState::Accepted(_) => None,
+        DeliveryState::Rejected(_) => Some(KeyValue::new("error.type", "rejected")),
+        DeliveryState::Released(_) => Some(KeyValue::new("error.type", "released")),
+        _ => Some(KeyValue::new("error.type", "_OTHER")),
+    };
+    let extra = error.as_slice();
+    let now = std::time::Instant::now();
+    if let Some(publish) = s.traced.record(Step::Publish, (received, now), extra) {
+        s.traced
+            .record_under(&publish, Step::Store, (s.from, s.to), extra);
     }
 }
 

@@ -24,6 +24,7 @@ use crate::backend::{Backend, BackendError, SEND_STALL};
 use crate::bridge::outcome::{rejected, send_failure};
 use crate::engine::{Condition, LinkId};
 use crate::kubemq::{QueueMessage, SendQueueMessageResult};
+use crate::spans::Traced;
 
 /// Most messages in one backend send.
 const MAX_BATCH: usize = 1000;
@@ -39,6 +40,15 @@ pub(super) struct Done {
     /// When its delivery was complete.
     pub received: Instant,
     pub state: DeliveryState,
+    /// Its trace and its batch's backend call, when its spans are recorded.
+    pub store_span: Option<StoreSpan>,
+}
+
+/// A traced message's store: its trace, and when the backend call of its batch began and ended.
+pub(super) struct StoreSpan {
+    pub traced: Box<Traced>,
+    pub from: std::time::Instant,
+    pub to: std::time::Instant,
 }
 
 /// One message to store, with the delivery it came in.
@@ -52,14 +62,17 @@ pub(super) struct ToStore {
     pub received: Instant,
     /// What to store.
     pub message: QueueMessage,
+    /// Its trace, when its spans are recorded.
+    pub traced: Option<Box<Traced>>,
 }
 
 /// A message of a batch being stored: the delivery to settle once it is.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Storing {
     delivery_id: u32,
     presettled: bool,
     received: Instant,
+    traced: Option<Box<Traced>>,
 }
 
 type Results = Result<Vec<SendQueueMessageResult>, BackendError>;
@@ -168,7 +181,7 @@ impl Lane {
                     }
                     _ => false,
                 };
-                report(self.link, done, f.ids, results);
+                report(self.link, done, (f.ids, f.started), results);
                 // Expect as many back as were just stored, if they came as a refill.
                 if !self.closing && self.flights.is_empty() && burst {
                     self.refill_wait =
@@ -193,6 +206,7 @@ impl Lane {
                     delivery_id: m.delivery_id,
                     presettled: m.presettled,
                     received: m.received,
+                    traced: m.traced,
                 });
                 messages.push(m.message);
             }
@@ -282,7 +296,13 @@ pub(super) fn spawn_sender<B: Backend>(
 }
 
 /// Each message's outcome (ERR-9, ERR-10: the bridge's one mapping of backend failures).
-fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<Storing>, results: Results) {
+fn report(
+    link: LinkId,
+    done: &mut Vec<Done>,
+    (ids, started): (Vec<Storing>, Instant),
+    results: Results,
+) {
+    let answered = std::time::Instant::now();
     // Every send that is not `accepted` is logged with why: once for a call that failed as a
     // whole, once per message KubeMQ refused.
     match &results {
@@ -314,6 +334,11 @@ fn report(link: LinkId, done: &mut Vec<Done>, ids: Vec<Storing>, results: Result
             presettled: m.presettled,
             received: m.received,
             state,
+            store_span: m.traced.map(|traced| StoreSpan {
+                traced,
+                from: started.into_std(),
+                to: answered,
+            }),
         });
     }
 }
@@ -397,6 +422,7 @@ mod tests {
             delivery_id,
             presettled: false,
             received: Instant::now(),
+            traced: None,
         }
     }
 
@@ -410,6 +436,7 @@ mod tests {
             presettled: false,
             received: Instant::now(),
             message: m,
+            traced: None,
         }
     }
 
@@ -420,7 +447,7 @@ mod tests {
     fn a_send_of_unknown_outcome_is_released_not_rejected() {
         let outcome = |results: Results| {
             let mut done = Vec::new();
-            report(1, &mut done, vec![storing(7)], results);
+            report(1, &mut done, (vec![storing(7)], Instant::now()), results);
             done.pop().expect("an outcome").state
         };
         assert!(matches!(
@@ -467,7 +494,12 @@ mod tests {
                 ..Default::default()
             };
             let mut done = Vec::new();
-            report(1, &mut done, vec![storing(7)], Ok(vec![refused]));
+            report(
+                1,
+                &mut done,
+                (vec![storing(7)], Instant::now()),
+                Ok(vec![refused]),
+            );
             match done.pop().expect("an outcome").state {
                 DeliveryState::Rejected(r) => format!("{:?}", r.error.expect("an error").condition),
                 other => panic!("{other:?}"),

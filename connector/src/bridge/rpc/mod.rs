@@ -28,7 +28,7 @@ use fe2o3_amqp_types::performatives::Attach;
 use futures_util::future::Either;
 
 use self::requester::Asked;
-use self::responder::{NoRequest, Tokens};
+use self::responder::{Answer, NoRequest, Tokens};
 use super::context::Ctx;
 use super::dynamic::DynamicNodes;
 use super::envelope::Stored;
@@ -45,6 +45,7 @@ use crate::kubemq::subscribe::SubscribeType;
 use crate::kubemq::{Request, Response, Subscribe};
 use crate::metrics::{Counted, Direction, Metrics};
 use crate::pattern::{Pattern, Target};
+use crate::spans::{self, Step};
 
 /// Process-wide settings of the bridge.
 #[derive(Debug, Clone)]
@@ -316,6 +317,7 @@ impl RpcLinks {
             reply_to,
             correlation: stored.correlation.clone(),
         };
+        let traced = spans::traced(&stored.trace_tags, target.pattern, &target.channel);
         let request = requester::request(
             target.pattern,
             target.channel,
@@ -328,7 +330,12 @@ impl RpcLinks {
         self.awaiting += 1;
         self.count_held();
         Some(async move {
+            let from = Instant::now();
             let result = backend.send_request(request).await;
+            if let Some(t) = traced {
+                let error = result.as_ref().err().map(spans::failed);
+                t.record(Step::Request, (from, Instant::now()), error.as_slice());
+            }
             Finished::Answered(Box::new(Answered { asked, result }))
         })
     }
@@ -372,11 +379,11 @@ impl RpcLinks {
         stored: Stored,
         ctx: &Ctx<B>,
     ) -> Option<impl Future<Output = Finished> + Send + 'static> {
-        let response = match self
+        let answer = match self
             .tokens
             .answer(request_id, &ctx.client_id, stored, Instant::now())
         {
-            Ok(r) => r,
+            Ok(a) => a,
             Err(why) => {
                 if why == NoRequest::Expired {
                     self.metrics.rpc_late_responses.inc();
@@ -395,7 +402,16 @@ impl RpcLinks {
         }
         self.count_held();
         let backend = ctx.backend.clone();
-        let sent = settling(d, async move { backend.send_response(response).await });
+        let Answer { response, traced } = answer;
+        let sent = settling(d, async move {
+            let from = Instant::now();
+            let sent = backend.send_response(response).await;
+            if let Some(t) = traced {
+                let error = sent.as_ref().err().map(spans::failed);
+                t.record(Step::Reply, (from, Instant::now()), error.as_slice());
+            }
+            sent
+        });
         Some(async move { Finished::Responded(sent.await) })
     }
 
@@ -440,6 +456,7 @@ impl RpcLinks {
             return false;
         };
         let answerable = responder::answerable_for(request, self.shared.default_timeout);
+        let from = Instant::now();
         let message = responder::delivered(request);
         if self
             .outbound
@@ -448,6 +465,9 @@ impl RpcLinks {
         {
             self.metrics
                 .transfer(Direction::Out, Counted::Pattern(r.pattern));
+            if let Some(t) = spans::traced(&request.tags, r.pattern, &request.channel) {
+                t.record(Step::Deliver, (from, Instant::now()), &[]);
+            }
             let expires = Instant::now() + answerable;
             if let Some(request) = r.held.pop_front() {
                 self.tokens.insert(request, r.pattern, expires);

@@ -13,6 +13,7 @@ use super::super::envelope::{
 use super::requester::{ERROR, EXECUTED};
 use crate::kubemq::{Request, Response};
 use crate::pattern::Pattern;
+use crate::spans::{self, Traced};
 
 /// How long a token outlives its request's timeout (RPC-14).
 pub const GRACE: Duration = Duration::from_secs(5);
@@ -26,6 +27,17 @@ struct Token {
     reply_channel: String,
     pattern: Pattern,
     expires: Instant,
+    /// The request's trace, when its spans are recorded: the reply's span joins it.
+    traced: Option<Box<Traced>>,
+}
+
+/// The KubeMQ response a reply makes, with the trace of the request it answers.
+#[derive(Debug)]
+pub struct Answer {
+    /// What goes to KubeMQ.
+    pub response: Response,
+    /// The request's trace, when its spans are recorded.
+    pub traced: Option<Box<Traced>>,
 }
 
 /// Why a reply found no request to answer.
@@ -58,12 +70,14 @@ impl Tokens {
 
     /// Records a delivered request, answerable until `expires`.
     pub fn insert(&mut self, request: Request, pattern: Pattern, expires: Instant) {
+        let traced = spans::traced(&request.tags, pattern, &request.channel);
         self.live.insert(
             request.request_id,
             Token {
                 reply_channel: request.reply_channel,
                 pattern,
                 expires,
+                traced,
             },
         );
     }
@@ -116,7 +130,7 @@ impl Tokens {
         client_id: &str,
         reply: Stored,
         now: Instant,
-    ) -> Result<Response, NoRequest> {
+    ) -> Result<Answer, NoRequest> {
         let token = self.take(request_id, now)?;
         let [error, executed] = application_properties(&reply.metadata, [ERROR, EXECUTED]);
         let error = match error {
@@ -141,7 +155,10 @@ impl Tokens {
             response.metadata = reply.metadata;
             response.body = reply.body.to_vec();
         }
-        Ok(response)
+        Ok(Answer {
+            response,
+            traced: token.traced,
+        })
     }
 }
 
@@ -206,7 +223,7 @@ mod tests {
         t.insert(r("b"), Pattern::Queries, now + Duration::from_secs(1));
         let failed =
             r#"{"amqp10":{"app":{"x-opt-kubemq-executed":false,"x-opt-kubemq-error":"no"}}}"#;
-        let a = t.answer("a", "me", stored(failed), now).unwrap();
+        let a = t.answer("a", "me", stored(failed), now).unwrap().response;
         assert!(!a.executed && a.error == "no" && a.body.is_empty());
         assert_eq!(a.reply_channel, "_INBOX.a");
         assert_eq!(
@@ -220,7 +237,7 @@ mod tests {
             NoRequest::Expired
         );
         t.insert(r("c"), Pattern::Queries, now + Duration::from_secs(1));
-        let c = t.answer("c", "me", stored("{}"), now).unwrap();
+        let c = t.answer("c", "me", stored("{}"), now).unwrap().response;
         assert!(c.executed && &c.body[..] == b"body" && c.metadata == "{}");
     }
 }

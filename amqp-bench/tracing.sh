@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# What span export costs the connector: two connectors on their embedded stores, one exporting
+# spans over OTLP/gRPC to a real Jaeger (tests/jaeger/build.sh builds it from its Go module), one
+# without OTEL_EXPORTER_OTLP_ENDPOINT. The same load (fe2o3 client, 2 producers + 2 consumers,
+# every message with a traceparent of its own, so the exporting one records four spans per
+# message) runs through each in turn, ROUNDS times, and through the exporting one once more with
+# messages that carry no trace context. Prints each run's throughput and the connector's (and
+# Jaeger's) CPU per message. Not part of CI. Loopback only; ports 5686, 5687, 14317, 16696-16697.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-50000}
+ROUNDS=${ROUNDS:-3}
+CLK=$(getconf CLK_TCK)
+B=./target/release
+cargo build --release --quiet -p kubemq-amqp-connector -p amqp-bench
+JAEGER_BIN=$(bash tests/jaeger/build.sh)
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+OFF=
+ON=
+JAEGER=
+DATA=$(mktemp -d)
+trap 'for p in $OFF $ON $JAEGER; do kill $p 2>/dev/null; done; wait 2>/dev/null; rm -rf "$DATA"' EXIT
+
+cat >"$DATA/jaeger.yaml" <<YAML
+service:
+  extensions: [jaeger_storage, jaeger_query]
+  pipelines:
+    traces:
+      receivers: [otlp]
+      processors: [batch]
+      exporters: [jaeger_storage_exporter]
+  telemetry:
+    metrics:
+      level: none
+extensions:
+  jaeger_query:
+    storage:
+      traces: memory
+    http:
+      endpoint: 127.0.0.1:16696
+    grpc:
+      endpoint: 127.0.0.1:16697
+  jaeger_storage:
+    backends:
+      memory:
+        memory:
+          max_traces: 100000
+receivers:
+  otlp:
+    protocols:
+      grpc:
+        endpoint: 127.0.0.1:14317
+processors:
+  batch:
+exporters:
+  jaeger_storage_exporter:
+    trace_storage: memory
+YAML
+"$JAEGER_BIN" --config="$DATA/jaeger.yaml" >"$DATA/jaeger.log" 2>&1 &
+JAEGER=$!
+mkdir -p "$DATA/off" "$DATA/on"
+$B/kubemq-amqp-connector --data-dir "$DATA/off" --port 5686 --http-address off >/dev/null 2>&1 &
+OFF=$!
+OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:14317 \
+  $B/kubemq-amqp-connector --data-dir "$DATA/on" --port 5687 --http-address off >"$DATA/on.log" 2>&1 &
+ON=$!
+sleep 2
+grep -q "exporting spans" "$DATA/on.log" || { echo "the exporting connector did not start export:"; cat "$DATA/on.log"; exit 1; }
+
+# usage: bench LABEL PORT [amqp-bench args]; prints throughput and CPU µs per message
+bench() {
+  local label=$1 port=$2 pid; shift 2
+  pid=$([ "$port" = 5686 ] && echo "$OFF" || echo "$ON")
+  local c0 j0 out
+  c0=$(cpu_ticks "$pid"); j0=$(cpu_ticks "$JAEGER")
+  out=$($B/amqp-bench --url "amqp://127.0.0.1:$port" --messages "$N" --producers 2 --consumers 2 "$@" 2>&1)
+  local c1 j1 rate
+  c1=$(cpu_ticks "$pid"); j1=$(cpu_ticks "$JAEGER")
+  rate=$(sed -n 's/.* = \([0-9]*\) msg\/s/\1/p' <<<"$out")
+  per() { awk -v a="$1" -v b="$2" -v n="$N" -v c="$CLK" 'BEGIN {printf "%.1f", (b - a) / c * 1e6 / n}'; }
+  local line="$label: $rate msg/s; connector $(per "$c0" "$c1") µs/msg, Jaeger $(per "$j0" "$j1") µs/msg"
+  grep -q "^lost 0 duplicated 0" <<<"$out" || line+=" (LOSS: $(grep '^lost' <<<"$out"))"
+  echo "$line"
+}
+
+for r in $(seq "$ROUNDS"); do
+  bench "round $r export off, traced messages  " 5686 --traceparent --address "queues/off-$r"
+  bench "round $r export on,  traced messages  " 5687 --traceparent --address "queues/on-$r"
+  bench "round $r export on,  untraced messages" 5687 --address "queues/plain-$r"
+done
+sleep 6
+echo "services Jaeger holds spans of: $(curl -s 'http://127.0.0.1:16696/api/services' | tr -d '\n')"
