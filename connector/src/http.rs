@@ -39,7 +39,7 @@ pub async fn serve(listener: tokio::net::TcpListener, health: Health) {
                 "/api/amqp10/stages" => Answer::json(health.metrics.stages.json()),
                 "/metrics/operations" => {
                     let ready = *health.ready.borrow();
-                    Answer::metrics(health.operations.encode(ready, &health.metrics.stages))
+                    Answer::metrics(health.operations.encode(ready, &health.metrics))
                 }
                 _ => ops::http::probe(&path, || *health.ready.borrow(), || health.metrics.encode()),
             }

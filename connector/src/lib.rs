@@ -8,6 +8,7 @@ pub mod auth;
 pub mod backend;
 pub mod bridge;
 pub mod cgroup;
+pub mod channel_traffic;
 pub mod config;
 pub mod detail;
 pub mod driver;

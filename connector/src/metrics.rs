@@ -180,6 +180,8 @@ pub struct Metrics {
     /// Where queue messages' time goes, stage by stage: not a metric family either (MET-0);
     /// shown at `/api/amqp10/stages`.
     pub stages: crate::stages::Stages,
+    /// Transfers per channel (a bounded number of channels per pattern).
+    pub channels: crate::channel_traffic::ChannelTraffic,
     /// The members of `rpc_requests`, by [`RPC_PATTERNS`]: counted without a label set per request.
     rpc_counters: [Counter; 2],
     /// The members of `transfers` by [`Counted::index`] then direction, held so that counting a
@@ -213,6 +215,7 @@ impl Metrics {
             rpc_late_responses: Counter::default(),
             rpc_held: Default::default(),
             stages: Default::default(),
+            channels: Default::default(),
             rpc_counters: Default::default(),
             pattern_transfers: Default::default(),
             outcome_counters: Default::default(),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
@@ -17,7 +18,8 @@ use prometheus_client::registry::Registry;
 use crate::driver::TlsSource;
 use crate::engine::ProcessBudget;
 use crate::failures::FAILURES;
-use crate::stages::{Coarse, Stage, Stages};
+use crate::metrics::{Direction, Metrics};
+use crate::stages::{Coarse, Stage};
 
 /// Where the operational gauges are read from, at each scrape.
 #[derive(Clone)]
@@ -31,9 +33,10 @@ pub struct Operations {
 }
 
 impl Operations {
-    /// The text exposition of the gauges, with `broker_ready` the state `/readyz` answers, and
-    /// of the queue stage histograms counted in `stages`.
-    pub fn encode(&self, broker_ready: bool, stages: &Stages) -> String {
+    /// The text exposition of the gauges, with `broker_ready` the state `/readyz` answers, of
+    /// the queue stage histograms and of the per-channel transfers counted in `metrics`.
+    pub fn encode(&self, broker_ready: bool, metrics: &Metrics) -> String {
+        let stages = &metrics.stages;
         let mut r = Registry::default();
         let mut gauge = |name: &str, help: &str, value: u64| {
             let g = Gauge::<i64>::default();
@@ -87,6 +90,25 @@ impl Operations {
             "Actions the authorization policy denied",
             FAILURES.authorizations(),
         );
+        let channels = Family::<ChannelLabels, Counter<u64>>::default();
+        for t in metrics.channels.snapshot() {
+            channels
+                .get_or_create(&ChannelLabels {
+                    pattern: t.pattern.name().to_string(),
+                    channel: t.channel,
+                    direction: match t.direction {
+                        Direction::In => "in",
+                        Direction::Out => "out",
+                    },
+                })
+                .inc_by(t.count);
+        }
+        r.register(
+            "kubemq_amqp_connector_channel_transfers",
+            "Messages in (from producers and requesters) and out (to consumers and responders) per \
+             channel; each pattern's channels after its first 100 together as channel=\"_other\"",
+            channels,
+        );
         r.register_collector(Box::new(StageHistograms(
             Stage::ALL
                 .iter()
@@ -99,6 +121,14 @@ impl Operations {
         }
         out
     }
+}
+
+/// Label set of a channel's transfers.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChannelLabels {
+    pattern: String,
+    channel: String,
+    direction: &'static str,
 }
 
 /// Label set `stage`.
@@ -162,7 +192,7 @@ mod tests {
     #[test]
     fn gauges_read_their_sources() {
         let (ops, _held) = operations(None);
-        let text = ops.encode(true, &Stages::default());
+        let text = ops.encode(true, &Metrics::new());
         assert_eq!(
             value(&text, "kubemq_amqp_connector_broker_ready").as_deref(),
             Some("1")
@@ -183,7 +213,7 @@ mod tests {
         assert_eq!(text.matches("# TYPE ").count(), 8, "{text}");
         assert_eq!(
             value(
-                &ops.encode(false, &Stages::default()),
+                &ops.encode(false, &Metrics::new()),
                 "kubemq_amqp_connector_broker_ready"
             )
             .as_deref(),
@@ -196,7 +226,7 @@ mod tests {
     fn failure_counters_count() {
         let (ops, _held) = operations(None);
         let read = |name: &str| -> u64 {
-            value(&ops.encode(true, &Stages::default()), name)
+            value(&ops.encode(true, &Metrics::new()), name)
                 .and_then(|v| v.parse().ok())
                 .expect("a counter")
         };
@@ -221,15 +251,37 @@ mod tests {
         }
     }
 
+    /// Per-channel transfers are a counter family by pattern, channel and direction.
+    #[test]
+    fn channel_transfers_are_a_counter_family() {
+        let (ops, _held) = operations(None);
+        let metrics = Metrics::new();
+        let queues = crate::pattern::Pattern::Queues;
+        metrics.channels.count(queues, "orders", Direction::In);
+        metrics.channels.count(queues, "orders", Direction::In);
+        metrics.channels.count(queues, "orders", Direction::Out);
+        let text = ops.encode(true, &metrics);
+        let name = "kubemq_amqp_connector_channel_transfers_total";
+        assert!(
+            text.contains("# TYPE kubemq_amqp_connector_channel_transfers counter"),
+            "{text}"
+        );
+        let series =
+            |d: &str| format!("{name}{{pattern=\"queues\",channel=\"orders\",direction=\"{d}\"}}");
+        assert_eq!(value(&text, &series("in")).as_deref(), Some("2"), "{text}");
+        assert_eq!(value(&text, &series("out")).as_deref(), Some("1"), "{text}");
+    }
+
     /// The stage histograms: one series set per stage, cumulative buckets ending at `+Inf`, sum
     /// and count as counted.
     #[test]
     fn stage_histograms_are_prometheus_histograms() {
         let (ops, _held) = operations(None);
-        let stages = Stages::default();
+        let metrics = Metrics::new();
+        let stages = &metrics.stages;
         stages.record(Stage::Waited, std::time::Duration::from_micros(20));
         stages.record(Stage::Waited, std::time::Duration::from_micros(70));
-        let text = ops.encode(true, &stages);
+        let text = ops.encode(true, &metrics);
         assert!(
             text.contains("# TYPE kubemq_amqp_connector_queue_stage_seconds histogram"),
             "{text}"
@@ -293,13 +345,13 @@ mod tests {
         let (ops, _held) = operations(Some(tls));
         let name = "kubemq_amqp_connector_tls_certificate_not_after_seconds";
         assert_eq!(
-            value(&ops.encode(true, &Stages::default()), name).as_deref(),
+            value(&ops.encode(true, &Metrics::new()), name).as_deref(),
             Some("4102444800")
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
         write(4_133_980_800); // 2101-01-01
         assert_eq!(
-            value(&ops.encode(true, &Stages::default()), name).as_deref(),
+            value(&ops.encode(true, &Metrics::new()), name).as_deref(),
             Some("4133980800")
         );
     }

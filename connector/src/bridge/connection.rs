@@ -493,9 +493,7 @@ impl<B: Backend> ConnectionHandler<B> {
         match self.route(stored.to.as_deref()) {
             // ADDR-18: one anonymous link reaches every pattern, message by message.
             Ok(Route::Queue(channel)) => match self.links.get_mut(d.link) {
-                Some(LinkEntry::AnonymousProducer(p)) => {
-                    p.store(&d, channel, stored, &self.ctx.client_id)
-                }
+                Some(LinkEntry::AnonymousProducer(p)) => p.store(&d, channel, stored, &self.ctx),
                 _ => {
                     let gone = rejected(Condition::InternalError, "the link's sends are gone");
                     settle_delivery(conn, &self.ctx.metrics, &d, gone);

@@ -272,6 +272,9 @@ pub(crate) fn send<B: Backend>(
     stored: Stored,
     ctx: &Ctx<B>,
 ) -> impl Future<Output = Finished> + Send + 'static {
+    ctx.metrics
+        .channels
+        .count(target.pattern, &target.channel, Direction::In);
     let traced = spans::traced(&stored.trace_tags, target.pattern, &target.channel);
     let event = Event {
         event_id: String::new(),
@@ -577,6 +580,9 @@ impl EventLinks {
         );
         if self.outbound.send(conn, link, &payload, true).is_ok() {
             metrics.transfer(Direction::Out, Counted::Pattern(pattern));
+            metrics
+                .channels
+                .count(pattern, &event.channel, Direction::Out);
             if let Some(t) = spans::traced(&event.tags, pattern, &event.channel) {
                 t.record(Step::Deliver, (from, std::time::Instant::now()), &[]);
             }

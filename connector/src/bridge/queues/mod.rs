@@ -63,10 +63,13 @@ pub(crate) struct Producer {
 impl Producer {
     /// Stores the message of delivery `d` in `channel`, after those the link sent before; the
     /// delivery is settled with the outcome the backend reports.
-    pub(crate) fn store(&mut self, d: &Delivery, channel: String, stored: Stored, client_id: &str) {
+    pub(crate) fn store<B>(&mut self, d: &Delivery, channel: String, stored: Stored, ctx: &Ctx<B>) {
+        ctx.metrics
+            .channels
+            .count(Pattern::Queues, &channel, Direction::In);
         let traced = spans::traced(&stored.trace_tags, Pattern::Queues, &channel);
         let message = QueueMessage {
-            client_id: client_id.to_string(),
+            client_id: ctx.client_id.to_string(),
             channel,
             metadata: stored.metadata,
             body: stored.body,
@@ -271,7 +274,7 @@ impl QueueLinks {
         let Some(stored) = ingress_or_refuse(conn, &ctx.metrics, d) else {
             return;
         };
-        producer.store(d, channel.to_string(), stored, &ctx.client_id);
+        producer.store(d, channel.to_string(), stored, ctx);
     }
 
     /// New credit, or a drain, on a consume link.
@@ -461,6 +464,9 @@ impl QueueLinks {
             }
             // MET-4.
             metrics.transfer(Direction::Out, Counted::Pattern(Pattern::Queues));
+            metrics
+                .channels
+                .count(Pattern::Queues, &h.message.channel, Direction::Out);
             metrics.stages.record(Stage::Waited, h.taken.waited);
             metrics
                 .stages

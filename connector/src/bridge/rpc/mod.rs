@@ -317,6 +317,9 @@ impl RpcLinks {
             reply_to,
             correlation: stored.correlation.clone(),
         };
+        self.metrics
+            .channels
+            .count(target.pattern, &target.channel, Direction::In);
         let traced = spans::traced(&stored.trace_tags, target.pattern, &target.channel);
         let request = requester::request(
             target.pattern,
@@ -465,6 +468,9 @@ impl RpcLinks {
         {
             self.metrics
                 .transfer(Direction::Out, Counted::Pattern(r.pattern));
+            self.metrics
+                .channels
+                .count(r.pattern, &request.channel, Direction::Out);
             if let Some(t) = spans::traced(&request.tags, r.pattern, &request.channel) {
                 t.record(Step::Deliver, (from, Instant::now()), &[]);
             }
