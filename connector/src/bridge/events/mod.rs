@@ -291,9 +291,9 @@ pub(crate) fn send<B: Backend>(
     };
     let backend = ctx.backend.clone();
     let sent = settling(d, async move {
-        let from = std::time::Instant::now();
+        let from = traced.as_ref().map(|_| std::time::Instant::now());
         let sent = backend.send_event(event).await;
-        if let Some(t) = traced {
+        if let (Some(t), Some(from)) = (traced, from) {
             let error = sent.as_ref().err().map(spans::failed);
             t.record(
                 Step::Publish,
@@ -571,7 +571,8 @@ impl EventLinks {
         event: &EventReceive,
         metrics: &Metrics,
     ) -> bool {
-        let from = std::time::Instant::now();
+        let traced = spans::traced(&event.tags, pattern, &event.channel);
+        let from = traced.as_ref().map(|_| std::time::Instant::now());
         let payload = self.egress.message(
             &event.metadata,
             &event.body,
@@ -583,7 +584,7 @@ impl EventLinks {
             metrics
                 .channels
                 .count(pattern, &event.channel, Direction::Out);
-            if let Some(t) = spans::traced(&event.tags, pattern, &event.channel) {
+            if let (Some(t), Some(from)) = (traced, from) {
                 t.record(Step::Deliver, (from, std::time::Instant::now()), &[]);
             }
             true

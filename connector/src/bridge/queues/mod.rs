@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 
 use fe2o3_amqp_types::definitions::SenderSettleMode;
 use fe2o3_amqp_types::messaging::{DeliveryState, DistributionMode, Source};
+use opentelemetry::KeyValue;
 use tokio::sync::mpsc;
 
 use self::fetcher::{
@@ -40,7 +41,6 @@ use crate::metrics::{self, Counted, Direction, Metrics};
 use crate::pattern::Pattern;
 use crate::spans::{self, Step, Traced};
 use crate::stages::Stage;
-use opentelemetry::KeyValue;
 
 /// The process-wide part of the queues bridge: its limits and one Get loop per channel.
 pub struct Shared {

@@ -302,7 +302,8 @@ fn report(
     (ids, started): (Vec<Storing>, Instant),
     results: Results,
 ) {
-    let answered = std::time::Instant::now();
+    // Read only for a batch with a traced message: nothing is spent on traces while off.
+    let mut answered = None;
     // Every send that is not `accepted` is logged with why: once for a call that failed as a
     // whole, once per message KubeMQ refused.
     match &results {
@@ -337,7 +338,7 @@ fn report(
             store_span: m.traced.map(|traced| StoreSpan {
                 traced,
                 from: started.into_std(),
-                to: answered,
+                to: *answered.get_or_insert_with(std::time::Instant::now),
             }),
         });
     }

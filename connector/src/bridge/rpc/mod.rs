@@ -333,9 +333,9 @@ impl RpcLinks {
         self.awaiting += 1;
         self.count_held();
         Some(async move {
-            let from = Instant::now();
+            let from = traced.as_ref().map(|_| Instant::now());
             let result = backend.send_request(request).await;
-            if let Some(t) = traced {
+            if let (Some(t), Some(from)) = (traced, from) {
                 let error = result.as_ref().err().map(spans::failed);
                 t.record(Step::Request, (from, Instant::now()), error.as_slice());
             }
@@ -407,9 +407,9 @@ impl RpcLinks {
         let backend = ctx.backend.clone();
         let Answer { response, traced } = answer;
         let sent = settling(d, async move {
-            let from = Instant::now();
+            let from = traced.as_ref().map(|_| Instant::now());
             let sent = backend.send_response(response).await;
-            if let Some(t) = traced {
+            if let (Some(t), Some(from)) = (traced, from) {
                 let error = sent.as_ref().err().map(spans::failed);
                 t.record(Step::Reply, (from, Instant::now()), error.as_slice());
             }
@@ -459,7 +459,8 @@ impl RpcLinks {
             return false;
         };
         let answerable = responder::answerable_for(request, self.shared.default_timeout);
-        let from = Instant::now();
+        let traced = spans::traced(&request.tags, r.pattern, &request.channel);
+        let from = traced.as_ref().map(|_| Instant::now());
         let message = responder::delivered(request);
         if self
             .outbound
@@ -471,7 +472,7 @@ impl RpcLinks {
             self.metrics
                 .channels
                 .count(r.pattern, &request.channel, Direction::Out);
-            if let Some(t) = spans::traced(&request.tags, r.pattern, &request.channel) {
+            if let (Some(t), Some(from)) = (traced, from) {
                 t.record(Step::Deliver, (from, Instant::now()), &[]);
             }
             let expires = Instant::now() + answerable;
