@@ -25,50 +25,8 @@ JAEGER=
 DATA=$(mktemp -d)
 trap 'for p in $OFF $ON $JAEGER; do kill $p 2>/dev/null; done; wait 2>/dev/null; rm -rf "$DATA"' EXIT
 
-cat >"$DATA/jaeger.yaml" <<YAML
-service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: basic
-      readers:
-        - pull:
-            exporter:
-              prometheus:
-                host: 127.0.0.1
-                port: 18888
-    traces:
-      level: none
-extensions:
-  jaeger_query:
-    storage:
-      traces: memory
-    http:
-      endpoint: 127.0.0.1:16696
-    grpc:
-      endpoint: 127.0.0.1:16697
-  jaeger_storage:
-    backends:
-      memory:
-        memory:
-          max_traces: 100000
-receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: 127.0.0.1:14317
-processors:
-  batch:
-exporters:
-  jaeger_storage_exporter:
-    trace_storage: memory
-YAML
-"$JAEGER_BIN" --config="$DATA/jaeger.yaml" >"$DATA/jaeger.log" 2>&1 &
+JAEGER_OTLP=127.0.0.1:14317 JAEGER_QUERY=127.0.0.1:16696 JAEGER_QUERY_GRPC=127.0.0.1:16697 \
+  JAEGER_METRICS_PORT=18888 "$JAEGER_BIN" --config=tests/jaeger/config.yaml >"$DATA/jaeger.log" 2>&1 &
 JAEGER=$!
 mkdir -p "$DATA/off" "$DATA/on"
 $B/kubemq-amqp-connector --data-dir "$DATA/off" --port 5686 --http-address off >/dev/null 2>&1 &

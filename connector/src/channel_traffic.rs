@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use crate::engine::FastMap;
-use crate::metrics::Direction;
-use crate::pattern::Pattern;
+use crate::pattern::{Direction, Pattern};
 
 /// Channels of one pattern counted under their own name.
 pub const MAX_CHANNELS: usize = 100;

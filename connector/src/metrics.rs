@@ -8,6 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+pub use crate::pattern::Direction;
 use crate::pattern::Pattern;
 
 /// A link's role from the server's point of view (MET-3).
@@ -70,15 +71,6 @@ impl Counted {
 }
 /// The patterns of MET-6.
 const RPC_PATTERNS: [&str; 2] = ["commands", "queries"];
-
-/// Transfer direction (MET-4).
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Direction {
-    /// From clients.
-    In,
-    /// To clients.
-    Out,
-}
 
 /// Label set `direction`, `pattern`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -1,4 +1,5 @@
-//! The vocabulary every layer shares: KubeMQ's five patterns and the node a message goes to.
+//! The vocabulary every layer shares: KubeMQ's five patterns, the node a message goes to, and
+//! which way a message crosses the connector.
 //! Addresses resolve to them (`bridge::address`), the policy decides on them (`auth`), the
 //! metrics count by them.
 
@@ -11,4 +12,13 @@ pub struct Target {
     pub pattern: Pattern,
     /// The channel.
     pub channel: String,
+}
+
+/// Which way a message crosses the connector (MET-4).
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Direction {
+    /// From clients.
+    In,
+    /// To clients.
+    Out,
 }

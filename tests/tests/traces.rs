@@ -27,6 +27,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use serde_json::Value as Json;
 
+/// Jaeger's configuration, its addresses taken from its environment.
+const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/jaeger/config.yaml");
 /// The connector's service name in the traces.
 const CONNECTOR: &str = "kubemq-amqp-connector";
 
@@ -36,7 +38,6 @@ struct Jaeger {
     child: Child,
     otlp: SocketAddr,
     query: SocketAddr,
-    _dir: tempfile::TempDir,
 }
 
 impl Drop for Jaeger {
@@ -50,70 +51,24 @@ impl Jaeger {
     fn start() -> Jaeger {
         let binary = std::env::var_os("JAEGER")
             .expect("JAEGER names the Jaeger binary (tests/run.sh builds it)");
-        let dir = tempfile::tempdir().unwrap();
         let port = |_| -> SocketAddr {
             format!("127.0.0.1:{}", testkit::free_port())
                 .parse()
                 .unwrap()
         };
-        let [otlp, query, query_grpc] = [0, 1, 2].map(port);
-        let config = dir.path().join("jaeger.yaml");
-        let yaml = r#"
-service:
-  extensions: [jaeger_storage, jaeger_query]
-  pipelines:
-    traces:
-      receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
-  telemetry:
-    metrics:
-      level: none
-    traces:
-      level: none
-extensions:
-  jaeger_query:
-    storage:
-      traces: memory
-    http:
-      endpoint: QUERY
-    grpc:
-      endpoint: QUERY_GRPC
-  jaeger_storage:
-    backends:
-      memory:
-        memory:
-          max_traces: 10000
-receivers:
-  otlp:
-    protocols:
-      grpc:
-        endpoint: OTLP
-processors:
-  batch:
-    timeout: 100ms
-exporters:
-  jaeger_storage_exporter:
-    trace_storage: memory
-"#;
-        let yaml = yaml
-            .replace("QUERY_GRPC", &query_grpc.to_string())
-            .replace("QUERY", &query.to_string())
-            .replace("OTLP", &otlp.to_string());
-        std::fs::write(&config, yaml).unwrap();
+        let [otlp, query, query_grpc, metrics] = [0, 1, 2, 3].map(port);
         let (_, log) = testkit::logs::file("jaeger");
         let child = Command::new(binary)
-            .arg(format!("--config={}", config.display()))
+            .arg(format!("--config={CONFIG}"))
+            .env("JAEGER_OTLP", otlp.to_string())
+            .env("JAEGER_QUERY", query.to_string())
+            .env("JAEGER_QUERY_GRPC", query_grpc.to_string())
+            .env("JAEGER_METRICS_PORT", metrics.port().to_string())
             .stdout(Stdio::from(log.try_clone().unwrap()))
             .stderr(Stdio::from(log))
             .spawn()
             .unwrap();
-        let jaeger = Jaeger {
-            child,
-            otlp,
-            query,
-            _dir: dir,
-        };
+        let jaeger = Jaeger { child, otlp, query };
         testkit::eventually("Jaeger answers", Duration::from_secs(60), || {
             jaeger.get("/api/services").is_some()
         });
