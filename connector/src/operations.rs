@@ -1,7 +1,7 @@
 //! Gauges about the process itself, beside MET-0's families: what alerts and dashboards need to
 //! know (whether the broker answers, the memory budget and its use, the connection limit, when
-//! the TLS certificate expires, failed TLS handshakes, logins and authorizations), and where
-//! queue messages' time goes (the stage histograms).
+//! the TLS certificate expires, failed TLS handshakes, logins and authorizations), where
+//! queue messages' time goes (the stage histograms), and the messages of each channel.
 //! MET-0 fixes `/metrics` at exactly eleven families, so these are served at
 //! `/metrics/operations` (docs/decisions.md, "Operational metrics").
 
@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
+use crate::channel_traffic::{MAX_CHANNELS, OTHER};
 use crate::driver::TlsSource;
 use crate::engine::ProcessBudget;
 use crate::failures::FAILURES;
@@ -105,8 +106,11 @@ impl Operations {
         }
         r.register(
             "kubemq_amqp_connector_channel_transfers",
-            "Messages in (from producers and requesters) and out (to consumers and responders) per \
-             channel; each pattern's channels after its first 100 together as channel=\"_other\"",
+            format!(
+                "Messages in (from producers and requesters) and out (to consumers and \
+                 responders) per channel; each pattern's channels after its first {MAX_CHANNELS} \
+                 together as channel=\"{OTHER}\""
+            ),
             channels,
         );
         r.register_collector(Box::new(StageHistograms(

@@ -197,6 +197,7 @@ impl Traced {
 }
 
 /// The span `traceparent` (and `tracestate`) name, else the one `Diagnostic-Id` names.
+/// The span `traceparent` (with `tracestate`) names, else the one `Diagnostic-Id` names.
 fn read_parent(tags: &HashMap<String, String>) -> Option<Parent> {
     let from = |tags: &HashMap<String, String>| {
         let cx = TraceContextPropagator::new().extract(tags);
@@ -284,10 +285,11 @@ struct Span<'a> {
 
 /// The wall-clock time of `at`, an instant in the past or the present.
 fn wall(at: Instant, now: (Instant, SystemTime)) -> SystemTime {
-    match now.0.checked_duration_since(at) {
-        Some(ago) => now.1 - ago,
-        None => now.1 + at.duration_since(now.0),
-    }
+    let moved = match now.0.checked_duration_since(at) {
+        Some(ago) => now.1.checked_sub(ago),
+        None => now.1.checked_add(at.duration_since(now.0)),
+    };
+    moved.unwrap_or(now.1)
 }
 
 /// Records `span` under `parent` with `extra` attributes; returns the recorded span, a parent
