@@ -155,21 +155,28 @@ print(*sorted({t["name"] for p in json.load(sys.stdin)["packages"] for t in p["t
                if t["kind"] == ["test"] and t["name"] not in long}))' "${long_first[@]}" "$long_last"))
 # (Every cargo here selects the whole workspace: with one package selected Cargo would resolve
 # the features again and recompile.)
+# Every test runs whatever failed before it (--no-fail-fast, and each lane's second cargo
+# after its first), so one failure never hides the rest; the run fails at the end if any did.
 (
+  status=0
   # shellcheck disable=SC2046 # flags prints a list of --test flags
-  "${netns[@]}" cargo test --workspace --all-features --offline $(flags "${long_first[@]}") &&
-    "${netns[@]}" cargo test --workspace --all-features --offline $(flags "$long_last")
+  "${netns[@]}" cargo test --workspace --all-features --offline --no-fail-fast $(flags "${long_first[@]}") || status=$?
+  "${netns[@]}" cargo test --workspace --all-features --offline --no-fail-fast $(flags "$long_last") || status=$?
+  exit "$status"
 ) > "$long_log" 2>&1 &
 long_pid=$!
 others_status=0
 # shellcheck disable=SC2086 # $others is a list of --test flags
-{ "${netns[@]}" cargo test --workspace --all-features --offline --lib --bins $others &&
-  "${netns[@]}" cargo test --workspace --all-features --offline --doc; } 2>&1 | tee "$log" || others_status=$?
+(
+  status=0
+  "${netns[@]}" cargo test --workspace --all-features --offline --no-fail-fast --lib --bins $others || status=$?
+  "${netns[@]}" cargo test --workspace --all-features --offline --no-fail-fast --doc || status=$?
+  exit "$status"
+) 2>&1 | tee "$log" || others_status=$?
 long_status=0
 wait "$long_pid" || long_status=$?
 echo "== the long lane: the operator on the control planes and the real node, the burn-in harness"
 tee -a "$log" < "$long_log"
-[ "$others_status" = 0 ] && [ "$long_status" = 0 ]
 stage "no secret in any log the suite wrote"
 # The suite's own features and packages, so nothing is compiled again for this one check.
 cargo test --workspace --all-features --offline --test secrets_in_logs 2>&1 | tee -a "$log"
@@ -191,4 +198,10 @@ printf '%s\n' "${stage_times[@]}"
 # One closing line with the totals of every test binary (the last binary run is often the empty
 # doc-test pass, which would otherwise be the closing line).
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed;?$/) p += $i; if ($(i+1) ~ /^failed;?$/) f += $i } }
-     END { printf "total: %d passed, %d failed\n", p, f; if (p == 0) exit 1 }' "$log"
+     END { printf "total: %d passed, %d failed\n", p, f; if (p == 0 || f > 0) exit 1 }' "$log"
+# A test binary that did not build or crashed reports no "test result" line: the lanes' own
+# status says so.
+if [ "$others_status" != 0 ] || [ "$long_status" != 0 ]; then
+  echo "== a test lane failed (other tests: exit $others_status, long lane: exit $long_status)"
+  exit 1
+fi

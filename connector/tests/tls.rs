@@ -273,6 +273,8 @@ fn tls_certificate_expiry_is_exported_and_follows_a_rotation() {
         &volume.path().join("tls.key"),
         &["--http-address", &http.to_string()],
     );
+    // The HTTP endpoint is bound after the TLS listener the start waited for.
+    wait_listening(http.port());
     let gauge = || {
         let reply = testkit::http_get(http, "/metrics/operations").expect("answered");
         assert_eq!(reply.status, 200, "{reply:?}");

@@ -27,7 +27,7 @@ impl Drop for Reaper {
 
 /// Starts the connector on its embedded store in `dir`, listening on `port`, with `args` added
 /// to its command line (its HTTP endpoint off unless they set `--http-address`); returns once it
-/// listens.
+/// listens, on its HTTP endpoint too when one is given.
 pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child {
     let (_, log) = testkit::logs::file("connector");
     let mut command = Command::new(env!("CARGO_BIN_EXE_kubemq-amqp-connector"));
@@ -45,6 +45,15 @@ pub fn start_connector(dir: &std::path::Path, port: u16, args: &[&str]) -> Child
         .spawn()
         .expect("connector starts");
     wait_listening(port);
+    // The HTTP endpoint is bound after the AMQP listeners: wait for it too when asked for.
+    let http = args
+        .iter()
+        .position(|a| *a == "--http-address")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok());
+    if let Some(http) = http {
+        wait_listening(http.port());
+    }
     child
 }
 
