@@ -1942,11 +1942,15 @@ mod tests {
         assert_eq!(delivered as usize, total);
         let gets: Vec<i32> = backend.gets_seen().into_iter().map(|(n, _)| n).collect();
         // Without the wait most Gets carry one consumer's half window (50; mean about 60);
-        // with it 200, or 150 on a loaded machine where the 1 ms passes before the last half is
-        // back. The trailing Gets for one (an empty queue) do not count.
+        // with it a whole window: both (200), or one consumer's (100) or 150 on a loaded
+        // machine where the 1 ms passes before the rest is back. So half windows are the
+        // exception. The trailing Gets for one (an empty queue) do not count.
         let large: Vec<i32> = gets.iter().copied().filter(|n| *n >= 16).collect();
-        let mean = large.iter().sum::<i32>() / large.len().max(1) as i32;
-        assert!(mean >= 100, "Gets of whole windows, mostly: {gets:?}");
+        let halves = large.iter().filter(|n| **n <= 50).count();
+        assert!(
+            halves * 3 < large.len(),
+            "Gets of whole windows, mostly: {gets:?}"
+        );
         assert_eq!(store.ready_count("win"), 0);
     }
 }
