@@ -91,7 +91,7 @@ fn round_trip(request_msg: &Bytes, reply_msg: &Bytes, tokens: &mut Tokens) -> Ve
     black_box(delivered(&req));
     let now = Instant::now();
     let request_id = req.request_id.clone();
-    tokens.insert(req, Pattern::Queries, now + Duration::from_secs(15));
+    tokens.insert(req, (Pattern::Queries, None), now + Duration::from_secs(15));
     let reply_stored = ingress(reply_msg).unwrap();
     let response: Response = tokens
         .answer(&request_id, "responder", reply_stored, now)
@@ -126,7 +126,11 @@ fn bench(c: &mut Criterion) {
     // The four conversions of a round trip on their own.
     let (asked, req) = asked_and_request(ingress(&request_msg).unwrap());
     let now = Instant::now();
-    tokens.insert(req.clone(), Pattern::Queries, now + Duration::from_secs(15));
+    tokens.insert(
+        req.clone(),
+        (Pattern::Queries, None),
+        now + Duration::from_secs(15),
+    );
     let response = tokens
         .answer(REQUEST_ID, "responder", ingress(&reply_msg).unwrap(), now)
         .unwrap()

@@ -993,11 +993,10 @@ mod tests {
         }
         let _open = OpenOnDrop;
         // The writer thread waits for work once it has started.
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !log.writer_idle.load(Ordering::Acquire) {
-            assert!(std::time::Instant::now() < end, "the writer never waited");
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        let ten_s = std::time::Duration::from_secs(10);
+        testkit::eventually("the writer waits for work", ten_s, || {
+            log.writer_idle.load(Ordering::Acquire)
+        });
         let (mut a_synced, a_seen) = early(&log, "a");
         let a = a_seen
             .try_recv()
@@ -1009,14 +1008,9 @@ mod tests {
         );
         a.written.expect("a written");
         // The writer thread takes a's sync and holds there.
-        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while log.writer_idle.load(Ordering::Acquire) {
-            assert!(
-                std::time::Instant::now() < end,
-                "the writer never took the sync"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-        }
+        testkit::eventually("the writer takes the sync", ten_s, || {
+            !log.writer_idle.load(Ordering::Acquire)
+        });
         let (b_synced, b_seen) = early(&log, "b");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(

@@ -472,12 +472,13 @@ impl RpcLinks {
             self.metrics
                 .channels
                 .count(r.pattern, &request.channel, Direction::Out);
-            if let (Some(t), Some(from)) = (traced, from) {
+            if let (Some(t), Some(from)) = (&traced, from) {
                 t.record(Step::Deliver, (from, Instant::now()), &[]);
             }
             let expires = Instant::now() + answerable;
             if let Some(request) = r.held.pop_front() {
-                self.tokens.insert(request, r.pattern, expires);
+                // The reply's span joins the request's trace, read once here.
+                self.tokens.insert(request, (r.pattern, traced), expires);
             }
             self.expire_by(expires);
             self.count_held();

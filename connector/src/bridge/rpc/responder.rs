@@ -13,7 +13,7 @@ use super::super::envelope::{
 use super::requester::{ERROR, EXECUTED};
 use crate::kubemq::{Request, Response};
 use crate::pattern::Pattern;
-use crate::spans::{self, Traced};
+use crate::spans::Traced;
 
 /// How long a token outlives its request's timeout (RPC-14).
 pub const GRACE: Duration = Duration::from_secs(5);
@@ -68,9 +68,14 @@ impl Tokens {
         self.live.is_empty()
     }
 
-    /// Records a delivered request, answerable until `expires`.
-    pub fn insert(&mut self, request: Request, pattern: Pattern, expires: Instant) {
-        let traced = spans::traced(&request.tags, pattern, &request.channel);
+    /// Records a delivered request of `pattern`, answerable until `expires`, with its trace
+    /// when its spans are recorded.
+    pub fn insert(
+        &mut self,
+        request: Request,
+        (pattern, traced): (Pattern, Option<Box<Traced>>),
+        expires: Instant,
+    ) {
         self.live.insert(
             request.request_id,
             Token {
@@ -219,8 +224,16 @@ mod tests {
             reply_channel: format!("_INBOX.{id}"),
             ..Default::default()
         };
-        t.insert(r("a"), Pattern::Commands, now + Duration::from_secs(10));
-        t.insert(r("b"), Pattern::Queries, now + Duration::from_secs(1));
+        t.insert(
+            r("a"),
+            (Pattern::Commands, None),
+            now + Duration::from_secs(10),
+        );
+        t.insert(
+            r("b"),
+            (Pattern::Queries, None),
+            now + Duration::from_secs(1),
+        );
         let failed =
             r#"{"amqp10":{"app":{"x-opt-kubemq-executed":false,"x-opt-kubemq-error":"no"}}}"#;
         let a = t.answer("a", "me", stored(failed), now).unwrap().response;
@@ -236,7 +249,11 @@ mod tests {
             t.answer("b", "me", stored(""), now).unwrap_err(),
             NoRequest::Expired
         );
-        t.insert(r("c"), Pattern::Queries, now + Duration::from_secs(1));
+        t.insert(
+            r("c"),
+            (Pattern::Queries, None),
+            now + Duration::from_secs(1),
+        );
         let c = t.answer("c", "me", stored("{}"), now).unwrap().response;
         assert!(c.executed && &c.body[..] == b"body" && c.metadata == "{}");
     }
