@@ -9,6 +9,8 @@
 #   bash amqp-bench/real-kubemq.sh latency      # 500, 2,000 and 10,000 msg/s, and the idle queue
 #   bash amqp-bench/real-kubemq.sh neighbour    # a busy queue alone and beside an idle consumer
 #   bash amqp-bench/real-kubemq.sh scale-out    # one connector, then two, RUNS runs each
+#   bash amqp-bench/real-kubemq.sh neighbours   # a busy queue beside 0, 10, 100, 1,000 idle
+#                                               # consumers; idle CPU; idle-queue latency
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KUBEMQ=${KUBEMQ_BINARY:-$HOME/.cache/kubemq-amqp/kubemq-community}
@@ -118,6 +120,57 @@ neighbour)
     wait "$idle" || true
   done
   ;;
+neighbours)
+  # KMQ-21: every Get holds one of KubeMQ's 200 pooled clients while it waits; idle queues are
+  # watched instead (docs/decisions.md, "Idle queues are watched"). NEIGHBOURS consumers wait on
+  # other, empty queues of the same connector while a busy queue is measured.
+  idle_pid=
+  hold_idle() { # count
+    idle_pid=
+    [ "$1" -gt 0 ] || return 0
+    coproc IDLE { exec $B/idle-consumers amqp://127.0.0.1:5672 "idle$RANDOM" "$1" 10; }
+    idle_pid=$IDLE_PID
+    read -r line <&"${IDLE[0]}"; echo "  ($line)"
+    sleep 2
+  }
+  release_idle() {
+    [ -n "$idle_pid" ] || return 0
+    kill -TERM "$idle_pid"; wait "$idle_pid" 2>/dev/null || true
+  }
+  # A fresh KubeMQ answers its first Gets and sends slowly: warm it up first.
+  bench "warm-up" -- --address queues/warm-up --messages 5000 --rate 2000 --pipeline 100 \
+    --credit 100 --settle-every 1 >/dev/null
+  for r in $(seq "$ROUNDS"); do
+    for rate in ${RATES:-2000 10000}; do
+      for n in ${NEIGHBOURS:-0 10 100 1000}; do
+        hold_idle "$n"
+        bench "round $r: $rate msg/s beside $n idle consumers" -- \
+          --address "queues/busy$rate.$n.$r" --messages $((rate * 10)) --rate "$rate" \
+          --pipeline 100 --credit 100 --settle-every 1
+        release_idle
+      done
+    done
+  done
+  for n in ${IDLE_CPU:-100 1000}; do
+    hold_idle "$n"
+    k0=$(cpu_ticks "$KUBEMQ_PID"); c0=$(cpu_ticks "$CONNECTOR_PID")
+    sleep 30
+    awk -v n="$n" -v c="$CLK" -v k="$(( $(cpu_ticks "$KUBEMQ_PID") - k0 ))" \
+        -v x="$(( $(cpu_ticks "$CONNECTOR_PID") - c0 ))" \
+      'BEGIN { printf "%s idle consumers, nothing sent, 30 s: KubeMQ %.2f %% of a core, connector %.2f %%\n", n, k / c / 30 * 100, x / c / 30 * 100 }'
+    release_idle
+  done
+  hold_idle 100
+  for r in $(seq "$ROUNDS"); do
+    bench "round $r: idle queue beside 100 idle consumers, sent through the connector" -- \
+      --address "queues/lone$r" --messages 200 --rate 20 --pipeline 10 --credit 10 \
+      --settle-every 1
+    bench "round $r: idle queue beside 100 idle consumers, sent by a gRPC client" -- \
+      --address "queues/far$r" --messages 200 --rate 20 --pipeline 10 --credit 10 \
+      --settle-every 1 --producer-grpc 127.0.0.1:50000
+  done
+  release_idle
+  ;;
 scale-out)
   for r in $(seq "$RUNS"); do
     bench "one connector, 4 receivers" -- --address "queues/so1.$r" --messages 10000 \
@@ -131,7 +184,7 @@ scale-out)
   done
   ;;
 *)
-  echo "usage: $0 throughput|latency|neighbour|scale-out" >&2
+  echo "usage: $0 throughput|latency|neighbour|neighbours|scale-out" >&2
   exit 2
   ;;
 esac

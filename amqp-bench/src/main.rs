@@ -83,6 +83,11 @@ struct Args {
     /// round), to measure what the connector itself costs.
     #[arg(long)]
     grpc: Option<String>,
+    /// Producers send straight to the KubeMQ gRPC server at this `host:port` (as another KubeMQ
+    /// client would) while consumers go through the connector: what a connector sees of messages
+    /// it did not send.
+    #[arg(long)]
+    producer_grpc: Option<String>,
     /// PEM CA bundle that verifies the connector's certificate, for `amqps://` URLs (lean
     /// client only).
     #[arg(long)]
@@ -256,7 +261,7 @@ async fn produce(
     if args.rpc {
         return Err("requesters are started by main in --rpc mode".into());
     }
-    match args.grpc.clone() {
+    match args.producer_grpc.clone().or_else(|| args.grpc.clone()) {
         Some(addr) => direct::produce(&addr, &args, who, first, count, started, &tally).await,
         None if args.client == Client::Lean && args.traceparent => {
             Err("--traceparent needs the fe2o3 client".into())

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 
+use super::queue_watch::QueueView;
 use super::{Backend, BackendError, Downstream, EventStream, ReadyHint, RequestStream};
 use crate::engine::Credential;
 use crate::kubemq::{
@@ -53,6 +54,11 @@ pub(crate) trait Overrides: Send + Sync + Sized + 'static {
     /// See [`Backend::ready_changes`].
     fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
         self.inner().ready_changes()
+    }
+
+    /// See [`Backend::watch_queue`].
+    fn watch_queue(&self, channel: &str) -> Option<tokio::sync::watch::Receiver<QueueView>> {
+        self.inner().watch_queue(channel)
     }
 }
 
@@ -155,5 +161,9 @@ impl<O: Overrides> Backend for Double<O> {
 
     fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
         self.0.ready_changes()
+    }
+
+    fn watch_queue(&self, channel: &str) -> Option<tokio::sync::watch::Receiver<QueueView>> {
+        self.0.watch_queue(channel)
     }
 }

@@ -25,6 +25,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Status;
 
+use super::queue_watch::{Poll, QueueView, QueueWatch};
 use super::ready_estimate::ReadyEstimate;
 use super::status::{credential_refused, failure, refused, retryable, unavailable};
 use super::SEND_STALL;
@@ -178,6 +179,7 @@ impl KubemqGrpc {
             })?),
             None => None,
         };
+        let watch = QueueWatch::new(Some(list_queues(client.clone(), token.clone())));
         Ok(KubemqGrpc::over(
             Shared {
                 client,
@@ -185,7 +187,7 @@ impl KubemqGrpc {
                 deadline: opts.deadline,
                 verify_first_events: opts.clients_authenticate,
             },
-            Arc::default(),
+            Arc::new(ReadyEstimate::watched_by(Arc::new(watch))),
             Arc::new(watch::Sender::new(0)),
         ))
     }
@@ -238,6 +240,31 @@ impl KubemqGrpc {
             }
         }
     }
+}
+
+/// One QueuesInfo for every queue, with the connector's own token, tried once: the queue watch
+/// asks again soon anyway.
+fn list_queues(
+    client: KubemqClient<Channel>,
+    token: Option<MetadataValue<tonic::metadata::Ascii>>,
+) -> Poll {
+    Arc::new(move || {
+        let mut client = client.clone();
+        let mut request = tonic::Request::new(QueuesInfoRequest {
+            request_id: new_id(),
+            queue_name: String::new(),
+        });
+        if let Some(t) = &token {
+            request.metadata_mut().insert("authorization", t.clone());
+        }
+        Box::pin(async move {
+            match client.queues_info(request).await {
+                Ok(r) => Ok(r.into_inner().info.unwrap_or_default()),
+                Err(s) if retryable(&s) => Err(unavailable(&s)),
+                Err(s) => Err(refused(&s)),
+            }
+        })
+    })
 }
 
 /// Why an upstream stream did not open.
@@ -909,6 +936,11 @@ impl Backend for KubemqGrpc {
 
     fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
         Some(self.ready.changes())
+    }
+
+    fn watch_queue(&self, channel: &str) -> Option<watch::Receiver<QueueView>> {
+        // Every Get KubeMQ serves holds one of its shared clients for its whole wait (KMQ-21).
+        Some(self.ready.watch().watch(channel))
     }
 
     fn ready_hint(&self, channel: &str) -> ReadyHint {

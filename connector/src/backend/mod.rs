@@ -10,6 +10,7 @@ pub(crate) mod double;
 pub mod embedded;
 mod event_sender;
 pub mod grpc;
+pub mod queue_watch;
 pub mod readiness;
 pub mod ready_estimate;
 mod status;
@@ -257,6 +258,17 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Backend::stored_hint`] may have risen (a send left or was confirmed, messages were
     /// given back); `None` for a backend whose hints never rise that way.
     fn ready_changes(&self) -> Option<tokio::sync::watch::Receiver<()>> {
+        None
+    }
+
+    /// Watches `channel` for messages a Get could take at once, for a Get loop whose queue
+    /// looks idle ([`queue_watch`]): the view changes when this process sends to the channel
+    /// and when the broker's counts change. `None` for a backend where a Get that waits costs
+    /// nothing beyond itself (the embedded store); the loop then waits with a Get.
+    fn watch_queue(
+        &self,
+        _channel: &str,
+    ) -> Option<tokio::sync::watch::Receiver<queue_watch::QueueView>> {
         None
     }
 }

@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::queue_watch::QueueWatch;
 use crate::kubemq::{QueueMessage, SendQueueMessageResult};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -71,18 +72,31 @@ pub struct ReadyEstimate {
     /// Touched whenever a count may have risen, for Get loops holding a Get back until
     /// messages are ready.
     rose: tokio::sync::watch::Sender<()>,
+    /// The Get loops of idle queues, told of this process's sends and give-backs per channel.
+    watch: Arc<QueueWatch>,
 }
 
 impl Default for ReadyEstimate {
     fn default() -> Self {
-        ReadyEstimate {
-            channels: Mutex::default(),
-            rose: tokio::sync::watch::Sender::new(()),
-        }
+        ReadyEstimate::watched_by(Arc::new(QueueWatch::new(None)))
     }
 }
 
 impl ReadyEstimate {
+    /// A count whose rises also touch the channel's view in `watch`.
+    pub fn watched_by(watch: Arc<QueueWatch>) -> Self {
+        ReadyEstimate {
+            channels: Mutex::default(),
+            rose: tokio::sync::watch::Sender::new(()),
+            watch,
+        }
+    }
+
+    /// The watch of idle queues this count touches.
+    pub fn watch(&self) -> &Arc<QueueWatch> {
+        &self.watch
+    }
+
     /// Applies `f` to `channel`'s count; a count back at nothing is dropped, so channels used
     /// once do not stay in the map.
     fn with(&self, channel: &str, f: impl FnOnce(&mut Count)) {
@@ -120,6 +134,7 @@ impl ReadyEstimate {
         }
         for (channel, n) in &runs {
             self.with(channel, |c| c.unconfirmed += *n as i64);
+            self.watch.touch(channel, *n);
         }
         self.rose.send_replace(());
         Sending {
@@ -143,6 +158,7 @@ impl ReadyEstimate {
     /// to be captured by its transaction on a real KubeMQ (KMQ-2).
     pub fn returned(&self, channel: &str, count: usize) {
         self.with(channel, |c| c.ready += count as i64);
+        self.watch.touch(channel, count);
         self.rose.send_replace(());
     }
 

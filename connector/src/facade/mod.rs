@@ -105,7 +105,8 @@ pub fn queues_info(store: &Store, filter: &str) -> QueuesInfo {
             last_sequence: s.last_sequence as i64,
             sent: s.last_sequence as i64,
             delivered: s.locked as i64,
-            waiting: s.ready as i64,
+            // As KubeMQ counts it: a message sent to a consumer and not yet settled still waits.
+            waiting: (s.ready + s.locked) as i64,
             name: s.name,
             ..Default::default()
         })

@@ -11,8 +11,10 @@ use tokio::sync::mpsc;
 
 use super::close_fence::Fences;
 use super::get_gate::{GetGate, Moment, OVERLAP_WAIT};
+use super::idle_watch::{Holding, IdleWatch, Look};
 use super::refill_wait::RefillWait;
 use super::rehome::{Arrival, Moved, StallWatch};
+use crate::backend::queue_watch::QueueView;
 use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
 use crate::bridge::caller::Caller;
 use crate::engine::{Credential, FastMap};
@@ -346,6 +348,21 @@ struct Fetcher<B: Backend> {
     moved: Moved<Outcome>,
     /// Messages the next Get is to bring back on top of the demand (those just given back).
     rehome_want: u32,
+    /// The queue's view while the loop has one (idle_watch.rs).
+    watching: Option<Watching>,
+    /// Whether the backend may give a view (false once it said it has none).
+    watchable: bool,
+}
+
+/// A loop's watch of its queue: the view the backend keeps current, and what the loop made of it.
+struct Watching {
+    view: tokio::sync::watch::Receiver<QueueView>,
+    idle: IdleWatch,
+}
+
+/// An instant no wait reaches (a timer that is never armed).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365)
 }
 
 impl<B: Backend> Fetcher<B> {
@@ -369,6 +386,8 @@ impl<B: Backend> Fetcher<B> {
             stall: StallWatch::default(),
             moved: Moved::default(),
             rehome_want: 0,
+            watching: None,
+            watchable: true,
             backend,
         }
     }
@@ -464,6 +483,36 @@ impl<B: Backend> Fetcher<B> {
                 Box::pin(self.re_home()).await;
                 continue;
             }
+            // An idle queue is watched, not waited on with a Get (idle_watch.rs, KMQ-21).
+            let mut looked = None;
+            if !at.draining && self.rehome_want == 0 && !self.ready_known() {
+                match self.look() {
+                    Some(Look::Watch(until)) => {
+                        let Some(w) = self.watching.as_mut() else {
+                            continue;
+                        };
+                        let timer = tokio::time::sleep_until(until.unwrap_or_else(far_future));
+                        tokio::select! {
+                            cmd = rx.recv() => match cmd {
+                                Some(cmd) => self.apply(cmd),
+                                None => return,
+                            },
+                            changed = w.view.changed() => if changed.is_err() {
+                                // The backend stopped watching: Gets wait again.
+                                self.watching = None;
+                                self.watchable = false;
+                            },
+                            _ = timer, if until.is_some() => {}
+                        }
+                        continue;
+                    }
+                    Some(Look::Get(n)) => looked = Some(n),
+                    Some(Look::Blind) | None => {}
+                }
+            } else if let Some(w) = self.watching.as_mut() {
+                // What this process sent so far is in the count the Get is sized from.
+                w.idle.skip_touches(w.view.borrow().touched);
+            }
             // A Get that would wait is held back while transactions are open (get_gate.rs).
             let (backend, channel) = (&self.backend, &self.key.channel);
             let held = self.gate.hold(at, || backend.stored_hint(channel) > 0);
@@ -500,7 +549,10 @@ impl<B: Backend> Fetcher<B> {
                     }
                 },
             };
-            let mut want = self.get_size(demand);
+            let mut want = match looked {
+                Some(n) => n.min(demand.min(self.limits.max_batch)).max(1),
+                None => self.get_size(demand),
+            };
             if self.rehome_want > 0 {
                 // Everything the closed transactions held comes to this Get's member at once;
                 // what is beyond its MaxItems would stay hidden in it.
@@ -583,6 +635,15 @@ impl<B: Backend> Fetcher<B> {
             match got {
                 Ok(b) => {
                     self.refill_wait = RefillWait::after(b.messages.len(), demand as usize);
+                    if let Some(w) = self.watching.as_mut() {
+                        let last = b
+                            .messages
+                            .iter()
+                            .filter_map(|m| m.attributes.as_ref().map(|a| a.sequence))
+                            .max();
+                        let now = tokio::time::Instant::now();
+                        w.idle.answered(want, b.messages.len(), last, now);
+                    }
                     self.take_batch(b, want, sid);
                     self.give_session_back(sid, d);
                 }
@@ -598,6 +659,41 @@ impl<B: Backend> Fetcher<B> {
                 }
             }
         }
+    }
+
+    /// Whether the backend's own count says messages are ready (sent through this process and
+    /// not fetched yet, or given back): a Get for them returns at once.
+    fn ready_known(&self) -> bool {
+        let channel = &self.key.channel;
+        self.backend
+            .ready_hint(channel)
+            .known()
+            .is_some_and(|n| n > 0)
+            || self.backend.stored_hint(channel) > 0
+    }
+
+    /// What the queue's view says to do (idle_watch.rs); `None` for a backend that has no
+    /// watch (a Get that waits costs nothing there).
+    fn look(&mut self) -> Option<Look> {
+        if self.watching.is_none() {
+            if !self.watchable {
+                return None;
+            }
+            let Some(view) = self.backend.watch_queue(&self.key.channel) else {
+                self.watchable = false;
+                return None;
+            };
+            let touched = view.borrow().touched;
+            self.watching = Some(Watching {
+                view,
+                idle: IdleWatch::new(touched),
+            });
+        }
+        let held = self.txns.values().map(|t| t.left as u64).sum();
+        let w = self.watching.as_mut()?;
+        let view = *w.view.borrow_and_update();
+        let now = tokio::time::Instant::now();
+        Some(w.idle.look(&view, Holding { held, now }))
     }
 
     /// Tells every consumer to end when KubeMQ refused the loop's credential: retrying cannot

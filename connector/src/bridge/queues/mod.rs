@@ -9,6 +9,7 @@
 mod close_fence;
 pub mod fetcher;
 mod get_gate;
+mod idle_watch;
 mod refill_wait;
 mod rehome;
 mod sender;
