@@ -1,0 +1,108 @@
+//! Idle queues behind one connector (KMQ-21; docs/decisions.md, "Idle queues are watched"): a
+//! consumer waiting on an empty queue keeps no Get waiting at the broker, and still gets what
+//! is sent through the connector and what other KubeMQ clients send.
+
+use std::time::Duration;
+
+use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
+use connector::backend::Backend;
+use connector::config::Settings;
+use connector::kubemq::QueueMessage;
+use fe2o3_amqp::link::receiver::CreditMode;
+use fe2o3_amqp::types::messaging::Outcome;
+use fe2o3_amqp::{Connection, Receiver, Sender, Session};
+use interop_tests::TestConnector;
+
+/// The KubeMQ-compatible gRPC server behind `c`: the façade, or the real KubeMQ.
+fn broker_grpc(c: &TestConnector) -> Option<std::net::SocketAddr> {
+    c.real_kubemq().map(|k| k.grpc).or_else(|| c.facade_addr())
+}
+
+/// Every sample of the store's waiting Gets over `span` is zero (a store behind the gRPC
+/// façade: the Gets the connector puts on the wire).
+async fn no_get_waits(c: &TestConnector, span: Duration) {
+    if c.backend() == "embedded" || c.backend() == "real-kubemq" {
+        // In process a waiting Get costs nothing; KubeMQ does not say what waits.
+        return;
+    }
+    let store = c.store();
+    let until = tokio::time::Instant::now() + span;
+    while tokio::time::Instant::now() < until {
+        assert_eq!(
+            store.waiting_gets(),
+            0,
+            "a Get waits on the idle queue ({})",
+            c.backend()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// KMQ-21: a consumer with credit on an empty queue makes the connector watch the queue
+/// instead of waiting on it with a Get; a message sent through the connector, and one sent
+/// straight to the broker by another gRPC client, both reach it, and afterwards nothing waits
+/// again.
+#[test]
+fn an_idle_consumer_puts_no_get_on_the_wire() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        let url = c.url();
+        let external = broker_grpc(c);
+        interop_tests::runtime().block_on(async {
+            let mut conn = Connection::open("idle-watch", url.as_str()).await.unwrap();
+            let mut session = Session::begin(&mut conn).await.unwrap();
+            let mut receiver = Receiver::builder()
+                .name("rx")
+                .source("queues/idle-watch")
+                .credit_mode(CreditMode::Auto(10))
+                .attach(&mut session)
+                .await
+                .unwrap();
+            no_get_waits(c, Duration::from_millis(1500)).await;
+
+            let mut sender = Sender::attach(&mut session, "tx", "queues/idle-watch")
+                .await
+                .unwrap();
+            let o = sender.send("through the connector").await.unwrap();
+            assert!(matches!(o, Outcome::Accepted(_)), "{o:?}");
+            let d = tokio::time::timeout(Duration::from_secs(5), receiver.recv::<String>())
+                .await
+                .expect("a message sent through the connector arrives")
+                .unwrap();
+            assert_eq!(d.body(), "through the connector");
+            receiver.accept(&d).await.unwrap();
+            no_get_waits(c, Duration::from_millis(500)).await;
+
+            if let Some(addr) = external {
+                let grpc =
+                    KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).unwrap();
+                let sent = grpc
+                    .send_queue(
+                        0,
+                        vec![QueueMessage {
+                            message_id: "from-grpc".into(),
+                            client_id: "another-kubemq-client".into(),
+                            channel: "idle-watch".into(),
+                            body: b"from another client".to_vec().into(),
+                            ..Default::default()
+                        }],
+                    )
+                    .await
+                    .unwrap();
+                assert!(!sent[0].is_error, "{}", sent[0].error);
+                let d = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    receiver.recv::<fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>>(),
+                )
+                .await
+                .expect("a message another KubeMQ client sent arrives")
+                .unwrap();
+                receiver.accept(&d).await.unwrap();
+                no_get_waits(c, Duration::from_millis(500)).await;
+            }
+            let more =
+                tokio::time::timeout(Duration::from_secs(2), receiver.recv::<String>()).await;
+            assert!(more.is_err(), "nothing else was sent");
+            conn.close().await.unwrap();
+        });
+    });
+}
