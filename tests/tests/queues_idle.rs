@@ -73,8 +73,7 @@ fn an_idle_consumer_puts_no_get_on_the_wire() {
             no_get_waits(c, Duration::from_millis(500)).await;
 
             if let Some(addr) = external {
-                let grpc =
-                    KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).unwrap();
+                let grpc = KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).unwrap();
                 let sent = grpc
                     .send_queue(
                         0,
@@ -89,13 +88,16 @@ fn an_idle_consumer_puts_no_get_on_the_wire() {
                     .await
                     .unwrap();
                 assert!(!sent[0].is_error, "{}", sent[0].error);
-                let d = tokio::time::timeout(
-                    Duration::from_secs(5),
-                    receiver.recv::<fe2o3_amqp::types::messaging::Body<fe2o3_amqp::types::primitives::Value>>(),
-                )
-                .await
-                .expect("a message another KubeMQ client sent arrives")
-                .unwrap();
+                let d =
+                    tokio::time::timeout(
+                        Duration::from_secs(5),
+                        receiver.recv::<fe2o3_amqp::types::messaging::Body<
+                            fe2o3_amqp::types::primitives::Value,
+                        >>(),
+                    )
+                    .await
+                    .expect("a message another KubeMQ client sent arrives")
+                    .unwrap();
                 receiver.accept(&d).await.unwrap();
                 no_get_waits(c, Duration::from_millis(500)).await;
             }

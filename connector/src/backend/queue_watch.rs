@@ -7,7 +7,8 @@
 //! only what is known to be there. Two things tell it:
 //! - sends of this process to the channel, and messages it gives back, touch the channel's view
 //!   at once ([`QueueWatch::touch`]);
-//! - one QueuesInfo for every queue, repeated while any queue is watched, shows what other
+//! - one QueuesInfo for every queue, repeated while some queue has been watched for
+//!   [`IDLE_BEFORE_ASKING`] or longer, shows what other
 //!   producers stored (another replica, a gRPC client, a delayed message coming due). It is
 //!   asked again after [`COST_SHARE`] times as long as the last answers took (at least
 //!   [`POLL_FLOOR`]), so that answering it never takes KubeMQ more than a small share of a core
@@ -38,6 +39,11 @@ pub const COST_SHARE: u32 = 25;
 
 /// The longest time between two QueuesInfo calls, however slowly KubeMQ answers.
 pub const POLL_CEILING: Duration = Duration::from_secs(5);
+
+/// How long a queue must have been watched before QueuesInfo is asked about it: a busy queue
+/// that catches up with its producers is watched for moments between its Gets, and this
+/// process's sends wake it; only queues that stay idle need the broker's counts.
+pub const IDLE_BEFORE_ASKING: Duration = Duration::from_millis(200);
 
 /// How long a QueuesInfo may take before the watch counts it as failed.
 const ANSWER_LIMIT: Duration = Duration::from_secs(5);
@@ -106,11 +112,17 @@ impl std::fmt::Debug for QueueWatch {
 
 #[derive(Default)]
 struct State {
-    channels: HashMap<String, watch::Sender<QueueView>>,
+    channels: HashMap<String, Watched>,
     /// A poll task is running.
     polling: bool,
     /// The last answer, for a queue that starts being watched between two polls.
     latest: Option<Listing>,
+}
+
+/// A watched channel: its view, and since when some loop has watched it without a break.
+struct Watched {
+    tx: watch::Sender<QueueView>,
+    since: Instant,
 }
 
 /// One QueuesInfo answer, by listed name.
@@ -174,8 +186,11 @@ impl QueueWatch {
     /// watching. Needs a tokio runtime (the poll is a task of its own).
     pub fn watch(self: &Arc<Self>, channel: &str) -> watch::Receiver<QueueView> {
         let mut state = self.state();
-        if let Some(tx) = state.channels.get(channel) {
-            return tx.subscribe();
+        if let Some(w) = state.channels.get_mut(channel) {
+            if w.tx.receiver_count() == 0 {
+                w.since = Instant::now();
+            }
+            return w.tx.subscribe();
         }
         let (broker, asked) = match &state.latest {
             Some(l) if l.at.elapsed() < POLL_CEILING => (l.counts(channel), Some(l.at)),
@@ -186,7 +201,13 @@ impl QueueWatch {
             broker,
             asked,
         });
-        state.channels.insert(channel.to_string(), tx);
+        state.channels.insert(
+            channel.to_string(),
+            Watched {
+                tx,
+                since: Instant::now(),
+            },
+        );
         if !state.polling {
             if let Some(poll) = self.poll.clone() {
                 state.polling = true;
@@ -200,22 +221,33 @@ impl QueueWatch {
     /// again.
     pub fn touch(&self, channel: &str, count: usize) {
         let state = self.state();
-        if let Some(tx) = state.channels.get(channel) {
-            tx.send_modify(|v| v.touched = v.touched.wrapping_add(count as u64));
+        if let Some(w) = state.channels.get(channel) {
+            w.tx.send_modify(|v| v.touched = v.touched.wrapping_add(count as u64));
         }
     }
 
-    /// Asks QueuesInfo over and over while any queue is watched.
+    /// Asks QueuesInfo over and over while some queue has been watched long enough, and ends
+    /// when none is watched.
     async fn run(self: Arc<Self>, poll: Poll) {
         let mut cost = Duration::ZERO;
         loop {
-            {
+            let not_yet = {
                 let mut state = self.state();
-                state.channels.retain(|_, tx| tx.receiver_count() > 0);
+                state.channels.retain(|_, w| w.tx.receiver_count() > 0);
                 if state.channels.is_empty() {
                     state.polling = false;
                     return;
                 }
+                let first_idle = state.channels.values().map(|w| w.since).min();
+                first_idle
+                    .and_then(|since| {
+                        (since + IDLE_BEFORE_ASKING).checked_duration_since(Instant::now())
+                    })
+                    .filter(|d| !d.is_zero())
+            };
+            if let Some(wait) = not_yet {
+                tokio::time::sleep(wait).await;
+                continue;
             }
             let asked = Instant::now();
             let answer = tokio::time::timeout(ANSWER_LIMIT, poll()).await;
@@ -248,9 +280,9 @@ impl QueueWatch {
     /// Gives every watched queue its counts from `listing`.
     fn publish(&self, listing: Listing) {
         let mut state = self.state();
-        for (channel, tx) in &state.channels {
+        for (channel, w) in &state.channels {
             let broker = listing.counts(channel);
-            tx.send_if_modified(|v| {
+            w.tx.send_if_modified(|v| {
                 let changed = v.broker != broker;
                 v.broker = broker;
                 v.asked = Some(listing.at);
@@ -264,8 +296,8 @@ impl QueueWatch {
     fn blind(&self, why: &str) {
         let mut state = self.state();
         let mut newly = 0usize;
-        for tx in state.channels.values() {
-            tx.send_if_modified(|v| {
+        for w in state.channels.values() {
+            w.tx.send_if_modified(|v| {
                 let changed = v.broker != BrokerCounts::Blind;
                 newly += usize::from(changed);
                 v.broker = BrokerCounts::Blind;

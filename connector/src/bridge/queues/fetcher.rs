@@ -348,16 +348,14 @@ struct Fetcher<B: Backend> {
     moved: Moved<Outcome>,
     /// Messages the next Get is to bring back on top of the demand (those just given back).
     rehome_want: u32,
-    /// The queue's view while the loop has one (idle_watch.rs).
-    watching: Option<Watching>,
+    /// The queue's view while the loop watches it (idle_watch.rs).
+    view: Option<tokio::sync::watch::Receiver<QueueView>>,
+    /// What the loop made of its views so far.
+    idle: Option<IdleWatch>,
     /// Whether the backend may give a view (false once it said it has none).
     watchable: bool,
-}
-
-/// A loop's watch of its queue: the view the backend keeps current, and what the loop made of it.
-struct Watching {
-    view: tokio::sync::watch::Receiver<QueueView>,
-    idle: IdleWatch,
+    /// The size of the next Get as the view gave it, until that Get goes.
+    looked: Option<u32>,
 }
 
 /// An instant no wait reaches (a timer that is never armed).
@@ -386,8 +384,10 @@ impl<B: Backend> Fetcher<B> {
             stall: StallWatch::default(),
             moved: Moved::default(),
             rehome_want: 0,
-            watching: None,
+            view: None,
+            idle: None,
             watchable: true,
+            looked: None,
             backend,
         }
     }
@@ -484,11 +484,10 @@ impl<B: Backend> Fetcher<B> {
                 continue;
             }
             // An idle queue is watched, not waited on with a Get (idle_watch.rs, KMQ-21).
-            let mut looked = None;
-            if !at.draining && self.rehome_want == 0 && !self.ready_known() {
+            if self.looked.is_none() && !at.draining && self.rehome_want == 0 {
                 match self.look() {
                     Some(Look::Watch(until)) => {
-                        let Some(w) = self.watching.as_mut() else {
+                        let Some(view) = self.view.as_mut() else {
                             continue;
                         };
                         let timer = tokio::time::sleep_until(until.unwrap_or_else(far_future));
@@ -497,21 +496,19 @@ impl<B: Backend> Fetcher<B> {
                                 Some(cmd) => self.apply(cmd),
                                 None => return,
                             },
-                            changed = w.view.changed() => if changed.is_err() {
+                            changed = view.changed() => if changed.is_err() {
                                 // The backend stopped watching: Gets wait again.
-                                self.watching = None;
+                                self.view = None;
                                 self.watchable = false;
                             },
                             _ = timer, if until.is_some() => {}
                         }
                         continue;
                     }
-                    Some(Look::Get(n)) => looked = Some(n),
+                    // Kept until the Get goes, whatever holds it back before.
+                    Some(Look::Get(n)) => self.looked = Some(n),
                     Some(Look::Blind) | None => {}
                 }
-            } else if let Some(w) = self.watching.as_mut() {
-                // What this process sent so far is in the count the Get is sized from.
-                w.idle.skip_touches(w.view.borrow().touched);
             }
             // A Get that would wait is held back while transactions are open (get_gate.rs).
             let (backend, channel) = (&self.backend, &self.key.channel);
@@ -549,7 +546,7 @@ impl<B: Backend> Fetcher<B> {
                     }
                 },
             };
-            let mut want = match looked {
+            let mut want = match self.looked.take() {
                 Some(n) => n.min(demand.min(self.limits.max_batch)).max(1),
                 None => self.get_size(demand),
             };
@@ -635,14 +632,14 @@ impl<B: Backend> Fetcher<B> {
             match got {
                 Ok(b) => {
                     self.refill_wait = RefillWait::after(b.messages.len(), demand as usize);
-                    if let Some(w) = self.watching.as_mut() {
+                    if let Some(idle) = self.idle.as_mut() {
                         let last = b
                             .messages
                             .iter()
                             .filter_map(|m| m.attributes.as_ref().map(|a| a.sequence))
                             .max();
                         let now = tokio::time::Instant::now();
-                        w.idle.answered(want, b.messages.len(), last, now);
+                        idle.answered(want, b.messages.len(), last, now);
                     }
                     self.take_batch(b, want, sid);
                     self.give_session_back(sid, d);
@@ -672,28 +669,39 @@ impl<B: Backend> Fetcher<B> {
             || self.backend.stored_hint(channel) > 0
     }
 
-    /// What the queue's view says to do (idle_watch.rs); `None` for a backend that has no
-    /// watch (a Get that waits costs nothing there).
+    /// What to do before the next Get (idle_watch.rs): `None` to Get as the backend's own
+    /// count says (it knows of messages ready, or it has no watch: a Get that waits costs
+    /// nothing there). The loop holds its queue's view only while it watches, so the backend
+    /// asks the broker only about queues that stay idle.
     fn look(&mut self) -> Option<Look> {
-        if self.watching.is_none() {
-            if !self.watchable {
-                return None;
-            }
+        if !self.watchable {
+            return None;
+        }
+        if self.ready_known() {
+            self.view = None;
+            return None;
+        }
+        if self.view.is_none() {
             let Some(view) = self.backend.watch_queue(&self.key.channel) else {
                 self.watchable = false;
                 return None;
             };
+            // What this process sent before now is in the backend's count, read again below
+            // after the view exists, so no send falls between the two.
             let touched = view.borrow().touched;
-            self.watching = Some(Watching {
-                view,
-                idle: IdleWatch::new(touched),
-            });
+            self.idle
+                .get_or_insert_with(|| IdleWatch::new(touched))
+                .skip_touches(touched);
+            self.view = Some(view);
+            if self.ready_known() {
+                self.view = None;
+                return None;
+            }
         }
         let held = self.txns.values().map(|t| t.left as u64).sum();
-        let w = self.watching.as_mut()?;
-        let view = *w.view.borrow_and_update();
+        let view = *self.view.as_mut()?.borrow_and_update();
         let now = tokio::time::Instant::now();
-        Some(w.idle.look(&view, Holding { held, now }))
+        Some(self.idle.as_mut()?.look(&view, Holding { held, now }))
     }
 
     /// Tells every consumer to end when KubeMQ refused the loop's credential: retrying cannot
