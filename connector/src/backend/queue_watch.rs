@@ -262,6 +262,12 @@ impl QueueWatch {
                         (cost * 3 + took) / 4
                     };
                     self.publish(Listing::of(&info, asked));
+                    tracing::debug!(
+                        listed = info.queues.len(),
+                        took_us = took.as_micros() as u64,
+                        pause_ms = pause_after(cost).as_millis() as u64,
+                        "QueuesInfo answered"
+                    );
                     pause_after(cost)
                 }
                 Ok(Err(e)) => {
