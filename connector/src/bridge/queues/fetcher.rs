@@ -411,7 +411,8 @@ impl<B: Backend> Fetcher<B> {
             }
             if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
                 // Everyone left and nothing is held: wait for a new consumer, or retire (at
-                // once when enough loops wait already).
+                // once when enough loops wait already). Nobody needs the queue watched.
+                self.view = None;
                 let idle = self.registry.idle();
                 let wait = if idle.kept {
                     self.limits.idle_exit
