@@ -193,7 +193,8 @@ impl QueueWatch {
             return w.tx.subscribe();
         }
         let (broker, asked) = match &state.latest {
-            Some(l) if l.at.elapsed() < POLL_CEILING => (l.counts(channel), Some(l.at)),
+            // Only a recent answer: a loop that starts watching acts on what it is given.
+            Some(l) if l.at.elapsed() < IDLE_BEFORE_ASKING => (l.counts(channel), Some(l.at)),
             _ => (BrokerCounts::Unasked, None),
         };
         let (tx, rx) = watch::channel(QueueView {
