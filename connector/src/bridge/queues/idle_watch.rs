@@ -18,6 +18,10 @@
 //! loop looks again once a newer answer is in. Where KubeMQ's counts cannot be read the loop
 //! falls back to a Get that waits.
 //!
+//! A loop's first Get goes on the wire whatever the view says: a KubeMQ that authorizes decides
+//! whether the loop's client may read the queue only when a Get arrives (QueuesInfo is not
+//! checked), and a consumer that may not must be told so at once, not left waiting (AUTHZ-9).
+//!
 //! No clock and no I/O here: the loop passes the view, what it holds and the instant.
 
 use std::time::Duration;
@@ -60,7 +64,8 @@ pub(super) struct IdleWatch {
     /// The highest sequence known stored: fetched by the loop, or KubeMQ's last message when the
     /// loop looked.
     known_last: Option<u64>,
-    /// When the last Get was answered: counts asked before then are stale.
+    /// When the last Get was answered: counts asked before then are stale. `None` until the
+    /// loop's first Get is answered, which is how KubeMQ says whether the loop may read.
     answered: Option<Instant>,
     /// A Get for messages counted as waiting waits until then.
     excess_from: Option<Instant>,
@@ -89,6 +94,9 @@ impl IdleWatch {
         self.touched = view.touched;
         if local > 0 {
             return self.get(local);
+        }
+        if self.answered.is_none() {
+            return Look::Blind;
         }
         let Counts {
             last_sequence,
@@ -169,12 +177,35 @@ mod tests {
         Holding { held, now }
     }
 
+    /// A watch whose loop's first Get came back empty at `at`.
+    fn after_first_get(touched: u64, at: Instant) -> IdleWatch {
+        let mut w = IdleWatch::new(touched);
+        w.answered(1, 0, None, at);
+        w
+    }
+
+    /// AUTHZ-9: the loop's first Get goes on the wire even with nothing to fetch, since only a
+    /// Get tells whether KubeMQ lets the loop read; once it is answered the loop watches.
+    #[test]
+    fn the_first_get_goes_whatever_the_view_says() {
+        let t0 = Instant::now();
+        let mut w = IdleWatch::new(0);
+        assert_eq!(w.look(&seen(3, 0, t0), holding(0, t0)), Look::Blind);
+        assert_eq!(
+            w.look(&QueueView::default(), holding(0, t0)),
+            Look::Blind,
+            "nor while KubeMQ was not asked yet"
+        );
+        w.answered(1, 0, None, t0);
+        assert_eq!(w.look(&seen(3, 0, t0), holding(0, t0)), Look::Watch(None));
+    }
+
     /// KMQ-21: with nothing known to be there the loop waits on the view, not with a Get; what
     /// this process sends wakes it for exactly that many.
     #[test]
     fn nothing_known_watches_and_a_local_send_gets_what_it_sent() {
         let t0 = Instant::now();
-        let mut w = IdleWatch::new(7);
+        let mut w = after_first_get(7, t0);
         let mut v = seen(10, 0, t0);
         v.touched = 7;
         assert_eq!(w.look(&v, holding(0, t0)), Look::Watch(None));
@@ -187,14 +218,17 @@ mod tests {
         );
         let unasked = QueueView::default();
         assert_eq!(
-            IdleWatch::new(0).look(&unasked, holding(0, t0)),
+            after_first_get(0, t0).look(&unasked, holding(0, t0)),
             Look::Watch(None)
         );
         let blind = QueueView {
             broker: BrokerCounts::Blind,
             ..QueueView::default()
         };
-        assert_eq!(IdleWatch::new(0).look(&blind, holding(0, t0)), Look::Blind);
+        assert_eq!(
+            after_first_get(0, t0).look(&blind, holding(0, t0)),
+            Look::Blind
+        );
     }
 
     /// Messages stored elsewhere are fetched when KubeMQ lists them and counts them waiting
@@ -203,7 +237,7 @@ mod tests {
     #[test]
     fn messages_stored_elsewhere_are_fetched_while_kubemq_counts_them_waiting() {
         let t0 = Instant::now();
-        let mut w = IdleWatch::new(0);
+        let mut w = after_first_get(0, t0);
         assert_eq!(w.look(&seen(5, 2, t0), holding(2, t0)), Look::Watch(None));
         assert_eq!(w.look(&seen(9, 6, t0), holding(2, t0)), Look::Get(4));
         w.answered(4, 4, Some(9), t0 + Duration::from_millis(1));
@@ -225,7 +259,7 @@ mod tests {
     #[test]
     fn counts_older_than_the_last_answer_are_not_acted_on() {
         let t0 = Instant::now();
-        let mut w = IdleWatch::new(0);
+        let mut w = after_first_get(0, t0);
         assert_eq!(w.look(&seen(1, 0, t0), holding(0, t0)), Look::Watch(None));
         assert_eq!(w.look(&seen(4, 3, t0), holding(0, t0)), Look::Get(3));
         let t1 = t0 + Duration::from_millis(2);
@@ -244,7 +278,7 @@ mod tests {
     #[test]
     fn a_fruitless_get_for_the_waiting_count_backs_off() {
         let t0 = Instant::now();
-        let mut w = IdleWatch::new(0);
+        let mut w = after_first_get(0, t0);
         let mut now = t0;
         let mut pauses = Vec::new();
         for _ in 0..8 {
