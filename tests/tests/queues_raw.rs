@@ -327,7 +327,7 @@ fn q_11_no_credit_no_delivery() {
 }
 
 /// FLOW-5 / Q-16: a drain on an empty queue that the Get loop waits on (with a Get in process,
-/// watching it through gRPC) completes at once (credit 0); a message sent later is not
+/// watching it through gRPC after its first Get) completes at once (credit 0); a message sent later is not
 /// delivered without new credit, and is not lost: fresh credit delivers it.
 #[test]
 fn q_16_drain_while_waiting() {
@@ -342,7 +342,12 @@ fn q_16_drain_while_waiting() {
             });
         } else {
             // KMQ-21: through gRPC the Get loop watches an idle queue instead of waiting on it
-            // with a Get; the drain then comes while it watches.
+            // with a Get, once its first Get (AUTHZ-9) is answered; the drain then comes while
+            // it watches.
+            eventually("the first Get waits", || c.store().waiting_gets() > 0);
+            eventually("the first Get is answered", || {
+                c.store().waiting_gets() == 0
+            });
             std::thread::sleep(Duration::from_millis(300));
             assert_eq!(c.store().waiting_gets(), 0, "the idle queue is watched");
         }
