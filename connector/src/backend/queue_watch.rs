@@ -72,7 +72,7 @@ pub struct QueueView {
     pub broker: BrokerCounts,
     /// When that QueuesInfo was asked: its counts are as of then or later. An answer that
     /// repeats the counts before it updates this without waking the watcher.
-    pub asked: Option<Instant>,
+    pub asked: Option<std::time::Instant>,
 }
 
 /// A queue's counts as KubeMQ's QueuesInfo gives them.
@@ -194,7 +194,9 @@ impl QueueWatch {
         }
         let (broker, asked) = match &state.latest {
             // Only a recent answer: a loop that starts watching acts on what it is given.
-            Some(l) if l.at.elapsed() < IDLE_BEFORE_ASKING => (l.counts(channel), Some(l.at)),
+            Some(l) if l.at.elapsed() < IDLE_BEFORE_ASKING => {
+                (l.counts(channel), Some(l.at.into_std()))
+            }
             _ => (BrokerCounts::Unasked, None),
         };
         let (tx, rx) = watch::channel(QueueView {
@@ -292,7 +294,7 @@ impl QueueWatch {
             w.tx.send_if_modified(|v| {
                 let changed = v.broker != broker;
                 v.broker = broker;
-                v.asked = Some(listing.at);
+                v.asked = Some(listing.at.into_std());
                 changed
             });
         }

@@ -1,109 +1,32 @@
-//! One channel's Get loop, shared by every consume link of that channel in this process
-//! (docs/queues-consume-design.md): it owns the channel's downstream session, sizes Gets to the
-//! links' total demand (1 while the queue looks idle, doubling after full batches), hands
-//! messages out by demand, completes drains, and sends settlements grouped by transaction before
-//! each Get.
+//! The task that drives one channel's Get loop ([`super::get_loop`]): it holds the loop's
+//! downstream sessions, the running Get, the answers fences wait for and the queue's view, feeds
+//! the loop what consumers order and what the backend answers, and does what the loop decides,
+//! all from one `select!`. Consumers find their channel's loop here ([`join`]); a loop without
+//! consumers ends after a while ([`FetchLimits::idle_exit`]).
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
-use super::close_fence::Fences;
-use super::get_gate::{GetGate, Moment, OVERLAP_WAIT};
-use super::idle_watch::{Holding, IdleWatch, Look};
-use super::refill_wait::RefillWait;
-use super::rehome::{Arrival, Moved, StallWatch};
+use super::get_loop::{Action, AnsweredAt, GetLoop, Order, SessionId, Sight, Step, Wait};
+pub use super::get_loop::{
+    ConsumerKey, DemandReport, FetchLimits, Handout, Outcome, Settlement, Taken, ToConsumer,
+    DRAIN_GRACE,
+};
 use crate::backend::queue_watch::QueueView;
-use crate::backend::{Backend, BackendError, Downstream, ReadyHint};
+use crate::backend::{Backend, BackendError, Batch, Downstream, Handled, ReadyHint};
 use crate::bridge::caller::Caller;
 use crate::engine::{Credential, FastMap};
-use crate::kubemq::QueueMessage;
-
-/// Identifies a consumer link across the process: (connection number, link id).
-pub type ConsumerKey = (u64, u64);
-
-/// A message handed to a consumer.
-#[derive(Debug)]
-pub struct Handout {
-    /// The consumer it is for.
-    pub consumer: ConsumerKey,
-    /// The transaction that owns it.
-    pub transaction: Arc<str>,
-    /// Its sequence.
-    pub sequence: u64,
-    /// The message.
-    pub message: QueueMessage,
-    /// When the Get loop took it.
-    pub taken: Taken,
-}
-
-/// When the Get loop took a message, and how long the message had waited in its queue before.
-#[derive(Clone, Copy, Debug)]
-pub struct Taken {
-    /// When it was taken.
-    pub at: std::time::Instant,
-    /// From the store's timestamp of the message (`stored_ns`, Unix nanoseconds) to then.
-    pub waited: std::time::Duration,
-}
 
 impl Taken {
-    /// A message stored at `stored_ns` (Unix nanoseconds; 0 when unknown), taken at `at`, when
-    /// the wall clock read `wall_ns`: the clocks are read once for all the messages of a Get.
-    pub fn at(at: std::time::Instant, wall_ns: i64, stored_ns: i64) -> Taken {
-        let waited = if stored_ns > 0 {
-            u64::try_from(wall_ns.saturating_sub(stored_ns)).unwrap_or(0)
-        } else {
-            0
-        };
-        Taken {
-            at,
-            waited: std::time::Duration::from_nanos(waited),
-        }
-    }
-
     /// A message stored at `stored_ns`, taken now.
     pub fn now(stored_ns: i64) -> Taken {
         Taken::at(std::time::Instant::now(), crate::store::now_ns(), stored_ns)
     }
-}
-
-/// What the fetcher sends to a consumer's connection.
-#[derive(Debug)]
-pub enum ToConsumer {
-    /// Messages to deliver within credit, in order (one send per hand-out round, not per
-    /// message).
-    Messages(Vec<Handout>),
-    /// The consumer's drain is complete: everything immediately available was handed out.
-    DrainDone(ConsumerKey),
-    /// The loop has processed the consumer's Leave: nothing more comes for it.
-    Left(ConsumerKey),
-    /// KubeMQ refused the credential the loop's calls carry: the consumer's link is to end
-    /// with `amqp:unauthorized-access`.
-    Refused(ConsumerKey),
-}
-
-/// How a delivery ends (Q-20 … Q-25).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    /// AckRange: gone for good.
-    Ack,
-    /// NAckRange: back to the tail with ReceiveCount + 1.
-    Nack,
-    /// CloseByClient on the whole transaction: back unchanged (only for transactions none of
-    /// whose messages were handed out).
-    Close,
-}
-
-/// A settled delivery: which message of which transaction, and how it ended.
-#[derive(Debug, Clone)]
-pub struct Settlement {
-    /// The transaction that owns the message.
-    pub transaction: Arc<str>,
-    /// The message's sequence.
-    pub sequence: u64,
-    /// How it was settled.
-    pub outcome: Outcome,
 }
 
 /// What consumers tell the fetcher.
@@ -122,28 +45,6 @@ pub enum Command {
     Settle(Vec<Settlement>),
     /// A handed-out message could not be delivered (credit gone): offer it again.
     Return(Box<Handout>),
-}
-
-/// A consumer's demand (credit it can still use) as an absolute value, and how many hand-outs
-/// it had taken when it computed it: hand-outs still on their way are not demand any more.
-#[derive(Debug, Clone, Copy)]
-pub struct DemandReport {
-    /// Who reports.
-    pub consumer: ConsumerKey,
-    /// Deliveries it can still take.
-    pub credit: u32,
-    /// Hand-outs it had taken when it computed `credit`.
-    pub taken: u64,
-}
-
-/// Batch size limits of the adaptive Get.
-#[derive(Debug, Clone, Copy)]
-pub struct FetchLimits {
-    /// Largest MaxItems per Get.
-    pub max_batch: u32,
-    /// How long a loop with no consumer and nothing held lives before it ends and closes its
-    /// downstream session.
-    pub idle_exit: std::time::Duration,
 }
 
 /// Loops without consumers kept waiting for one; past this many, a loop whose last consumer
@@ -235,678 +136,329 @@ pub fn join<B: Backend>(
     }
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = tx.send(Command::Join(key, to));
-    tokio::spawn(run(
-        backend.clone(),
-        loop_key.clone(),
-        limits,
-        rx,
-        registry.clone(),
-    ));
+    let driver = Driver::new(backend.clone(), loop_key.clone(), limits, registry.clone());
+    tokio::spawn(driver.run(rx));
     map.insert(loop_key, tx.clone());
     tx
 }
 
-struct Consumer {
-    demand: u32,
-    draining: bool,
-    /// Messages handed to it so far.
-    handed: u64,
-    to: mpsc::UnboundedSender<ToConsumer>,
+/// A Get on the wire: it owns its session's stream until it returns.
+type RunningGet<D> = Pin<Box<dyn Future<Output = (D, Result<Batch, BackendError>)> + Send>>;
+
+/// What woke the loop's task (`D`: a downstream session's stream).
+enum Woke<D> {
+    /// A consumer's command.
+    Command(Command),
+    /// Every command sender is gone.
+    Closed,
+    /// The running Get returned, and with it its session's stream.
+    Answered(D, Result<Batch, BackendError>),
+    /// A fence's answer came.
+    Fenced,
+    /// The watched queue's view changed (`false`: the backend stopped watching).
+    Viewed(bool),
+    /// The backend's ready count may have risen (`false`: it stopped telling).
+    Rose(bool),
+    /// The wait's instant came.
+    Timer,
 }
 
-impl Consumer {
-    /// Demand as the consumer reported it, less what was handed out after it counted.
-    fn set_demand(&mut self, credit: u32, taken: u64) {
-        let on_the_way = u32::try_from(self.handed.saturating_sub(taken)).unwrap_or(u32::MAX);
-        self.demand = credit.saturating_sub(on_the_way);
+/// The loop's task: the state machine and everything it does I/O with.
+struct Driver<B: Backend> {
+    backend: Arc<B>,
+    key: LoopKey,
+    limits: FetchLimits,
+    /// Where this loop is registered; it removes itself when it retires.
+    registry: Registry,
+    machine: GetLoop,
+    /// Where each consumer's messages go.
+    consumers: FastMap<ConsumerKey, mpsc::UnboundedSender<ToConsumer>>,
+    /// The downstream sessions not lent to the running Get.
+    streams: HashMap<SessionId, B::Downstream>,
+    /// The running Get, and the session it went on.
+    get: Option<(SessionId, RunningGet<B::Downstream>)>,
+    /// Answers the next Get waits for (close_fence.rs), last first.
+    fences: Vec<Handled>,
+    /// The queue's view while the loop watches it.
+    view: Option<watch::Receiver<QueueView>>,
+    /// Changes whenever the backend's ready count may have risen.
+    ready: Option<watch::Receiver<()>>,
+}
+
+/// What the backend shows the loop of its channel.
+struct Shown<'a, B: Backend> {
+    backend: &'a B,
+    channel: &'a str,
+    view: Option<&'a mut watch::Receiver<QueueView>>,
+}
+
+impl<B: Backend> Sight for Shown<'_, B> {
+    fn ready(&self) -> ReadyHint {
+        self.backend.ready_hint(self.channel)
+    }
+
+    fn stored(&self) -> u64 {
+        self.backend.stored_hint(self.channel)
+    }
+
+    fn view(&mut self) -> Option<QueueView> {
+        Some(*self.view.as_mut()?.borrow_and_update())
     }
 }
 
-/// Downstream sessions a loop keeps at most: a Get goes on one with no open transaction while
-/// there is one, so consumers holding deliveries of a few Gets never make settlements wait.
-const MAX_SESSIONS: usize = 4;
-
-/// One of the loop's downstream sessions.
-struct Session<D> {
-    id: u64,
-    /// `None` while lent to the running Get.
-    d: Option<D>,
-    /// Its open transactions (messages returned and not all settled).
-    open: usize,
+/// The loop's instant now (tokio's clock, which tests may pause).
+fn loop_now() -> std::time::Instant {
+    Instant::now().into_std()
 }
 
-/// An open transaction: the session that owns it, how many of its messages are unsettled, and
-/// their sequences (to bind them to their deliveries if it is closed under its consumers).
-struct Txn {
-    session: u64,
-    left: usize,
-    seqs: Vec<u64>,
+/// The clocks read as a Get's answer comes in.
+fn answered_now() -> AnsweredAt {
+    AnsweredAt {
+        now: loop_now(),
+        taken: std::time::Instant::now(),
+        wall_ns: crate::store::now_ns(),
+    }
 }
 
-/// A fetched message not yet handed to a consumer: (transaction, sequence, message).
-/// A fetched message waiting in the buffer for a consumer with demand.
-#[derive(Debug)]
-struct Fetched {
-    transaction: Arc<str>,
-    sequence: u64,
-    message: QueueMessage,
-    taken: Taken,
-}
-
-/// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
-/// available" (FLOW-5), when the backend cannot say how many messages are ready. KubeMQ answers a
-/// Get for messages that are there within a few milliseconds (KMQ-10: p99 2.4 ms); a Get
-/// still waiting after this is waiting for messages that do not exist yet.
-pub const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(50);
-
-/// Runs the loop for `channel` until it has had no consumer and nothing pending for
-/// `limits.idle_exit`.
-async fn run<B: Backend>(
-    backend: Arc<B>,
-    key: LoopKey,
-    limits: FetchLimits,
-    rx: mpsc::UnboundedReceiver<Command>,
-    registry: Registry,
-) {
-    Fetcher::new(backend, key, limits, registry).run(rx).await
-}
-
-/// The loop's state: who wants how much, what was fetched and not handed out, what was settled
-/// and not yet sent.
-struct Fetcher<B: Backend> {
-    backend: Arc<B>,
-    limits: FetchLimits,
-    consumers: FastMap<ConsumerKey, Consumer>,
-    /// Round-robin order of hand-out.
-    order: VecDeque<ConsumerKey>,
-    buffer: VecDeque<Fetched>,
-    settle: Vec<Settlement>,
-    /// Transactions some of whose messages were handed out (those cannot be closed unchanged).
-    handed: HashSet<Arc<str>, foldhash::fast::RandomState>,
-    /// The loop's downstream sessions: a Get goes on one with no open transaction, so that
-    /// settlements never wait behind it (KMQ-5).
-    sessions: Vec<Session<B::Downstream>>,
-    /// Open transactions: which session owns each and how many of its messages are unsettled.
-    txns: FastMap<Arc<str>, Txn>,
-    next_session: u64,
-    /// The next Get's size when the backend gives no ready count: 1 while the queue looks idle,
-    /// doubling after every full Get.
-    batch: u32,
-    /// Where this loop is registered; it removes itself when it retires.
-    registry: Registry,
-    /// The channel it fetches from, and the credential its calls carry.
-    key: LoopKey,
-    /// The wait for the consumers' credit after a large Get.
-    refill_wait: Option<RefillWait>,
-    /// Holds back a Get that would wait while transactions are open.
-    gate: GetGate,
-    /// Answers that tell the transactions closed so far are closed (close_fence.rs).
-    closing: Fences,
-    /// When to close transactions held by consumers that wait for more (rehome.rs).
-    stall: StallWatch,
-    /// Messages of transactions closed under their consumers, until they come back.
-    moved: Moved<Outcome>,
-    /// Messages the next Get is to bring back on top of the demand (those just given back).
-    rehome_want: u32,
-    /// The queue's view while the loop watches it (idle_watch.rs).
-    view: Option<tokio::sync::watch::Receiver<QueueView>>,
-    /// What the loop made of its views so far.
-    idle: Option<IdleWatch>,
-    /// Whether the backend may give a view (false once it said it has none).
-    watchable: bool,
-    /// The size of the next Get as the view gave it, until that Get goes.
-    looked: Option<u32>,
-}
-
-/// An instant no wait reaches (a timer that is never armed).
-fn far_future() -> tokio::time::Instant {
-    tokio::time::Instant::now() + std::time::Duration::from_secs(86_400 * 365)
-}
-
-impl<B: Backend> Fetcher<B> {
+impl<B: Backend> Driver<B> {
     fn new(backend: Arc<B>, key: LoopKey, limits: FetchLimits, registry: Registry) -> Self {
-        Fetcher {
+        Driver {
+            machine: GetLoop::new(&key.channel, limits, backend.captures()),
+            ready: backend.ready_changes(),
+            backend,
             key,
             limits,
-            consumers: FastMap::default(),
-            order: VecDeque::new(),
-            buffer: VecDeque::new(),
-            settle: Vec::new(),
-            handed: HashSet::default(),
-            sessions: Vec::new(),
-            txns: FastMap::default(),
-            next_session: 0,
-            batch: 1,
             registry,
-            refill_wait: None,
-            gate: GetGate::new(backend.ready_changes()),
-            closing: Fences::default(),
-            stall: StallWatch::default(),
-            moved: Moved::default(),
-            rehome_want: 0,
+            consumers: FastMap::default(),
+            streams: HashMap::new(),
+            get: None,
+            fences: Vec::new(),
             view: None,
-            idle: None,
-            watchable: true,
-            looked: None,
-            backend,
         }
     }
 
+    /// Runs the loop until it has had no consumer and nothing pending for
+    /// `limits.idle_exit`.
     async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Command>) {
         loop {
             // Take every command that is already waiting.
             while let Ok(cmd) = rx.try_recv() {
-                self.apply(cmd);
+                self.accept(cmd);
             }
-            if self.buffer.is_empty() {
-                // Only buffered messages are ever closed unchanged; with none left, forget.
-                self.handed.clear();
+            // A rise of the ready count after this wakes a wait on it (get_gate.rs).
+            if let Some(r) = &mut self.ready {
+                r.borrow_and_update();
             }
-            self.hand_out();
-            self.finish_drains(false);
-            if !self.settle.is_empty() {
-                // Boxed here and below: the loop's own future stays small while it waits, and
-                // a loop is kept for every queue with consumers (and some idle ones).
-                Box::pin(self.flush()).await;
-            }
-            if self.consumers.is_empty() && self.buffer.is_empty() && self.settle.is_empty() {
-                // Everyone left and nothing is held: wait for a new consumer, or retire (at
-                // once when enough loops wait already). Nobody needs the queue watched.
-                self.view = None;
-                let idle = self.registry.idle();
-                let wait = if idle.kept {
-                    self.limits.idle_exit
-                } else {
-                    std::time::Duration::ZERO
+            let now = loop_now();
+            let step = {
+                let mut shown = Shown {
+                    backend: &*self.backend,
+                    channel: &self.key.channel,
+                    view: self.view.as_mut(),
                 };
-                let next = tokio::time::timeout(wait, rx.recv()).await;
-                drop(idle);
-                match next {
-                    Ok(Some(cmd)) => self.apply(cmd),
-                    Ok(None) => return,
-                    Err(_) if self.retire(&mut rx) => return,
-                    Err(_) => {}
-                }
-                continue;
-            }
-            if self.consumers.is_empty() && !self.buffer.is_empty() {
-                self.give_back();
-                continue;
-            }
-            let demand = self.demand();
-            if demand == 0 || !self.buffer.is_empty() {
-                self.stall.calm();
-                match rx.recv().await {
-                    Some(cmd) => self.apply(cmd),
-                    None => return,
-                }
-                continue;
-            }
-            // After a large Get, the next waits (briefly) for the consumers' credit to come back
-            // whole, unless what is back already takes everything ready; a drain never waits
-            // (FLOW-5).
-            if let Some(m) = self.refill_wait {
-                let draining = self.consumers.values().any(|c| c.draining);
-                let ready = self.backend.ready_hint(&self.key.channel).known();
-                if !draining && !m.over(demand as usize, ready) {
-                    tokio::select! {
-                        cmd = rx.recv() => match cmd {
-                            Some(cmd) => self.apply(cmd),
-                            None => return,
-                        },
-                        _ = tokio::time::sleep_until(m.until()) => {}
-                    }
+                self.machine.poll(now, &mut shown)
+            };
+            let (wait, idle) = match step {
+                Step::Act(a) => {
+                    // Boxed: the loop's own future stays small while it waits, and a loop is
+                    // kept for every queue with consumers (and some idle ones).
+                    Box::pin(self.perform(a)).await;
                     continue;
                 }
-                self.refill_wait = None;
-            }
-            // No Get joins KubeMQ's queue group while a close before it may still be under
-            // way (close_fence.rs).
-            if !self.closing.is_empty() {
-                tokio::select! {
-                    cmd = rx.recv() => match cmd {
-                        Some(cmd) => self.apply(cmd),
-                        None => return,
-                    },
-                    () = self.closing.next() => {}
+                Step::Wait(w) => (w, None),
+                Step::Idle => {
+                    // Wait for a new consumer, or retire (at once when enough loops wait
+                    // already).
+                    let idle = self.registry.idle();
+                    let after = if idle.kept {
+                        self.limits.idle_exit
+                    } else {
+                        std::time::Duration::ZERO
+                    };
+                    (Wait::until(Some(now + after)), Some(idle))
                 }
-                continue;
-            }
-            let at = Moment {
-                captures: self.backend.captures(),
-                open: !self.txns.is_empty(),
-                draining: self.consumers.values().any(|c| c.draining),
             };
-            // Consumers with credit that hold every open transaction and got nothing new for a
-            // while may be waiting for messages those transactions hide (rehome.rs).
-            let stuck = at.captures && at.open && !at.draining;
-            if self.stall.due(stuck, tokio::time::Instant::now()) {
-                Box::pin(self.re_home()).await;
-                continue;
-            }
-            // An idle queue is watched, not waited on with a Get (idle_watch.rs, KMQ-21).
-            if self.looked.is_none() && !at.draining && self.rehome_want == 0 {
-                match self.look() {
-                    Some(Look::Watch(until)) => {
-                        let Some(view) = self.view.as_mut() else {
-                            continue;
-                        };
-                        let timer = tokio::time::sleep_until(until.unwrap_or_else(far_future));
-                        tokio::select! {
-                            cmd = rx.recv() => match cmd {
-                                Some(cmd) => self.apply(cmd),
-                                None => return,
-                            },
-                            changed = view.changed() => if changed.is_err() {
-                                // The backend stopped watching: Gets wait again.
-                                self.view = None;
-                                self.watchable = false;
-                            },
-                            _ = timer, if until.is_some() => {}
-                        }
-                        continue;
+            let woke = self.wait(&mut rx, wait).await;
+            let was_idle = idle.is_some();
+            drop(idle);
+            match woke {
+                Woke::Command(cmd) => self.accept(cmd),
+                Woke::Closed => return,
+                Woke::Answered(d, r) => {
+                    if let Some((session, _)) = self.get.take() {
+                        self.streams.insert(session, d);
                     }
-                    // Kept until the Get goes, whatever holds it back before.
-                    Some(Look::Get(n)) => self.looked = Some(n),
-                    Some(Look::Blind) | None => {}
+                    self.machine.answered(r, answered_now());
                 }
-            }
-            // A Get that would wait is held back while transactions are open (get_gate.rs).
-            let (backend, channel) = (&self.backend, &self.key.channel);
-            let held = self.gate.hold(at, || backend.stored_hint(channel) > 0);
-            if let Some(until) = held {
-                tokio::select! {
-                    cmd = rx.recv() => match cmd {
-                        Some(cmd) => self.apply(cmd),
-                        None => return,
-                    },
-                    _ = self.gate.ready_rose() => {}
-                    _ = tokio::time::sleep_until(until) => {}
+                Woke::Fenced => {
+                    self.fences.pop();
+                    self.machine.fence_answered();
                 }
-                continue;
-            }
-            let (sid, mut d) = match self.lend_session() {
-                Some(lent) => lent,
-                None => match Box::pin(self.backend.open_downstream()).await {
-                    Ok(d) => {
-                        self.next_session += 1;
-                        self.sessions.push(Session {
-                            id: self.next_session,
-                            d: None,
-                            open: 0,
-                        });
-                        (self.next_session, d)
-                    }
-                    Err(e) => {
-                        self.refuse_if_unauthorized(&e);
-                        tracing::warn!(channel = %self.key.channel, error = %e, "cannot open a downstream session; retrying");
-                        // Nothing is available while the broker is unreachable.
-                        self.finish_drains(true);
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        continue;
-                    }
-                },
-            };
-            let mut want = match self.looked.take() {
-                Some(n) => n.min(demand.min(self.limits.max_batch)).max(1),
-                None => self.get_size(demand),
-            };
-            if self.rehome_want > 0 {
-                // Everything the closed transactions held comes to this Get's member at once;
-                // what is beyond its MaxItems would stay hidden in it.
-                want = want
-                    .saturating_add(std::mem::take(&mut self.rehome_want))
-                    .min(self.limits.max_batch.max(1));
-            }
-            let stored = self.backend.stored_hint(&self.key.channel);
-            if at.captures && at.open && stored > 0 {
-                // Beside open transactions, a Get asks only for what is stored, so that it
-                // cannot wait (get_gate.rs).
-                want = want.min(u32::try_from(stored).unwrap_or(u32::MAX));
-            }
-            // A Get for stored messages answers within a few milliseconds; a close sent while it
-            // is out could stall it for 100 ms (close_fence.rs), so settlements wait for it,
-            // unless it turns out to be waiting after all.
-            let prompt = at.captures && u64::from(want) <= stored;
-            let overlap = tokio::time::sleep(if prompt {
-                OVERLAP_WAIT
-            } else {
-                std::time::Duration::ZERO
-            });
-            tokio::pin!(overlap);
-            let mut overlapped = !prompt;
-            // Commands that arrive while the Get waits are queued, not lost; settlements wait for
-            // it because the stream processes requests in order anyway (KMQ-5).
-            let channel = self.key.channel.clone();
-            let caller = self.key.caller.clone();
-            let asked = tokio::time::Instant::now();
-            let got = {
-                let mut get = Box::pin(d.get(&channel, caller.get_client_id(), want as i32, 1000));
-                let grace = tokio::time::sleep(DRAIN_GRACE);
-                tokio::pin!(grace);
-                let mut graced = false;
-                loop {
-                    tokio::select! {
-                        r = &mut get => break r,
-                        cmd = rx.recv() => match cmd {
-                            Some(cmd) => {
-                                self.apply(cmd);
-                                // Settlements of other sessions' transactions go once the Get
-                                // is known to wait: on a real KubeMQ, what they free may be
-                                // held until they are sent.
-                                if overlapped && !self.settle.is_empty() {
-                                    Box::pin(self.flush()).await;
-                                }
-                                // A drain that arrives once the Get has outlived the grace has
-                                // nothing immediately available either.
-                                if graced {
-                                    self.finish_drains(true);
-                                }
-                            }
-                            None => return,
-                        },
-                        _ = &mut overlap, if !overlapped => {
-                            overlapped = true;
-                            if !self.settle.is_empty() {
-                                Box::pin(self.flush()).await;
-                            }
-                        }
-                        // A Get still waiting this long has nothing immediately available for a
-                        // drain; whatever it brings later is held for the next credit (Q-16).
-                        _ = &mut grace, if !graced => {
-                            graced = true;
-                            self.finish_drains(true);
-                        }
-                    }
+                Woke::Viewed(true) | Woke::Rose(true) => {}
+                Woke::Viewed(false) => {
+                    self.view = None;
+                    self.machine.view_closed();
                 }
-            };
-            tracing::trace!(
-                channel = %self.key.channel,
-                session = sid,
-                want,
-                stored,
-                open = self.txns.len(),
-                got = got.as_ref().map_or(-1, |b| b.messages.len() as i64),
-                waited_us = asked.elapsed().as_micros() as u64,
-                "Get answered"
-            );
-            match got {
-                Ok(b) => {
-                    self.refill_wait = RefillWait::after(b.messages.len(), demand as usize);
-                    if let Some(idle) = self.idle.as_mut() {
-                        let last = b
-                            .messages
-                            .iter()
-                            .filter_map(|m| m.attributes.as_ref().map(|a| a.sequence))
-                            .max();
-                        let now = tokio::time::Instant::now();
-                        idle.answered(want, b.messages.len(), last, now);
-                    }
-                    self.take_batch(b, want, sid);
-                    self.give_session_back(sid, d);
-                }
-                Err(e) => {
-                    self.refuse_if_unauthorized(&e);
-                    // The session is gone, and with it its transactions: KubeMQ returns their
-                    // messages, so whatever is buffered or pending for them is dropped here.
-                    tracing::warn!(channel = %self.key.channel, error = %e, "Get failed; reopening the session");
-                    self.lose_session(sid, d);
-                    self.batch = 1;
-                    self.finish_drains(true);
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
+                Woke::Rose(false) => self.ready = None,
+                Woke::Timer if was_idle && self.retire(&mut rx) => return,
+                Woke::Timer => {}
             }
         }
     }
 
-    /// Whether the backend's own count says messages are ready (sent through this process and
-    /// not fetched yet, or given back): a Get for them returns at once.
-    fn ready_known(&self) -> bool {
-        let channel = &self.key.channel;
-        self.backend
-            .ready_hint(channel)
-            .known()
-            .is_some_and(|n| n > 0)
-            || self.backend.stored_hint(channel) > 0
-    }
-
-    /// What to do before the next Get (idle_watch.rs): `None` to Get as the backend's own
-    /// count says (it knows of messages ready, or it has no watch: a Get that waits costs
-    /// nothing there). The loop holds its queue's view only while it watches, so the backend
-    /// asks the broker only about queues that stay idle.
-    fn look(&mut self) -> Option<Look> {
-        if !self.watchable {
-            return None;
-        }
-        if self.ready_known() {
-            self.view = None;
-            return None;
-        }
-        if self.view.is_none() {
-            let Some(view) = self.backend.watch_queue(&self.key.channel) else {
-                self.watchable = false;
-                return None;
-            };
-            // What this process sent before now is in the backend's count, read again below
-            // after the view exists, so no send falls between the two.
-            let touched = view.borrow().touched;
-            self.idle
-                .get_or_insert_with(|| IdleWatch::new(touched))
-                .skip_touches(touched);
-            self.view = Some(view);
-            if self.ready_known() {
-                self.view = None;
-                return None;
-            }
-        }
-        let held = self.txns.values().map(|t| t.left as u64).sum();
-        let view = *self.view.as_mut()?.borrow_and_update();
-        let now = tokio::time::Instant::now();
-        Some(self.idle.as_mut()?.look(&view, Holding { held, now }))
-    }
-
-    /// Tells every consumer to end when KubeMQ refused the loop's credential: retrying cannot
-    /// help, and a consumer left waiting would never learn why nothing comes.
-    fn refuse_if_unauthorized(&self, e: &BackendError) {
-        if matches!(e, BackendError::Unauthorized(_)) {
-            for (key, c) in &self.consumers {
-                let _ = c.to.send(ToConsumer::Refused(*key));
-            }
-        }
-    }
-
-    /// A session for the next Get, taken out of its slot: one with no open transaction, or
-    /// `None` to open another while fewer than [`MAX_SESSIONS`] are open; past that, the one
-    /// with the fewest (its settlements then wait for the Get, as on a single stream).
-    fn lend_session(&mut self) -> Option<(u64, B::Downstream)> {
-        let free = self.sessions.iter().position(|s| s.open == 0);
-        let at = match free {
-            Some(at) => at,
-            None if self.sessions.len() < MAX_SESSIONS => return None,
-            None => self
-                .sessions
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, s)| s.open)
-                .map(|(at, _)| at)?,
-        };
-        let slot = self.sessions.get_mut(at)?;
-        Some((slot.id, slot.d.take()?))
-    }
-
-    /// Puts a session back after its Get. Sessions stay open until the loop retires: settlements
-    /// get no reply, so one closed just after its last settlement was sent could cancel the
-    /// stream before KubeMQ read it, and KubeMQ would hand those messages out again.
-    fn give_session_back(&mut self, sid: u64, d: B::Downstream) {
-        if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) {
-            slot.d = Some(d);
-        }
-    }
-
-    /// Forgets a session that failed, with its transactions: KubeMQ returns their unsettled
-    /// messages to the queue, so what is buffered or pending for them goes.
-    fn lose_session(&mut self, sid: u64, mut d: B::Downstream) {
-        self.sessions.retain(|s| s.id != sid);
-        let gone: Vec<(Arc<str>, usize)> = self
-            .txns
-            .iter()
-            .filter(|(_, t)| t.session == sid)
-            .map(|(id, t)| (id.clone(), t.left))
-            .collect();
-        let returned: usize = gone.iter().map(|(_, n)| n).sum();
-        if returned > 0 {
-            d.returned(&self.key.channel, returned);
-        }
-        for (id, _) in &gone {
-            self.txns.remove(id);
-            self.handed.remove(id);
-        }
-        let lost = |t: &Arc<str>| gone.iter().any(|(id, _)| Arc::ptr_eq(id, t));
-        self.buffer.retain(|f| !lost(&f.transaction));
-        self.settle.retain(|s| !lost(&s.transaction));
-    }
-
-    /// Sends pending settlements on the sessions that own their transactions: per transaction
-    /// and outcome one request, sequences de-duplicated and ascending (Q-27; a duplicate would
-    /// make KubeMQ fail the rest of the range). Those of the session lent to a running Get wait
-    /// for it; a session whose stream is lost is forgotten with its transactions.
-    async fn flush(&mut self) {
-        // One Arc per transaction (take_batch), so its address names it: sorted by it, a
-        // transaction's settlements lie together without hashing its id for each.
-        self.settle.sort_unstable_by_key(|s| {
-            let txn = Arc::as_ptr(&s.transaction) as *const u8 as usize;
-            (txn, s.outcome as u8, s.sequence)
-        });
-        let settle = std::mem::take(&mut self.settle);
-        let whole = self.backend.captures();
-        let mut lost: Vec<u64> = Vec::new();
-        let mut closed: Vec<(u64, Arc<str>)> = Vec::new();
-        for of_txn in settle.chunk_by(|a, b| Arc::ptr_eq(&a.transaction, &b.transaction)) {
-            let Some(txn) = of_txn.first().and_then(|s| self.txns.get(&s.transaction)) else {
-                // Its session was lost: KubeMQ gave its messages back already.
-                continue;
-            };
-            // On a backend that captures, a partly settled transaction would take ready
-            // messages into the room its settlements free and hide them until it closes: its
-            // settlements wait until all of its messages are settled.
-            if whole && of_txn.len() < txn.left {
-                self.settle.extend_from_slice(of_txn);
-                continue;
-            }
-            for group in of_txn.chunk_by(|a, b| a.outcome == b.outcome) {
-                self.send_settlements(group, &mut lost, &mut closed).await;
-            }
-        }
-        // One answer per session tells when KubeMQ has closed what was closed on it.
-        closed.sort_unstable_by_key(|(sid, _)| *sid);
-        closed.dedup_by_key(|(sid, _)| *sid);
-        for (sid, t) in closed {
-            if lost.contains(&sid) {
-                continue;
-            }
-            let Some(d) = self
-                .sessions
-                .iter_mut()
-                .find(|s| s.id == sid)
-                .and_then(|s| s.d.as_mut())
-            else {
-                continue;
-            };
-            match d.handled(&t).await {
-                Ok(h) => self.closing.push(h),
-                Err(_) => lost.push(sid),
-            }
-        }
-        lost.sort_unstable();
-        lost.dedup();
-        for sid in lost {
-            let at = self.sessions.iter().position(|s| s.id == sid);
-            if let Some(d) = at
-                .and_then(|at| self.sessions.get_mut(at))
-                .and_then(|s| s.d.take())
-            {
-                self.lose_session(sid, d);
-            }
-        }
-    }
-
-    /// Sends one transaction's settlements of one outcome on the session that owns it (or keeps
-    /// them for after the running Get); a session whose send fails goes into `lost`, a
-    /// transaction that this closes on a backend that captures into `closed`.
-    async fn send_settlements(
+    /// Waits for what `wait` names, a consumer's command, or the running Get's answer.
+    async fn wait(
         &mut self,
-        group: &[Settlement],
-        lost: &mut Vec<u64>,
-        closed: &mut Vec<(u64, Arc<str>)>,
-    ) {
-        let Some(Settlement {
-            transaction: t,
-            outcome: o,
+        rx: &mut mpsc::UnboundedReceiver<Command>,
+        wait: Wait,
+    ) -> Woke<B::Downstream> {
+        let Driver {
+            get,
+            fences,
+            view,
+            ready,
             ..
-        }) = group.first()
-        else {
-            return;
-        };
-        let o = *o;
-        let Some(txn) = self.txns.get(t) else {
-            return;
-        };
-        let sid = txn.session;
-        if lost.contains(&sid) {
-            // Failed earlier in this flush: it is forgotten with its transactions below.
-            return;
-        }
-        let Some(slot) = self.sessions.iter_mut().find(|s| s.id == sid) else {
-            return;
-        };
-        let Some(d) = slot.d.as_mut() else {
-            // Lent to the running Get: after it.
-            self.settle.extend_from_slice(group);
-            return;
-        };
-        let mut seqs: Vec<u64> = group.iter().map(|s| s.sequence).collect();
-        seqs.dedup();
-        let r = match o {
-            Outcome::Ack => d.ack(t, &seqs).await,
-            Outcome::Nack => d.nack(t, &seqs).await,
-            Outcome::Close => d.close(t).await,
-        };
-        if let Err(e) = r {
-            tracing::warn!(transaction = %t, error = %e, "settlement failed; KubeMQ returns the messages when the session ends");
-            lost.push(sid);
-            return;
-        }
-        if o != Outcome::Ack {
-            d.returned(&self.key.channel, seqs.len());
-        }
-        let done = match self.txns.get_mut(t) {
-            Some(txn) if o == Outcome::Close => {
-                txn.left = 0;
-                true
+        } = self;
+        let get = async {
+            match get.as_mut() {
+                Some((_, running)) => running.await,
+                None => std::future::pending().await,
             }
-            Some(txn) => {
-                txn.left = txn.left.saturating_sub(seqs.len());
-                txn.left == 0
-            }
-            None => false,
         };
-        // On KubeMQ a message can join a transaction after its Get was answered (one that
-        // arrives as the Get times out, KMQ-18): the loop never saw it, so settling what it saw
-        // leaves the transaction open, and that message hidden, for as long as the session
-        // lives. Closing the transaction gives such a message back; for one already closed it
-        // does nothing.
-        if done && o != Outcome::Close && self.backend.captures() {
-            if let Err(e) = d.close(t).await {
-                tracing::warn!(transaction = %t, error = %e, "closing a settled transaction failed; KubeMQ returns what it held when the session ends");
-                lost.push(sid);
+        let fence = async {
+            match fences.last_mut() {
+                Some(h) if wait.fences => h.await,
+                _ => std::future::pending().await,
             }
+        };
+        let view = async {
+            match view.as_mut() {
+                Some(v) if wait.view => v.changed().await.is_ok(),
+                _ => std::future::pending().await,
+            }
+        };
+        let ready = async {
+            match ready.as_mut() {
+                Some(r) if wait.ready => r.changed().await.is_ok(),
+                _ => std::future::pending().await,
+            }
+        };
+        let timer = tokio::time::sleep_until(wait.until.map_or_else(far_future, Instant::from_std));
+        tokio::select! {
+            cmd = rx.recv() => cmd.map_or(Woke::Closed, Woke::Command),
+            (d, r) = get => Woke::Answered(d, r),
+            () = fence => Woke::Fenced,
+            seen = view => Woke::Viewed(seen),
+            rose = ready => Woke::Rose(rose),
+            () = timer, if wait.until.is_some() => Woke::Timer,
         }
-        if done {
-            if self.backend.captures() {
-                closed.push((sid, t.clone()));
+    }
+
+    /// Hands a consumer's command to the loop; a joining consumer's messages go to its sender.
+    fn accept(&mut self, cmd: Command) {
+        let order = match cmd {
+            Command::Join(k, to) => {
+                self.consumers.insert(k, to);
+                Order::Join(k)
             }
-            self.txns.remove(t);
-            slot.open = slot.open.saturating_sub(1);
+            Command::Demand(d) => Order::Demand(d),
+            Command::Drain(d) => Order::Drain(d),
+            Command::Leave(k) => Order::Leave(k),
+            Command::Settle(s) => Order::Settle(s),
+            Command::Return(h) => Order::Return(h),
+        };
+        self.machine.order(order);
+    }
+
+    /// Does what the loop decided, and answers it where it asks for an answer.
+    async fn perform(&mut self, a: Action) {
+        let channel = self.key.channel.as_str();
+        match a {
+            Action::Tell(k, msg) => {
+                let left = matches!(msg, ToConsumer::Left(_));
+                let sent = match self.consumers.get(&k) {
+                    Some(to) => to.send(msg).map_err(|e| e.0),
+                    None => Err(msg),
+                };
+                if let Err(ToConsumer::Messages(batch)) = sent {
+                    // The connection is gone: the messages wait for someone else.
+                    self.machine.undelivered(k, batch);
+                }
+                if left {
+                    self.consumers.remove(&k);
+                }
+            }
+            Action::Open(session) => {
+                let r = match self.backend.open_downstream().await {
+                    Ok(d) => {
+                        self.streams.insert(session, d);
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                };
+                self.machine.opened(session, r, loop_now());
+            }
+            Action::Get { session, want } => {
+                let Some(mut d) = self.streams.remove(&session) else {
+                    let gone = BackendError::Unavailable("the session's stream is gone".into());
+                    self.machine.answered(Err(gone), answered_now());
+                    return;
+                };
+                let channel = channel.to_string();
+                let client_id = self.key.caller.get_client_id().to_string();
+                let running: RunningGet<B::Downstream> = Box::pin(async move {
+                    let r = d.get(&channel, &client_id, want as i32, 1000).await;
+                    (d, r)
+                });
+                self.get = Some((session, running));
+            }
+            Action::Settle {
+                session,
+                transaction,
+                outcome,
+                sequences,
+            } => {
+                let r = match self.streams.get_mut(&session) {
+                    None => Err(BackendError::Unavailable(
+                        "the session's stream is gone".into(),
+                    )),
+                    Some(d) => match outcome {
+                        Outcome::Ack => d.ack(&transaction, &sequences).await,
+                        Outcome::Nack => d.nack(&transaction, &sequences).await,
+                        Outcome::Close => d.close(&transaction).await,
+                    },
+                };
+                self.machine.settled(r);
+            }
+            Action::Fence {
+                session,
+                transaction,
+            } => {
+                let r = match self.streams.get_mut(&session) {
+                    None => Err(BackendError::Unavailable(
+                        "the session's stream is gone".into(),
+                    )),
+                    Some(d) => d.handled(&transaction).await,
+                };
+                let r = r.map(|h| self.fences.push(h));
+                self.machine.settled(r);
+            }
+            Action::Returned { session, count } => {
+                if let Some(d) = self.streams.get_mut(&session) {
+                    d.returned(channel, count);
+                }
+            }
+            Action::Drop(session) => {
+                // Dropping the stream ends the session: KubeMQ gives back what it held.
+                self.streams.remove(&session);
+            }
+            Action::Watch => {
+                self.view = self.backend.watch_queue(channel);
+                let seen = self.view.as_mut().map(|v| *v.borrow_and_update());
+                self.machine.watched(seen);
+            }
+            Action::Unwatch => self.view = None,
+            Action::ForgetFences => self.fences.clear(),
         }
     }
 
@@ -918,7 +470,7 @@ impl<B: Backend> Fetcher<B> {
         match rx.try_recv() {
             Ok(cmd) => {
                 drop(map);
-                self.apply(cmd);
+                self.accept(cmd);
                 false
             }
             Err(_) => {
@@ -931,365 +483,11 @@ impl<B: Backend> Fetcher<B> {
             }
         }
     }
+}
 
-    /// Total demand of every consumer.
-    fn demand(&self) -> u32 {
-        self.consumers
-            .values()
-            .map(|c| c.demand)
-            .fold(0u32, u32::saturating_add)
-    }
-
-    /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);
-    /// with an estimate, the same (a Get for more than is there holds them a whole WaitTimeout;
-    /// an estimate of 0 — drained, nothing on its way — asks for 1); otherwise the adaptive
-    /// batch, or 1 at a time while a drain is on: a Get for more than is there would outlive
-    /// DRAIN_GRACE and end the drain with messages still waiting. Never more than the demand
-    /// (Q-11, Q-12).
-    fn get_size(&self, demand: u32) -> u32 {
-        let cap = demand.min(self.limits.max_batch);
-        let count = |n: u64| cap.min(u32::try_from(n).unwrap_or(u32::MAX)).max(1);
-        match self.backend.ready_hint(&self.key.channel).known() {
-            Some(ready) => count(ready),
-            None if self.consumers.values().any(|c| c.draining) => 1,
-            None => cap.min(self.batch).max(1),
-        }
-    }
-
-    /// Buffers a Get's messages and adapts the next batch size.
-    fn take_batch(&mut self, b: crate::backend::Batch, want: u32, session: u64) {
-        let n = b.messages.len() as u32;
-        self.batch = if n >= want {
-            (want * 2).min(self.limits.max_batch)
-        } else {
-            1
-        };
-        let txn: Arc<str> = Arc::from(b.transaction_id.as_str());
-        let seq = |m: &QueueMessage| m.attributes.as_ref().map_or(0, |a| a.sequence);
-        // A real KubeMQ has been seen to repeat a sequence in one reply; ascending sequences
-        // (the usual reply) cannot repeat one, so only others are checked one by one.
-        let ascending = b
-            .messages
-            .iter()
-            .zip(b.messages.iter().skip(1))
-            .all(|(a, next)| seq(a) < seq(next));
-        let mut seen = HashSet::new();
-        let mut seqs = Vec::with_capacity(b.messages.len());
-        let mut new = 0usize;
-        let (taken_at, wall_ns) = (std::time::Instant::now(), crate::store::now_ns());
-        for m in b.messages {
-            let s = seq(&m);
-            if !ascending && !seen.insert(s) {
-                continue;
-            }
-            seqs.push(s);
-            let arrival = if self.moved.is_empty() {
-                Arrival::New
-            } else {
-                self.moved.fetched(s, &txn)
-            };
-            match arrival {
-                Arrival::New => {
-                    new += 1;
-                    let stored_ns = m.attributes.as_ref().map_or(0, |a| a.timestamp);
-                    self.buffer.push_back(Fetched {
-                        transaction: txn.clone(),
-                        sequence: s,
-                        message: m,
-                        taken: Taken::at(taken_at, wall_ns, stored_ns),
-                    });
-                }
-                // Its consumer holds it: the transaction cannot be closed unchanged.
-                Arrival::Bound => {
-                    self.handed.insert(txn.clone());
-                }
-                Arrival::Settle(outcome) => {
-                    self.handed.insert(txn.clone());
-                    self.settle.push(Settlement {
-                        transaction: txn.clone(),
-                        sequence: s,
-                        outcome,
-                    });
-                }
-            }
-        }
-        if new > 0 {
-            self.stall.progressed();
-        }
-        let left = seqs.len();
-        if left > 0 {
-            self.txns.insert(
-                txn,
-                Txn {
-                    session,
-                    left,
-                    seqs,
-                },
-            );
-            if let Some(slot) = self.sessions.iter_mut().find(|s| s.id == session) {
-                slot.open += 1;
-            }
-        }
-    }
-
-    /// Completes the drains that have nothing more coming at once (FLOW-5): demand used up, or
-    /// nothing ready — known from the backend's ready count, or, without one, because
-    /// `nothing_more` says a Get outlived DRAIN_GRACE or the broker is unreachable.
-    fn finish_drains(&mut self, nothing_more: bool) {
-        // Runs on every turn of the loop: ask the backend only when someone drains.
-        if !self.consumers.values().any(|c| c.draining) {
-            return;
-        }
-        let ready_now = !nothing_more
-            && self.buffer.is_empty()
-            && self.backend.ready_hint(&self.key.channel) != ReadyHint::Exact(0);
-        for (k, c) in self.consumers.iter_mut() {
-            if c.draining && (c.demand == 0 || !ready_now) {
-                c.draining = false;
-                c.demand = 0;
-                let _ = c.to.send(ToConsumer::DrainDone(*k));
-            }
-        }
-    }
-
-    /// Nobody can take the buffered messages: a transaction never touched goes back unchanged,
-    /// leftovers of one that was partly delivered are NAcked.
-    fn give_back(&mut self) {
-        for f in self.buffer.drain(..) {
-            let outcome = if self.handed.contains(&f.transaction) {
-                Outcome::Nack
-            } else {
-                Outcome::Close
-            };
-            self.settle.push(Settlement {
-                transaction: f.transaction,
-                sequence: f.sequence,
-                outcome,
-            });
-        }
-    }
-
-    fn apply(&mut self, cmd: Command) {
-        match cmd {
-            Command::Join(k, to) => {
-                self.consumers.insert(
-                    k,
-                    Consumer {
-                        demand: 0,
-                        draining: false,
-                        handed: 0,
-                        to,
-                    },
-                );
-                self.order.push_back(k);
-            }
-            Command::Demand(d) => {
-                if let Some(c) = self.consumers.get_mut(&d.consumer) {
-                    if !c.draining {
-                        c.set_demand(d.credit, d.taken);
-                    }
-                }
-            }
-            Command::Drain(d) => {
-                if let Some(c) = self.consumers.get_mut(&d.consumer) {
-                    c.set_demand(d.credit, d.taken);
-                    c.draining = true;
-                }
-            }
-            Command::Leave(k) => {
-                if let Some(c) = self.consumers.remove(&k) {
-                    // Behind every hand-out sent to it on the same channel.
-                    let _ = c.to.send(ToConsumer::Left(k));
-                }
-                self.order.retain(|x| *x != k);
-            }
-            Command::Settle(mut settled) => {
-                if self.moved.is_empty() {
-                    self.settle.append(&mut settled);
-                } else {
-                    for s in settled {
-                        if let Some(s) = self.follow(s) {
-                            self.settle.push(s);
-                        }
-                    }
-                }
-            }
-            Command::Return(h) => {
-                let mut h = *h;
-                if self.is_moved(&h.transaction, h.sequence) {
-                    match self.moved.returned(h.sequence) {
-                        Some(now_in) => h.transaction = now_in,
-                        // Still out at KubeMQ: handed out afresh when it comes back.
-                        None => return,
-                    }
-                }
-                self.handed.insert(h.transaction.clone());
-                self.put_back(Fetched {
-                    transaction: h.transaction,
-                    sequence: h.sequence,
-                    message: h.message,
-                    taken: h.taken,
-                });
-            }
-        }
-    }
-
-    /// Whether message `seq` of `transaction` belongs to a transaction closed under its
-    /// consumer (rehome.rs).
-    fn is_moved(&self, transaction: &Arc<str>, seq: u64) -> bool {
-        !self.moved.is_empty() && !self.txns.contains_key(transaction) && self.moved.tracks(seq)
-    }
-
-    /// A settlement as it is to be sent: unchanged, rewritten to the transaction its message is
-    /// in now, or `None` while the message has not come back.
-    fn follow(&mut self, s: Settlement) -> Option<Settlement> {
-        if !self.is_moved(&s.transaction, s.sequence) {
-            return Some(s);
-        }
-        let transaction = self.moved.settle(s.sequence, s.outcome)?;
-        Some(Settlement { transaction, ..s })
-    }
-
-    /// Closes every open transaction while the consumers hold their messages, so that KubeMQ
-    /// gives back whatever those transactions hide (KMQ-20, rehome.rs). Only called between
-    /// Gets, with nothing buffered: every message of these transactions is at a consumer.
-    async fn re_home(&mut self) {
-        let now = tokio::time::Instant::now();
-        self.moved.forget_old(now);
-        let closing: Vec<(Arc<str>, Txn)> = self.txns.drain().collect();
-        let mut held = 0usize;
-        for (_, t) in &closing {
-            for &s in &t.seqs {
-                self.moved.out(s, now);
-            }
-            held += t.seqs.len();
-        }
-        // Settlements still waiting for the rest of their transaction now wait for their message
-        // to come back.
-        for s in std::mem::take(&mut self.settle) {
-            if let Some(s) = self.follow(s) {
-                self.settle.push(s);
-            }
-        }
-        let mut lost: Vec<u64> = Vec::new();
-        for (t, txn) in &closing {
-            let Some(slot) = self.sessions.iter_mut().find(|s| s.id == txn.session) else {
-                continue;
-            };
-            slot.open = slot.open.saturating_sub(1);
-            let Some(d) = slot.d.as_mut() else {
-                continue;
-            };
-            if lost.contains(&slot.id) {
-                continue;
-            }
-            match d.close(t).await {
-                Ok(()) => d.returned(&self.key.channel, txn.seqs.len()),
-                Err(e) => {
-                    tracing::warn!(channel = %self.key.channel, transaction = %t, error = %e, "closing a held transaction failed; KubeMQ returns its messages when the session ends");
-                    lost.push(slot.id);
-                }
-            }
-        }
-        for sid in lost {
-            let d = self
-                .sessions
-                .iter_mut()
-                .find(|s| s.id == sid)
-                .and_then(|s| s.d.take());
-            if let Some(d) = d {
-                self.lose_session(sid, d);
-            }
-        }
-        self.handed.clear();
-        self.rehome_want = u32::try_from(held).unwrap_or(u32::MAX);
-        self.stall.rounded();
-        tracing::info!(
-            channel = %self.key.channel,
-            transactions = closing.len(),
-            messages = held,
-            "consumers with credit got nothing new while holding every open transaction: closed those so that KubeMQ gives back what they hide (KMQ-20)"
-        );
-    }
-
-    /// Hands buffered messages to consumers with demand, round robin, one send per consumer.
-    fn hand_out(&mut self) {
-        // A few consumers at most per round: found by a look along the list, not hashed per
-        // message.
-        let mut batches: Vec<(ConsumerKey, Vec<Handout>)> = Vec::new();
-        let mut last_handed: Option<Arc<str>> = None;
-        let mut idle_rounds = 0;
-        while !self.buffer.is_empty() && idle_rounds < self.order.len() {
-            let Some(k) = self.order.pop_front() else {
-                break;
-            };
-            self.order.push_back(k);
-            let Some(c) = self.consumers.get_mut(&k) else {
-                continue;
-            };
-            if c.demand == 0 {
-                idle_rounds += 1;
-                continue;
-            }
-            idle_rounds = 0;
-            let Some(Fetched {
-                transaction,
-                sequence,
-                message,
-                taken,
-            }) = self.buffer.pop_front()
-            else {
-                break;
-            };
-            c.demand -= 1;
-            c.handed += 1;
-            // Messages of one transaction come in a run: note it once per run.
-            if last_handed
-                .as_ref()
-                .is_none_or(|t| !Arc::ptr_eq(t, &transaction))
-            {
-                self.handed.insert(transaction.clone());
-                last_handed = Some(transaction.clone());
-            }
-            let h = Handout {
-                consumer: k,
-                transaction,
-                sequence,
-                message,
-                taken,
-            };
-            match batches.iter_mut().find(|(key, _)| *key == k) {
-                Some((_, batch)) => batch.push(h),
-                None => batches.push((k, vec![h])),
-            }
-        }
-        for (k, batch) in batches {
-            let Some(c) = self.consumers.get_mut(&k) else {
-                continue;
-            };
-            if let Err(mpsc::error::SendError(ToConsumer::Messages(batch))) =
-                c.to.send(ToConsumer::Messages(batch))
-            {
-                // The connection is gone: keep the messages for someone else.
-                c.demand = 0;
-                for h in batch {
-                    self.put_back(Fetched {
-                        transaction: h.transaction,
-                        sequence: h.sequence,
-                        message: h.message,
-                        taken: h.taken,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Puts a message that was handed out back into the buffer in queue order (sequences
-    /// ascend along the queue), so messages returned one by one keep their order.
-    fn put_back(&mut self, m: Fetched) {
-        let at = self.buffer.partition_point(|f| f.sequence < m.sequence);
-        self.buffer.insert(at, m);
-    }
+/// An instant no wait reaches (a timer that is never armed).
+fn far_future() -> Instant {
+    Instant::now() + std::time::Duration::from_secs(86_400 * 365)
 }
 
 #[cfg(test)]
@@ -1297,56 +495,9 @@ mod tests {
     use super::*;
     use crate::backend::double::{Double, Overrides};
     use crate::backend::embedded::Embedded;
+    use crate::kubemq::QueueMessage;
     use crate::kubemq::QueuesDownstreamRequestType as Op;
     use crate::store::Store;
-
-    /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the
-    /// backend says is ready when it knows, exactly or by its own count; without a count it
-    /// follows the adaptive batch, and while a drain is on it asks for one. Always within the
-    /// demand and the ceiling.
-    #[test]
-    fn get_size_follows_the_ready_hint() {
-        let dir = tempfile::tempdir().expect("dir");
-        let (store, _) = Store::open(dir.path()).expect("store");
-        let limits = FetchLimits {
-            max_batch: 500,
-            idle_exit: std::time::Duration::from_secs(60),
-        };
-        let size = |hint, draining| {
-            let backend = Arc::new(Double(Watched::new(store.clone(), Some(hint))));
-            let mut f = Fetcher::new(backend, LoopKey::shared("q"), limits, Registry::default());
-            f.batch = 64;
-            let (to, _) = mpsc::unbounded_channel();
-            f.consumers.insert(
-                (1, 1),
-                Consumer {
-                    demand: 0,
-                    draining,
-                    handed: 0,
-                    to,
-                },
-            );
-            [f.get_size(100), f.get_size(1000), f.get_size(10)]
-        };
-        use ReadyHint::*;
-        assert_eq!(size(Exact(30), false), [30, 30, 10]);
-        assert_eq!(
-            size(Exact(0), false),
-            [1, 1, 1],
-            "one, to return on the next arrival"
-        );
-        assert_eq!(size(Exact(9000), false), [100, 500, 10]);
-        assert_eq!(size(Estimate(30), false), [30, 30, 10]);
-        assert_eq!(size(Estimate(30), true), [30, 30, 10]);
-        assert_eq!(
-            size(Estimate(0), false),
-            [1, 1, 1],
-            "nothing counted: one, to return on the next arrival"
-        );
-        assert_eq!(size(Unknown, false), [64, 64, 10]);
-        assert_eq!(size(Unknown, true), [1, 1, 1]);
-        assert_eq!(size(Estimate(0), true), [1, 1, 1]);
-    }
 
     fn message(channel: &str) -> QueueMessage {
         QueueMessage {
@@ -1756,7 +907,7 @@ mod tests {
     /// messages are known to be stored it goes at once and asks for just those.
     #[tokio::test]
     async fn a_get_that_would_wait_is_held_back_while_a_transaction_is_open() {
-        use super::super::get_gate::OVERLAP_WAIT;
+        use super::super::get_loop::OVERLAP_WAIT;
         let (_dir, store, backend, _tx, mut from) =
             one_consumer_of("gate", 10, Watched::like_kubemq).await;
         let first = tokio::time::timeout(std::time::Duration::from_secs(5), from.recv())
@@ -1829,7 +980,7 @@ mod tests {
     /// even with a message known to be stored, and goes as soon as that answer comes.
     #[tokio::test]
     async fn a_get_waits_until_the_closes_before_it_are_handled() {
-        use super::super::close_fence::FENCE_WAIT;
+        use super::super::get_loop::FENCE_WAIT;
         let answers: Answers = Arc::default();
         let held = answers.clone();
         let (_dir, store, backend, tx, mut from) =
@@ -1890,7 +1041,7 @@ mod tests {
     /// close cannot land beside the Get.
     #[tokio::test]
     async fn a_settlement_waits_for_a_get_of_stored_messages() {
-        use super::super::get_gate::OVERLAP_WAIT;
+        use super::super::get_loop::OVERLAP_WAIT;
         let delay = std::time::Duration::from_millis(100);
         let (_dir, store, backend, tx, mut from) = one_consumer_of("overlap", 2, move |store| {
             let w = Watched {

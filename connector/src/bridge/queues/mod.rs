@@ -6,12 +6,9 @@
 //! are sent within credit, settlements go back as Ack/NAck (Q-11 … Q-30), and a link that ends
 //! NAcks what it still holds, once.
 
-mod close_fence;
 pub mod fetcher;
-mod get_gate;
-mod idle_watch;
+mod get_loop;
 mod refill_wait;
-mod rehome;
 mod sender;
 
 use std::collections::HashMap;

@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// The smallest round trip taken as a pipelining client's.
 pub(super) const REFILL_MIN: usize = 16;
@@ -49,20 +49,20 @@ pub(super) struct RefillWait {
 }
 
 impl RefillWait {
-    /// The wait after a round trip that carried `carried`, for `want` to be back; none when the
-    /// round trip was small.
-    pub(super) fn after(carried: usize, want: usize) -> Option<RefillWait> {
+    /// The wait after a round trip that carried `carried` and ended `now`, for `want` to be
+    /// back; none when the round trip was small.
+    pub(super) fn after(carried: usize, want: usize, now: Instant) -> Option<RefillWait> {
         (carried >= REFILL_MIN).then(|| RefillWait {
             want,
-            until: Instant::now() + REFILL_WAIT,
+            until: now + REFILL_WAIT,
         })
     }
 
     /// Whether the wait is over with `have` back, where `ready` (when known) messages wait to
     /// be carried: `have` covers them all, or as much as the window held is back, or time is up.
-    pub(super) fn over(&self, have: usize, ready: Option<u64>) -> bool {
+    pub(super) fn over(&self, have: usize, ready: Option<u64>, now: Instant) -> bool {
         let covered = ready.is_some_and(|r| have as u64 >= r);
-        covered || have >= self.want || Instant::now() >= self.until
+        covered || have >= self.want || now >= self.until
     }
 
     /// When the wait ends at the latest.
@@ -86,19 +86,21 @@ mod tests {
         assert!(came_in_a_burst(ms(1), ms(10), None, ms(10)));
     }
 
-    #[tokio::test]
-    async fn small_round_trips_never_wait_and_a_wait_ends() {
-        assert!(RefillWait::after(REFILL_MIN - 1, 100).is_none());
-        let m = RefillWait::after(REFILL_MIN, 100).expect("a wait");
-        assert!(!m.over(99, None));
-        assert!(m.over(100, None));
-        assert!(!m.over(40, Some(41)), "more ready than the credit back");
+    #[test]
+    fn small_round_trips_never_wait_and_a_wait_ends() {
+        let t0 = Instant::now();
+        assert!(RefillWait::after(REFILL_MIN - 1, 100, t0).is_none());
+        let m = RefillWait::after(REFILL_MIN, 100, t0).expect("a wait");
+        assert!(!m.over(99, None, t0));
+        assert!(m.over(100, None, t0));
+        assert!(!m.over(40, Some(41), t0), "more ready than the credit back");
         assert!(
-            m.over(40, Some(40)),
+            m.over(40, Some(40), t0),
             "the credit back takes everything ready"
         );
-        assert!(m.over(0, Some(0)), "nothing ready to wait for");
-        tokio::time::sleep_until(m.until()).await;
-        assert!(m.over(0, None), "over once the deadline passed");
+        assert!(m.over(0, Some(0), t0), "nothing ready to wait for");
+        assert_eq!(m.until(), t0 + REFILL_WAIT);
+        assert!(!m.over(0, None, m.until() - Duration::from_micros(1)));
+        assert!(m.over(0, None, m.until()), "over once the deadline passed");
     }
 }

@@ -140,7 +140,7 @@ impl Lane {
             return None;
         }
         match self.flights.back() {
-            None => self.refill_wait.map(|m| m.until()),
+            None => self.refill_wait.map(|m| Instant::from_std(m.until())),
             Some(_) if self.flights.len() >= MAX_FLIGHTS => None,
             Some(f) => Some(f.started + SEND_STALL),
         }
@@ -177,20 +177,29 @@ impl Lane {
                 let stored = f.ids.len();
                 let burst = match (f.ids.first(), f.ids.last()) {
                     (Some(a), Some(z)) => {
-                        came_in_a_burst(a.received, z.received, f.previous, f.started)
+                        let std = Instant::into_std;
+                        came_in_a_burst(
+                            std(a.received),
+                            std(z.received),
+                            f.previous.map(std),
+                            std(f.started),
+                        )
                     }
                     _ => false,
                 };
                 report(self.link, done, (f.ids, f.started), results);
                 // Expect as many back as were just stored, if they came as a refill.
                 if !self.closing && self.flights.is_empty() && burst {
-                    self.refill_wait =
-                        RefillWait::after(stored, (self.queued.len() + stored).min(MAX_BATCH));
+                    self.refill_wait = RefillWait::after(
+                        stored,
+                        (self.queued.len() + stored).min(MAX_BATCH),
+                        Instant::now().into_std(),
+                    );
                 }
             }
             if self
                 .refill_wait
-                .is_some_and(|m| m.over(self.queued.len(), None))
+                .is_some_and(|m| m.over(self.queued.len(), None, Instant::now().into_std()))
             {
                 self.refill_wait = None;
             }

@@ -23,7 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// How long consumers wait with credit and no new message before held transactions are closed.
 pub(super) const STALL_FIRST: Duration = Duration::from_secs(2);

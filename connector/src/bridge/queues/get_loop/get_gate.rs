@@ -15,23 +15,19 @@
 //! or given back; the Get then asks for just those and returns at once), or for at most
 //! [`OVERLAP_WAIT`] (for consumers that hold messages while producers this process does not see
 //! send more). A drain never waits. Backends that do not capture (the embedded store) have no
-//! such members and are never held back.
+//! such members and are never held back. While a Get is held back, a rise of the backend's ready
+//! count wakes the loop to look again (the driver listens for it).
 
-use std::time::Duration;
-
-use tokio::sync::watch;
-use tokio::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The longest a Get that would wait is held back behind open transactions.
-pub(super) const OVERLAP_WAIT: Duration = Duration::from_millis(5);
+pub(in crate::bridge::queues) const OVERLAP_WAIT: Duration = Duration::from_millis(5);
 
-/// The hold on the next Get, with the signal that messages may have become ready.
+/// The hold on the next Get.
+#[derive(Debug, Default)]
 pub(super) struct GetGate {
     /// When the current hold ends at the latest; `None` while nothing is held back.
     until: Option<Instant>,
-    /// Changes whenever the backend's ready count may have risen; `None` for a backend without
-    /// one.
-    ready: Option<watch::Receiver<()>>,
 }
 
 /// What the loop knows when it is about to issue a Get.
@@ -46,42 +42,24 @@ pub(super) struct Moment {
 }
 
 impl GetGate {
-    /// A gate woken by `ready` (see [`crate::backend::Backend::ready_changes`]).
-    pub(super) fn new(ready: Option<watch::Receiver<()>>) -> GetGate {
-        GetGate { until: None, ready }
-    }
-
     /// Until when the Get must wait, or `None` to issue it now. `ready_now` tells whether the
-    /// Get would find its messages stored; it is asked after the ready signal was marked seen,
-    /// so a rise after it wakes [`GetGate::ready_rose`].
-    pub(super) fn hold(&mut self, at: Moment, ready_now: impl FnOnce() -> bool) -> Option<Instant> {
-        if let Some(r) = &mut self.ready {
-            r.borrow_and_update();
-        }
+    /// Get would find its messages stored.
+    pub(super) fn hold(
+        &mut self,
+        at: Moment,
+        ready_now: impl FnOnce() -> bool,
+        now: Instant,
+    ) -> Option<Instant> {
         if !at.captures || !at.open || at.draining || ready_now() {
             self.until = None;
             return None;
         }
-        let until = *self
-            .until
-            .get_or_insert_with(|| Instant::now() + OVERLAP_WAIT);
-        if Instant::now() >= until {
+        let until = *self.until.get_or_insert(now + OVERLAP_WAIT);
+        if now >= until {
             self.until = None;
             return None;
         }
         Some(until)
-    }
-
-    /// Resolves when the ready count may have risen since [`GetGate::hold`] looked; never for a
-    /// backend without one.
-    pub(super) async fn ready_rose(&mut self) {
-        let rose = match &mut self.ready {
-            Some(r) => r.changed().await.is_ok(),
-            None => false,
-        };
-        if !rose {
-            std::future::pending::<()>().await;
-        }
     }
 }
 
@@ -97,55 +75,43 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn holds_only_a_waiting_get_behind_open_transactions_and_not_for_ever() {
-        let mut g = GetGate::new(None);
+    #[test]
+    fn holds_only_a_waiting_get_behind_open_transactions_and_not_for_ever() {
+        let t0 = Instant::now();
+        let mut g = GetGate::default();
+        let hold = |g: &mut GetGate, m, ready, now| g.hold(m, || ready, now);
         assert!(
-            g.hold(moment(false, true, false), || false).is_none(),
+            hold(&mut g, moment(false, true, false), false, t0).is_none(),
             "no capture"
         );
         assert!(
-            g.hold(moment(true, false, false), || false).is_none(),
+            hold(&mut g, moment(true, false, false), false, t0).is_none(),
             "nothing open"
         );
         assert!(
-            g.hold(moment(true, true, true), || false).is_none(),
+            hold(&mut g, moment(true, true, true), false, t0).is_none(),
             "a drain"
         );
         assert!(
-            g.hold(moment(true, true, false), || true).is_none(),
+            hold(&mut g, moment(true, true, false), true, t0).is_none(),
             "messages ready"
         );
-        let until = g.hold(moment(true, true, false), || false).expect("held");
+        let until = hold(&mut g, moment(true, true, false), false, t0).expect("held");
+        assert_eq!(until, t0 + OVERLAP_WAIT);
+        let later = t0 + Duration::from_millis(1);
         assert_eq!(
-            g.hold(moment(true, true, false), || false),
+            hold(&mut g, moment(true, true, false), false, later),
             Some(until),
             "the same hold, not a new one"
         );
-        tokio::time::sleep_until(until).await;
         assert!(
-            g.hold(moment(true, true, false), || false).is_none(),
+            hold(&mut g, moment(true, true, false), false, until).is_none(),
             "over"
         );
-        assert!(
-            g.hold(moment(true, true, false), || false).is_some(),
+        assert_eq!(
+            hold(&mut g, moment(true, true, false), false, until),
+            Some(until + OVERLAP_WAIT),
             "a new hold"
         );
-    }
-
-    #[tokio::test]
-    async fn a_rise_after_the_look_wakes_the_wait() {
-        let (tx, rx) = watch::channel(());
-        let mut g = GetGate::new(Some(rx));
-        tx.send_replace(());
-        // The look marks everything before it seen…
-        assert!(g.hold(moment(true, true, false), || false).is_some());
-        let early = tokio::time::timeout(Duration::from_millis(20), g.ready_rose()).await;
-        assert!(early.is_err(), "nothing new since the look");
-        // …and a rise after it wakes the wait.
-        tx.send_replace(());
-        tokio::time::timeout(Duration::from_secs(5), g.ready_rose())
-            .await
-            .expect("woken");
     }
 }

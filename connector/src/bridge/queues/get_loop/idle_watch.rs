@@ -26,7 +26,7 @@
 
 use std::time::Duration;
 
-use tokio::time::Instant;
+use std::time::Instant;
 
 use crate::backend::queue_watch::{BrokerCounts, Counts, QueueView, POLL_FLOOR};
 

@@ -1,0 +1,555 @@
+//! The Get loop driven by script: orders, backend answers and instants in, steps out, as
+//! `engine/` tests drive a connection with frames.
+
+use std::time::{Duration, Instant};
+
+use super::close_fence::FENCE_WAIT;
+use super::rehome::STALL_FIRST;
+use super::*;
+use crate::backend::queue_watch::{BrokerCounts, Counts};
+use crate::kubemq::QueueMessageAttributes;
+
+/// What the scripted backend shows.
+#[derive(Debug, Clone, Copy)]
+struct Shows {
+    ready: ReadyHint,
+    stored: u64,
+    view: Option<QueueView>,
+}
+
+impl Default for Shows {
+    fn default() -> Self {
+        Shows {
+            ready: ReadyHint::Unknown,
+            stored: 0,
+            view: None,
+        }
+    }
+}
+
+impl Sight for Shows {
+    fn ready(&self) -> ReadyHint {
+        self.ready
+    }
+
+    fn stored(&self) -> u64 {
+        self.stored
+    }
+
+    fn view(&mut self) -> Option<QueueView> {
+        self.view
+    }
+}
+
+const LIMITS: FetchLimits = FetchLimits {
+    max_batch: 500,
+    idle_exit: Duration::from_secs(60),
+};
+
+const ALICE: ConsumerKey = (1, 1);
+
+/// A loop on a backend that captures (`kubemq`) or not, with one consumer of `credit`.
+fn with_consumer(kubemq: bool, credit: u32) -> GetLoop {
+    let mut l = GetLoop::new("q", LIMITS, kubemq);
+    l.order(Order::Join(ALICE));
+    l.order(Order::Demand(DemandReport {
+        consumer: ALICE,
+        credit,
+        taken: 0,
+    }));
+    l
+}
+
+fn batch(transaction: &str, seqs: &[u64]) -> Batch {
+    Batch {
+        transaction_id: transaction.into(),
+        messages: seqs
+            .iter()
+            .map(|&sequence| QueueMessage {
+                channel: "q".into(),
+                attributes: Some(QueueMessageAttributes {
+                    sequence,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect(),
+    }
+}
+
+fn answered_at(now: Instant) -> AnsweredAt {
+    AnsweredAt {
+        now,
+        taken: now,
+        wall_ns: 0,
+    }
+}
+
+/// Polls, answering sessions' opening, until the Get goes; returns its session and size.
+fn until_get(l: &mut GetLoop, now: Instant, shows: &mut Shows) -> (SessionId, u32) {
+    for _ in 0..20 {
+        match l.poll(now, shows) {
+            Step::Act(Action::Open(id)) => l.opened(id, Ok(()), now),
+            Step::Act(Action::Get { session, want }) => return (session, want),
+            Step::Act(Action::Watch) => l.watched(shows.view),
+            Step::Act(Action::Unwatch) => {}
+            other => panic!("no Get but {other:?}"),
+        }
+    }
+    panic!("no Get in 20 steps")
+}
+
+/// Every action until the loop waits, answered as a backend that does everything asked would;
+/// the wait.
+fn until_wait(l: &mut GetLoop, now: Instant, shows: &mut Shows) -> (Vec<Action>, Wait) {
+    let mut acts = Vec::new();
+    for _ in 0..50 {
+        match l.poll(now, shows) {
+            Step::Act(a) => {
+                match &a {
+                    Action::Settle { .. } | Action::Fence { .. } => l.settled(Ok(())),
+                    Action::Open(id) => l.opened(*id, Ok(()), now),
+                    Action::Watch => l.watched(shows.view),
+                    _ => {}
+                }
+                acts.push(a);
+            }
+            Step::Wait(w) => return (acts, w),
+            Step::Idle => panic!("idle"),
+        }
+    }
+    panic!("no wait in 50 steps: {acts:?}")
+}
+
+/// The sequences handed to consumers in `acts`.
+fn handed(acts: &[Action]) -> Vec<u64> {
+    acts.iter()
+        .filter_map(|a| match a {
+            Action::Tell(_, ToConsumer::Messages(b)) => Some(b.iter().map(|h| h.sequence)),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+fn ack(transaction: &str, sequence: u64) -> Settlement {
+    Settlement {
+        transaction: Arc::from(transaction),
+        sequence,
+        outcome: Outcome::Ack,
+    }
+}
+
+/// The handed-out transaction of `acts` (the loop's own Arc, as consumers get it).
+fn txn_of(acts: &[Action]) -> Arc<str> {
+    acts.iter()
+        .find_map(|a| match a {
+            Action::Tell(_, ToConsumer::Messages(b)) => b.first().map(|h| h.transaction.clone()),
+            _ => None,
+        })
+        .expect("a hand-out")
+}
+
+/// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the backend
+/// says is ready when it knows, exactly or by its own count; without a count it follows the
+/// adaptive batch, and while a drain is on it asks for one. Always within the demand and the
+/// ceiling.
+#[test]
+fn get_size_follows_the_ready_hint() {
+    let size = |ready, draining| {
+        let mut l = GetLoop::new("q", LIMITS, false);
+        l.batch = 64;
+        l.order(Order::Join(ALICE));
+        if draining {
+            l.order(Order::Drain(DemandReport {
+                consumer: ALICE,
+                credit: 0,
+                taken: 0,
+            }));
+        }
+        let shows = Shows {
+            ready,
+            ..Shows::default()
+        };
+        [
+            l.get_size(100, &shows),
+            l.get_size(1000, &shows),
+            l.get_size(10, &shows),
+        ]
+    };
+    use ReadyHint::*;
+    assert_eq!(size(Exact(30), false), [30, 30, 10]);
+    assert_eq!(
+        size(Exact(0), false),
+        [1, 1, 1],
+        "one, to return on the next arrival"
+    );
+    assert_eq!(size(Exact(9000), false), [100, 500, 10]);
+    assert_eq!(size(Estimate(30), false), [30, 30, 10]);
+    assert_eq!(size(Estimate(30), true), [30, 30, 10]);
+    assert_eq!(size(Estimate(0), false), [1, 1, 1], "nothing counted: one");
+    assert_eq!(size(Unknown, false), [64, 64, 10]);
+    assert_eq!(size(Unknown, true), [1, 1, 1]);
+    assert_eq!(size(Estimate(0), true), [1, 1, 1]);
+}
+
+/// FLOW-3, Q-27: the first Get opens a session; what it brings goes to the consumer within its
+/// credit, the rest waits in the buffer; settlements go as one request per transaction and
+/// outcome, sequences ascending and distinct, before the next Get.
+#[test]
+fn messages_go_within_credit_and_settlements_before_the_next_get() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(false, 2);
+    assert_eq!(
+        until_get(&mut l, t0, &mut shows),
+        (1, 1),
+        "one while the queue looks idle"
+    );
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(acts.is_empty(), "nothing while the Get is out: {acts:?}");
+    assert_eq!(wait.until, Some(t0 + DRAIN_GRACE), "the drain grace only");
+    l.answered(Ok(batch("t1", &[1, 2, 3])), answered_at(t0));
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [1, 2], "within credit");
+    assert_eq!(
+        wait,
+        Wait::default(),
+        "no credit left: wait for the consumer"
+    );
+    let t1 = txn_of(&acts);
+    l.order(Order::Settle(vec![
+        ack("x", 0),
+        Settlement {
+            transaction: t1.clone(),
+            ..ack("", 2)
+        },
+        Settlement {
+            transaction: t1.clone(),
+            ..ack("", 1)
+        },
+        Settlement {
+            transaction: t1.clone(),
+            ..ack("", 1)
+        },
+    ]));
+    l.order(Order::Demand(DemandReport {
+        consumer: ALICE,
+        credit: 2,
+        taken: 2,
+    }));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [3], "the buffered one first");
+    let settles: Vec<_> = acts
+        .iter()
+        .filter_map(|a| match a {
+            Action::Settle {
+                session,
+                outcome,
+                sequences,
+                ..
+            } => Some((*session, *outcome, sequences.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        settles,
+        [(1, Outcome::Ack, vec![1, 2])],
+        "one request, the unknown transaction's dropped"
+    );
+}
+
+/// KMQ-17 (get_gate.rs): on KubeMQ a Get that would wait is held back behind open
+/// transactions, for at most OVERLAP_WAIT, and goes at once for messages known stored.
+#[test]
+fn a_get_that_would_wait_is_held_behind_open_transactions() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 10);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1])), answered_at(t0));
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [1]);
+    assert_eq!(
+        wait,
+        Wait {
+            until: Some(t0 + OVERLAP_WAIT),
+            ready: true,
+            ..Wait::default()
+        }
+    );
+    shows.stored = 4;
+    shows.ready = ReadyHint::Estimate(4);
+    let (session, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(
+        (session, want),
+        (2, 4),
+        "only what is stored, on a session without open transactions"
+    );
+    assert_eq!(
+        until_wait(&mut l, t0, &mut shows).1.until,
+        Some(t0 + OVERLAP_WAIT),
+        "settlements wait for a Get of stored messages"
+    );
+}
+
+/// KMQ-18, KMQ-17 (close_fence.rs): on KubeMQ a transaction settled whole is closed, and the
+/// next Get waits for the session's answer that the close is over, or FENCE_WAIT.
+#[test]
+fn a_settled_transaction_is_closed_and_the_next_get_waits_for_the_close() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 10);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    let t1 = txn_of(&acts);
+    l.order(Order::Settle(vec![Settlement {
+        transaction: t1.clone(),
+        ..ack("", 1)
+    }]));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Settle { .. })),
+        "half a transaction waits for the rest: {acts:?}"
+    );
+    l.order(Order::Settle(vec![Settlement {
+        transaction: t1.clone(),
+        ..ack("", 2)
+    }]));
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    let kinds: Vec<_> = acts
+        .iter()
+        .map(|a| match a {
+            Action::Settle { outcome, .. } => format!("{outcome:?}"),
+            Action::Fence { .. } => "fence".into(),
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(kinds, ["Ack", "Close", "fence"]);
+    assert_eq!(
+        wait,
+        Wait {
+            until: Some(t0 + FENCE_WAIT),
+            fences: true,
+            ..Wait::default()
+        }
+    );
+    l.fence_answered();
+    let (session, _) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(session, 1, "the session has no open transaction again");
+}
+
+/// An answer that never comes holds the Get back no longer than FENCE_WAIT.
+#[test]
+fn a_fence_that_never_answers_is_given_up() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 10);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1])), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    l.order(Order::Settle(vec![Settlement {
+        transaction: txn_of(&acts),
+        ..ack("", 1)
+    }]));
+    let (_, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(wait.fences);
+    let later = t0 + FENCE_WAIT;
+    assert!(matches!(
+        l.poll(later, &mut shows),
+        Step::Act(Action::ForgetFences)
+    ));
+    let _ = until_get(&mut l, later, &mut shows);
+}
+
+/// FLOW-5: a drain whose Get outlives DRAIN_GRACE ends with nothing; a drain that used its
+/// credit up ends at once.
+#[test]
+fn a_drain_ends_once_its_get_outlives_the_grace() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = GetLoop::new("q", LIMITS, false);
+    l.order(Order::Join(ALICE));
+    l.order(Order::Drain(DemandReport {
+        consumer: ALICE,
+        credit: 5,
+        taken: 0,
+    }));
+    let (_, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(want, 1, "one at a time while a drain is on");
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(acts.is_empty());
+    assert_eq!(wait.until, Some(t0 + DRAIN_GRACE));
+    let (acts, _) = until_wait(&mut l, t0 + DRAIN_GRACE, &mut shows);
+    assert!(
+        matches!(
+            acts[..],
+            [Action::Tell(ALICE, ToConsumer::DrainDone(ALICE))]
+        ),
+        "{acts:?}"
+    );
+}
+
+/// AUTHZ-9, KMQ-21: the first Get on an idle queue goes on the wire; once it is answered the
+/// loop watches the queue instead, and Gets what this process sends.
+#[test]
+fn an_idle_queue_is_watched_after_the_first_get() {
+    let t0 = Instant::now();
+    let mut shows = Shows {
+        ready: ReadyHint::Estimate(0),
+        view: Some(QueueView::default()),
+        ..Shows::default()
+    };
+    let mut l = with_consumer(true, 10);
+    let mut acts = Vec::new();
+    let (session, want) = loop {
+        match l.poll(t0, &mut shows) {
+            Step::Act(Action::Open(id)) => l.opened(id, Ok(()), t0),
+            Step::Act(Action::Watch) => {
+                acts.push("watch");
+                l.watched(shows.view)
+            }
+            Step::Act(Action::Get { session, want }) => break (session, want),
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!((session, want, &acts[..]), (1, 1, &["watch"][..]));
+    l.answered(Ok(batch("t0", &[])), answered_at(t0));
+    let counted = QueueView {
+        touched: 0,
+        broker: BrokerCounts::Seen(Counts {
+            last_sequence: 0,
+            waiting: 0,
+        }),
+        asked: Some(t0 + Duration::from_millis(1)),
+    };
+    shows.view = Some(counted);
+    let (_, wait) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(
+        wait,
+        Wait {
+            view: true,
+            ..Wait::default()
+        }
+    );
+    shows.view = Some(QueueView {
+        touched: 3,
+        ..counted
+    });
+    let (_, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(want, 3, "what this process sent");
+}
+
+/// KMQ-20 (rehome.rs): consumers with credit that hold every open transaction and get nothing
+/// new for STALL_FIRST have those transactions closed; the next Get brings their messages back
+/// on top of the demand, bound to the deliveries the consumers hold.
+#[test]
+fn held_transactions_are_closed_when_consumers_starve() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 3);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [1, 2]);
+    let held = txn_of(&acts);
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(acts.is_empty());
+    assert!(wait.ready, "held back behind the open transaction");
+    let later = t0 + STALL_FIRST;
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Settle { outcome: Outcome::Close, transaction, .. },
+                Action::Returned { count: 2, .. },
+                Action::Get { want: 3, .. },
+            ] if Arc::ptr_eq(transaction, &held)
+        ),
+        "closed, and the next Get asks for the one of demand and the two held: {acts:?}"
+    );
+    l.answered(Ok(batch("t2", &[1, 2, 5])), answered_at(later));
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert_eq!(
+        handed(&acts),
+        [5],
+        "the held two are bound, not handed out again"
+    );
+    l.order(Order::Settle(vec![Settlement {
+        transaction: held,
+        ..ack("", 1)
+    }]));
+    assert!(l.fresh);
+    let moved: Vec<_> = l.settle.iter().map(|s| s.transaction.to_string()).collect();
+    assert_eq!(moved, ["t2"], "the settlement follows its message");
+}
+
+/// A failed Get loses its session with its transactions (KubeMQ gives their messages back);
+/// the next Get waits GET_RETRY, on a new session. A refusal of the credential tells every
+/// consumer (AUTHZ-9).
+#[test]
+fn a_failed_get_drops_its_session_and_a_refusal_ends_the_consumers() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(false, 1);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(
+        Err(BackendError::Unauthorized("Error 412".into())),
+        answered_at(t0),
+    );
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Tell(ALICE, ToConsumer::Refused(ALICE)),
+                Action::Drop(1)
+            ]
+        ),
+        "{acts:?}"
+    );
+    assert_eq!(wait.until, Some(t0 + GET_RETRY));
+    let (session, _) = until_get(&mut l, t0 + GET_RETRY, &mut shows);
+    assert_eq!(session, 2);
+}
+
+/// Without consumers, buffered messages go back: a transaction never handed out is closed
+/// unchanged; then the loop is idle and stops watching.
+#[test]
+fn without_consumers_the_buffer_goes_back_and_the_loop_idles() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(false, 1);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.order(Order::Leave(ALICE));
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let mut acts = Vec::new();
+    loop {
+        match l.poll(t0, &mut shows) {
+            Step::Act(a) => {
+                if matches!(a, Action::Settle { .. }) {
+                    l.settled(Ok(()));
+                }
+                acts.push(a);
+            }
+            Step::Idle => break,
+            Step::Wait(w) => panic!("waits: {w:?} after {acts:?}"),
+        }
+    }
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Tell(ALICE, ToConsumer::Left(ALICE)),
+                Action::Settle {
+                    outcome: Outcome::Close,
+                    ..
+                },
+                Action::Returned { count: 2, .. }
+            ]
+        ),
+        "{acts:?}"
+    );
+}
