@@ -139,7 +139,29 @@ fn authz_9_a_kubemq_that_authorizes_decides_by_the_clients_own_client_id() {
             c.addr,
         )
     });
-    if let Err(panic) = run {
+    // KMQ-23: the read check a Get loop makes before it watches an idle queue gets the same
+    // verdict from KubeMQ's policy, with no Get.
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
+        use connector::backend::{Backend, BackendError, ReadCheck};
+        interop_tests::runtime().block_on(async {
+            let options = GrpcOptions {
+                token: Some(alice.clone()),
+                ..GrpcOptions::default()
+            };
+            let grpc = KubemqGrpc::connect(&kubemq.grpc.to_string(), options).unwrap();
+            assert_eq!(
+                grpc.check_read("a", "alice").await.unwrap(),
+                ReadCheck::Allowed
+            );
+            let refused = grpc.check_read("b", "alice").await;
+            assert!(
+                matches!(refused, Err(BackendError::Unauthorized(_))),
+                "{refused:?}"
+            );
+        })
+    }));
+    if let Err(panic) = run.and(checked) {
         eprintln!("KubeMQ's log:\n{}", kubemq.log());
         std::panic::resume_unwind(panic);
     }

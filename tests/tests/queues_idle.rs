@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use connector::backend::grpc::{GrpcOptions, KubemqGrpc};
-use connector::backend::Backend;
+use connector::backend::{Backend, ReadCheck};
 use connector::config::Settings;
 use connector::kubemq::QueueMessage;
 use fe2o3_amqp::link::receiver::CreditMode;
@@ -129,6 +129,29 @@ fn an_idle_consumer_puts_no_get_on_the_wire() {
                 tokio::time::timeout(Duration::from_secs(2), receiver.recv::<String>()).await;
             assert!(more.is_err(), "nothing else was sent");
             conn.close().await.unwrap();
+        });
+    });
+}
+
+/// KMQ-23: asking KubeMQ whether a client may read a queue, with a peek for no message, gets an
+/// answer that says it may (KubeMQ refuses the peek itself, after its access check, without
+/// waiting); a server without the call (the store's façade) cannot tell, and the Get loop's
+/// first Get then tells instead (AUTHZ-9).
+#[test]
+fn kmq_23_a_read_check_needs_no_get() {
+    TestConnector::each_backend(Settings::default(), |c| {
+        let Some(addr) = broker_grpc(c) else {
+            return;
+        };
+        interop_tests::runtime().block_on(async {
+            let grpc = KubemqGrpc::connect(&addr.to_string(), GrpcOptions::default()).unwrap();
+            let expected = if c.real_kubemq().is_some() {
+                ReadCheck::Allowed
+            } else {
+                ReadCheck::Unknown
+            };
+            let checked = grpc.check_read("read-check", "a-client").await.unwrap();
+            assert_eq!(checked, expected, "{}", c.backend());
         });
     });
 }

@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use super::queue_watch::QueueView;
-use super::{Backend, BackendError, Downstream, EventStream, ReadyHint, RequestStream};
+use super::{Backend, BackendError, Downstream, EventStream, ReadCheck, ReadyHint, RequestStream};
 use crate::engine::Credential;
 use crate::kubemq::{
     Event, PingResult, QueueMessage, QueuesInfo, Request, Response, SendQueueMessageResult,
@@ -59,6 +59,15 @@ pub(crate) trait Overrides: Send + Sync + Sized + 'static {
     /// See [`Backend::watch_queue`].
     fn watch_queue(&self, channel: &str) -> Option<tokio::sync::watch::Receiver<QueueView>> {
         self.inner().watch_queue(channel)
+    }
+
+    /// See [`Backend::check_read`].
+    fn check_read(
+        &self,
+        channel: &str,
+        client_id: &str,
+    ) -> impl Future<Output = Result<ReadCheck, BackendError>> + Send {
+        self.inner().check_read(channel, client_id)
     }
 }
 
@@ -165,5 +174,13 @@ impl<O: Overrides> Backend for Double<O> {
 
     fn watch_queue(&self, channel: &str) -> Option<tokio::sync::watch::Receiver<QueueView>> {
         self.0.watch_queue(channel)
+    }
+
+    fn check_read(
+        &self,
+        channel: &str,
+        client_id: &str,
+    ) -> impl Future<Output = Result<ReadCheck, BackendError>> + Send {
+        self.0.check_read(channel, client_id)
     }
 }

@@ -30,7 +30,8 @@ use super::ready_estimate::ReadyEstimate;
 use super::status::{credential_refused, failure, refused, retryable, unavailable};
 use super::SEND_STALL;
 use super::{
-    Backend, BackendError, Batch, Downstream, EventStream, Handled, ReadyHint, RequestStream,
+    kubemq_code, Backend, BackendError, Batch, Downstream, EventStream, Handled, ReadCheck,
+    ReadyHint, RequestStream,
 };
 use crate::engine::Credential;
 use crate::kubemq::kubemq_client::KubemqClient;
@@ -39,8 +40,8 @@ use crate::kubemq::transport::{CONNECTION_WINDOW, MAX_FRAME, MAX_GRPC_MESSAGE, S
 use crate::kubemq::{
     Empty, Event, PingResult, QueueMessage, QueuesDownstreamRequest,
     QueuesDownstreamRequestType as Op, QueuesDownstreamResponse, QueuesInfo, QueuesInfoRequest,
-    QueuesUpstreamRequest, QueuesUpstreamResponse, Request, Response, SendQueueMessageResult,
-    Subscribe,
+    QueuesUpstreamRequest, QueuesUpstreamResponse, ReceiveQueueMessagesRequest, Request, Response,
+    SendQueueMessageResult, Subscribe,
 };
 
 /// Messages per QueuesUpstream request at most.
@@ -972,6 +973,35 @@ impl Backend for KubemqGrpc {
             })
             .await?;
         Ok(r.info.unwrap_or_default())
+    }
+
+    /// A peek for no message: KubeMQ v2.4 checks a ReceiveQueueMessages against its access
+    /// control before anything else, then refuses one that asks for no message (`Error 122`)
+    /// before it subscribes or waits (KMQ-23). That refusal says the read is allowed; an access
+    /// refusal says it is not; anything else (a server without the call) cannot tell.
+    async fn check_read(&self, channel: &str, client_id: &str) -> Result<ReadCheck, BackendError> {
+        let shared = self.shared.clone();
+        let r = self
+            .unary(|mut c| {
+                let req = shared.request(ReceiveQueueMessagesRequest {
+                    request_id: new_id(),
+                    client_id: client_id.to_string(),
+                    channel: channel.to_string(),
+                    max_number_of_messages: 0,
+                    wait_time_seconds: 0,
+                    is_peak: true,
+                });
+                async move { c.receive_queue_messages(req).await }
+            })
+            .await;
+        match r {
+            Ok(answer) if answer.is_error && kubemq_code(&answer.error) == Some(122) => {
+                Ok(ReadCheck::Allowed)
+            }
+            Ok(_) => Ok(ReadCheck::Unknown),
+            Err(e @ BackendError::Unauthorized(_)) => Err(e),
+            Err(_) => Ok(ReadCheck::Unknown),
+        }
     }
 
     async fn ping(&self) -> Result<PingResult, BackendError> {

@@ -271,6 +271,27 @@ pub trait Backend: Send + Sync + 'static {
     ) -> Option<tokio::sync::watch::Receiver<queue_watch::QueueView>> {
         None
     }
+
+    /// Asks whether `client_id` may read `channel` without taking a message or waiting for one,
+    /// so that a loop that watches an idle queue learns whether the broker refuses it (AUTHZ-9)
+    /// without a Get that waits (KMQ-21, KMQ-23). `Err(Unauthorized)` when it refuses.
+    fn check_read(
+        &self,
+        _channel: &str,
+        _client_id: &str,
+    ) -> impl Future<Output = Result<ReadCheck, BackendError>> + Send {
+        std::future::ready(Ok(ReadCheck::Unknown))
+    }
+}
+
+/// What the broker says of a client's right to read a queue, short of a Get
+/// ([`Backend::check_read`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadCheck {
+    /// The broker checked the right and allows it.
+    Allowed,
+    /// The broker cannot say without a Get.
+    Unknown,
 }
 
 /// What a backend knows about a channel's ready messages (see [`Backend::ready_hint`]).

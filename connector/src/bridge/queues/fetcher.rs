@@ -457,6 +457,11 @@ impl<B: Backend> Driver<B> {
                 let seen = self.view.as_mut().map(|v| *v.borrow_and_update());
                 self.machine.watched(seen);
             }
+            Action::CheckRead => {
+                let client_id = self.key.caller.get_client_id();
+                let r = self.backend.check_read(channel, client_id).await;
+                self.machine.read_checked(r);
+            }
             Action::Unwatch => self.view = None,
             Action::ForgetFences => self.fences.clear(),
         }

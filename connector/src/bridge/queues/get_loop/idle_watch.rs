@@ -18,9 +18,10 @@
 //! loop looks again once a newer answer is in. Where KubeMQ's counts cannot be read the loop
 //! falls back to a Get that waits.
 //!
-//! A loop's first Get goes on the wire whatever the view says: a KubeMQ that authorizes decides
-//! whether the loop's client may read the queue only when a Get arrives (QueuesInfo is not
-//! checked), and a consumer that may not must be told so at once, not left waiting (AUTHZ-9).
+//! A consumer that may not read its queue must be told so at once, not left waiting (AUTHZ-9),
+//! and QueuesInfo is not checked against KubeMQ's access control: unless the backend confirmed
+//! that the loop may read (a check that costs no Get, KMQ-23), the loop's first Get goes on the
+//! wire whatever the view says.
 //!
 //! No clock and no I/O here: the loop passes the view, what it holds and the instant.
 
@@ -73,6 +74,8 @@ pub(super) struct IdleWatch {
     excess_pause: Duration,
     /// The Get on the wire was sized by a look.
     looked: bool,
+    /// The backend confirmed that the loop may read: no first Get is needed to learn it.
+    allowed: bool,
 }
 
 impl IdleWatch {
@@ -85,6 +88,7 @@ impl IdleWatch {
             excess_from: None,
             excess_pause: FIRST_EXCESS_PAUSE,
             looked: false,
+            allowed: false,
         }
     }
 
@@ -95,7 +99,7 @@ impl IdleWatch {
         if local > 0 {
             return self.get(local);
         }
-        if self.answered.is_none() {
+        if self.answered.is_none() && !self.allowed {
             return Look::Blind;
         }
         let Counts {
@@ -126,6 +130,11 @@ impl IdleWatch {
             Some(from) if at.now < from => Look::Watch(Some(from)),
             _ => self.get(excess),
         }
+    }
+
+    /// The backend confirmed that the loop may read its queue.
+    pub(super) fn read_allowed(&mut self) {
+        self.allowed = true;
     }
 
     /// The loop sized a Get from its own count, which includes what this process sent so far:
@@ -184,8 +193,8 @@ mod tests {
         w
     }
 
-    /// AUTHZ-9: the loop's first Get goes on the wire even with nothing to fetch, since only a
-    /// Get tells whether KubeMQ lets the loop read; once it is answered the loop watches.
+    /// AUTHZ-9: the loop's first Get goes on the wire even with nothing to fetch, unless the
+    /// backend confirmed the read; once it is answered the loop watches.
     #[test]
     fn the_first_get_goes_whatever_the_view_says() {
         let t0 = Instant::now();
@@ -198,6 +207,13 @@ mod tests {
         );
         w.answered(1, 0, None, t0);
         assert_eq!(w.look(&seen(3, 0, t0), holding(0, t0)), Look::Watch(None));
+        let mut confirmed = IdleWatch::new(0);
+        confirmed.read_allowed();
+        assert_eq!(
+            confirmed.look(&seen(3, 0, t0), holding(0, t0)),
+            Look::Watch(None),
+            "KMQ-23: no first Get once the read is confirmed"
+        );
     }
 
     /// KMQ-21: with nothing known to be there the loop waits on the view, not with a Get; what

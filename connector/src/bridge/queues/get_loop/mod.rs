@@ -56,7 +56,7 @@ pub(super) use self::sessions::SessionId;
 use self::sessions::{Lend, Sessions, Txn};
 use super::refill_wait::RefillWait;
 use crate::backend::queue_watch::QueueView;
-use crate::backend::{BackendError, Batch, ReadyHint};
+use crate::backend::{BackendError, Batch, ReadCheck, ReadyHint};
 use crate::kubemq::QueueMessage;
 
 /// How long a drain waits for a Get to answer before it counts as "nothing more is immediately
@@ -147,6 +147,9 @@ pub(super) enum Action {
     Drop(SessionId),
     /// Watch the queue; answer with [`GetLoop::watched`].
     Watch,
+    /// Ask the backend whether the loop's client may read the queue, short of a Get; answer
+    /// with [`GetLoop::read_checked`].
+    CheckRead,
     /// Stop watching the queue.
     Unwatch,
     /// Forget the answers kept for fences: they came too late.
@@ -259,6 +262,9 @@ pub(super) struct GetLoop {
     /// Messages the next Get is to bring back on top of the demand (those just given back).
     rehome_want: u32,
     watching: Watching,
+    /// Whether the backend was asked if the loop may read its queue (once, before it first
+    /// watches instead of Getting).
+    read_checked: bool,
     /// What the loop made of its views so far.
     idle: Option<IdleWatch>,
     /// The size of the next Get as the view gave it, until that Get goes.
@@ -293,6 +299,7 @@ impl GetLoop {
             moved: Moved::default(),
             rehome_want: 0,
             watching: Watching::Off,
+            read_checked: false,
             idle: None,
             looked: None,
             get: None,
@@ -681,6 +688,23 @@ impl GetLoop {
         }
     }
 
+    /// The backend's answer to [`Action::CheckRead`]: allowed, the idle queue is watched from
+    /// the start; refused, every consumer is told (AUTHZ-9); otherwise the first Get tells.
+    pub(super) fn read_checked(&mut self, r: Result<ReadCheck, BackendError>) {
+        match r {
+            Ok(ReadCheck::Allowed) => {
+                if let Some(idle) = self.idle.as_mut() {
+                    idle.read_allowed();
+                }
+            }
+            Ok(ReadCheck::Unknown) => {}
+            Err(e) => {
+                tracing::debug!(channel = %self.channel, error = %e, "read check refused");
+                self.refuse_if_unauthorized(&e);
+            }
+        }
+    }
+
     /// The backend stopped watching: Gets wait again.
     pub(super) fn view_closed(&mut self) {
         self.watching = Watching::Never;
@@ -703,6 +727,12 @@ impl GetLoop {
         }
         if self.watching == Watching::Off {
             return Some(Looked::Act(Action::Watch));
+        }
+        if !self.read_checked {
+            // Without the backend's word that the loop may read, its first Get goes anyway,
+            // as the only way to learn whether KubeMQ refuses it (AUTHZ-9).
+            self.read_checked = true;
+            return Some(Looked::Act(Action::CheckRead));
         }
         let held = self.sessions.txns.values().map(|t| t.left as u64).sum();
         let view = sight.view()?;

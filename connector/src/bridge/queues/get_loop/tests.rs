@@ -15,6 +15,8 @@ struct Shows {
     ready: ReadyHint,
     stored: u64,
     view: Option<QueueView>,
+    /// The answer to a read check.
+    read: ReadCheck,
 }
 
 impl Default for Shows {
@@ -23,6 +25,7 @@ impl Default for Shows {
             ready: ReadyHint::Unknown,
             stored: 0,
             view: None,
+            read: ReadCheck::Unknown,
         }
     }
 }
@@ -92,6 +95,7 @@ fn until_get(l: &mut GetLoop, now: Instant, shows: &mut Shows) -> (SessionId, u3
             Step::Act(Action::Open(id)) => l.opened(id, Ok(()), now),
             Step::Act(Action::Get { session, want }) => return (session, want),
             Step::Act(Action::Watch) => l.watched(shows.view),
+            Step::Act(Action::CheckRead) => l.read_checked(Ok(shows.read)),
             Step::Act(Action::Unwatch) => {}
             other => panic!("no Get but {other:?}"),
         }
@@ -110,6 +114,7 @@ fn until_wait(l: &mut GetLoop, now: Instant, shows: &mut Shows) -> (Vec<Action>,
                     Action::Settle { .. } | Action::Fence { .. } => l.settled(Ok(())),
                     Action::Open(id) => l.opened(*id, Ok(()), now),
                     Action::Watch => l.watched(shows.view),
+                    Action::CheckRead => l.read_checked(Ok(shows.read)),
                     _ => {}
                 }
                 acts.push(a);
@@ -391,8 +396,9 @@ fn a_drain_ends_once_its_get_outlives_the_grace() {
     );
 }
 
-/// AUTHZ-9, KMQ-21: the first Get on an idle queue goes on the wire; once it is answered the
-/// loop watches the queue instead, and Gets what this process sends.
+/// AUTHZ-9, KMQ-21: where the backend cannot say whether the loop may read, the first Get on an
+/// idle queue goes on the wire; once it is answered the loop watches the queue instead, and Gets
+/// what this process sends.
 #[test]
 fn an_idle_queue_is_watched_after_the_first_get() {
     let t0 = Instant::now();
@@ -410,11 +416,15 @@ fn an_idle_queue_is_watched_after_the_first_get() {
                 acts.push("watch");
                 l.watched(shows.view)
             }
+            Step::Act(Action::CheckRead) => {
+                acts.push("check");
+                l.read_checked(Ok(ReadCheck::Unknown))
+            }
             Step::Act(Action::Get { session, want }) => break (session, want),
             other => panic!("{other:?}"),
         }
     };
-    assert_eq!((session, want, &acts[..]), (1, 1, &["watch"][..]));
+    assert_eq!((session, want, &acts[..]), (1, 1, &["watch", "check"][..]));
     l.answered(Ok(batch("t0", &[])), answered_at(t0));
     let counted = QueueView {
         touched: 0,
@@ -552,4 +562,44 @@ fn without_consumers_the_buffer_goes_back_and_the_loop_idles() {
         ),
         "{acts:?}"
     );
+}
+
+/// KMQ-23, AUTHZ-9: where the backend confirms the loop may read, an idle queue is watched from
+/// the start, with no Get at all; where it refuses, every consumer is told.
+#[test]
+fn a_confirmed_read_watches_at_once_and_a_refused_one_ends_the_consumers() {
+    let t0 = Instant::now();
+    let mut shows = Shows {
+        ready: ReadyHint::Estimate(0),
+        view: Some(QueueView::default()),
+        read: ReadCheck::Allowed,
+        ..Shows::default()
+    };
+    let mut l = with_consumer(true, 10);
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(
+        matches!(&acts[..], [Action::Watch, Action::CheckRead]),
+        "{acts:?}"
+    );
+    assert_eq!(
+        wait,
+        Wait {
+            view: true,
+            ..Wait::default()
+        },
+        "watched, no Get"
+    );
+
+    let mut l = with_consumer(true, 10);
+    assert!(matches!(l.poll(t0, &mut shows), Step::Act(Action::Watch)));
+    l.watched(shows.view);
+    assert!(matches!(
+        l.poll(t0, &mut shows),
+        Step::Act(Action::CheckRead)
+    ));
+    l.read_checked(Err(BackendError::Unauthorized("Error 412".into())));
+    assert!(matches!(
+        l.poll(t0, &mut shows),
+        Step::Act(Action::Tell(ALICE, ToConsumer::Refused(ALICE)))
+    ));
 }
