@@ -400,8 +400,7 @@ impl<B: Backend> Driver<B> {
             }
             Action::Get { session, want } => {
                 let Some(mut d) = self.streams.remove(&session) else {
-                    let gone = BackendError::Unavailable("the session's stream is gone".into());
-                    self.machine.answered(Err(gone), answered_now());
+                    self.machine.answered(Err(stream_gone()), answered_now());
                     return;
                 };
                 let channel = channel.to_string();
@@ -419,9 +418,7 @@ impl<B: Backend> Driver<B> {
                 sequences,
             } => {
                 let r = match self.streams.get_mut(&session) {
-                    None => Err(BackendError::Unavailable(
-                        "the session's stream is gone".into(),
-                    )),
+                    None => Err(stream_gone()),
                     Some(d) => match outcome {
                         Outcome::Ack => d.ack(&transaction, &sequences).await,
                         Outcome::Nack => d.nack(&transaction, &sequences).await,
@@ -435,9 +432,7 @@ impl<B: Backend> Driver<B> {
                 transaction,
             } => {
                 let r = match self.streams.get_mut(&session) {
-                    None => Err(BackendError::Unavailable(
-                        "the session's stream is gone".into(),
-                    )),
+                    None => Err(stream_gone()),
                     Some(d) => d.handled(&transaction).await,
                 };
                 let r = r.map(|h| self.fences.push(h));
@@ -488,6 +483,12 @@ impl<B: Backend> Driver<B> {
             }
         }
     }
+}
+
+/// The answer for an action on a session the driver no longer holds (never expected: the loop
+/// names only sessions it opened and has not dropped).
+fn stream_gone() -> BackendError {
+    BackendError::Unavailable("the session's stream is gone".into())
 }
 
 /// An instant no wait reaches (a timer that is never armed).

@@ -50,7 +50,7 @@ pub use self::handout::{
     ConsumerKey, DemandReport, FetchLimits, Handout, Outcome, Settlement, Taken, ToConsumer,
 };
 use self::idle_watch::{Holding, IdleWatch, Look};
-use self::plan::{Awaiting, Plan};
+use self::plan::{Awaiting, Op, Plan};
 use self::rehome::{Arrival, Moved, StallWatch};
 pub(super) use self::sessions::SessionId;
 use self::sessions::{Lend, Sessions, Txn};
@@ -641,30 +641,35 @@ impl GetLoop {
                 outcome,
                 count,
             } => self.after_settle(session, transaction, outcome, count, r),
-            Awaiting::CloseSettled {
-                session,
-                transaction,
-            } => {
-                if let Err(e) = r {
-                    tracing::warn!(channel = %self.channel, transaction = %transaction, error = %e, "closing a settled transaction failed; KubeMQ returns what it held when the session ends");
-                    self.plan.lost.push(session);
-                }
-            }
-            Awaiting::Rehome {
+            Awaiting::Sent(Op::Rehome {
                 session,
                 transaction,
                 count,
-            } => match r {
+            }) => match r {
                 Ok(()) => self.out.push_back(Action::Returned { session, count }),
                 Err(e) => {
                     tracing::warn!(channel = %self.channel, transaction = %transaction, error = %e, "closing a held transaction failed; KubeMQ returns its messages when the session ends");
                     self.plan.lost.push(session);
                 }
             },
-            Awaiting::Fence { session } => match r {
+            Awaiting::Sent(Op::Fence { session, .. }) => match r {
                 Ok(()) => self.fences.push(),
                 Err(_) => self.plan.lost.push(session),
             },
+            // A close of a settled transaction (and, never sent, the plan's markers).
+            Awaiting::Sent(op) => {
+                if let (
+                    Err(e),
+                    Op::CloseSettled {
+                        session,
+                        transaction,
+                    },
+                ) = (r, op)
+                {
+                    tracing::warn!(channel = %self.channel, transaction = %transaction, error = %e, "closing a settled transaction failed; KubeMQ returns what it held when the session ends");
+                    self.plan.lost.push(session);
+                }
+            }
         }
     }
 

@@ -50,24 +50,15 @@ pub(super) enum Op {
 /// The request whose answer the plan waits for.
 #[derive(Debug)]
 pub(super) enum Awaiting {
+    /// One transaction's settlements of one outcome, `count` distinct messages.
     Settle {
         session: SessionId,
         transaction: Arc<str>,
         outcome: Outcome,
         count: usize,
     },
-    CloseSettled {
-        session: SessionId,
-        transaction: Arc<str>,
-    },
-    Rehome {
-        session: SessionId,
-        transaction: Arc<str>,
-        count: usize,
-    },
-    Fence {
-        session: SessionId,
-    },
+    /// A close or a fence, as planned ([`Op::CloseSettled`], [`Op::Rehome`], [`Op::Fence`]).
+    Sent(Op),
 }
 
 /// The requests under way.
@@ -196,31 +187,29 @@ impl GetLoop {
                 }
                 Op::CloseSettled {
                     session,
-                    transaction,
-                } => {
-                    if self.plan.lost.contains(&session) || !self.sessions.usable(session) {
-                        continue;
-                    }
-                    self.plan.awaiting = Some(Awaiting::CloseSettled {
-                        session,
-                        transaction: transaction.clone(),
-                    });
-                    return Some(close(session, transaction));
+                    ref transaction,
                 }
-                Op::Rehome {
+                | Op::Rehome {
                     session,
-                    transaction,
-                    count,
+                    ref transaction,
+                    ..
+                }
+                | Op::Fence {
+                    session,
+                    ref transaction,
                 } => {
                     if self.plan.lost.contains(&session) || !self.sessions.usable(session) {
                         continue;
                     }
-                    self.plan.awaiting = Some(Awaiting::Rehome {
-                        session,
-                        transaction: transaction.clone(),
-                        count,
-                    });
-                    return Some(close(session, transaction));
+                    let action = match op {
+                        Op::Fence { .. } => Action::Fence {
+                            session,
+                            transaction: transaction.clone(),
+                        },
+                        _ => close(session, transaction.clone()),
+                    };
+                    self.plan.awaiting = Some(Awaiting::Sent(op));
+                    return Some(action);
                 }
                 Op::Fences => {
                     // One answer per session tells when KubeMQ has closed what was closed on it.
@@ -233,19 +222,6 @@ impl GetLoop {
                             transaction,
                         });
                     }
-                }
-                Op::Fence {
-                    session,
-                    transaction,
-                } => {
-                    if self.plan.lost.contains(&session) || !self.sessions.usable(session) {
-                        continue;
-                    }
-                    self.plan.awaiting = Some(Awaiting::Fence { session });
-                    return Some(Action::Fence {
-                        session,
-                        transaction,
-                    });
                 }
                 Op::LoseLost => {
                     let mut lost = std::mem::take(&mut self.plan.lost);
