@@ -389,13 +389,10 @@ impl<B: Backend> Driver<B> {
                 }
             }
             Action::Open(session) => {
-                let r = match self.backend.open_downstream().await {
-                    Ok(d) => {
-                        self.streams.insert(session, d);
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                };
+                let r = self.backend.open_downstream().await;
+                let r = r.map(|d| {
+                    self.streams.insert(session, d);
+                });
                 self.machine.opened(session, r, loop_now());
             }
             Action::Get { session, want } => {

@@ -324,6 +324,7 @@ impl GetLoop {
                 return Step::Act(a);
             }
             if !self.out.is_empty() {
+                // The plan's last step forgot failed sessions.
                 continue;
             }
             if self.get.is_some() {
@@ -354,12 +355,8 @@ impl GetLoop {
         }
         let overlapped = g.overlap_until.is_none();
         let graced = now >= g.grace_until;
-        let until = match (g.overlap_until, graced) {
-            (Some(o), false) => Some(o.min(g.grace_until)),
-            (Some(o), true) => Some(o),
-            (None, false) => Some(g.grace_until),
-            (None, true) => None,
-        };
+        let grace = (!graced).then_some(g.grace_until);
+        let until = g.overlap_until.into_iter().chain(grace).min();
         if overlapped && self.fresh {
             self.start_flush();
             return None;

@@ -227,13 +227,11 @@ impl GetLoop {
                     let mut lost = std::mem::take(&mut self.plan.lost);
                     lost.sort_unstable();
                     lost.dedup();
+                    // What losing a session asks of the driver goes out through `out`.
                     for session in lost {
                         if self.sessions.usable(session) {
                             self.lose_session(session);
                         }
-                    }
-                    if !self.out.is_empty() {
-                        return self.out.pop_front();
                     }
                 }
             }
