@@ -60,19 +60,50 @@ fn the_burn_in_harness_passes_on_every_backend() {
                 c.backend()
             );
             if !status.success() || !verdict.contains("result=PASSED") {
-                failed.push(format!(
-                    "{} backend: {status}\n{}\n{}",
+                // The whole story goes to the captured output; the failure itself names the
+                // harness's reasons only, so that they end the test's report.
+                eprintln!(
+                    "== {} backend: the harness's output\n{}\n{}",
                     c.backend(),
                     tail(&out, 80),
                     tail(&err, 80)
-                ));
+                );
                 if let Some(k) = c.real_kubemq() {
-                    failed.push(format!("KubeMQ's log:\n{}", tail(&k.log(), 40)));
+                    eprintln!("== KubeMQ's log\n{}", tail(&k.log(), 40));
                 }
+                failed.push(format!(
+                    "{} backend ({status}): {}",
+                    c.backend(),
+                    reasons(&err).join("; ")
+                ));
             }
         }
     }
-    assert!(failed.is_empty(), "{}", failed.join("\n\n"));
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The reasons the harness's report gives for its verdict: its failed checks and its warnings
+/// (where every failed threshold is named).
+fn reasons(report: &str) -> Vec<String> {
+    let mut reasons = Vec::new();
+    let mut in_warnings = false;
+    for line in report.lines() {
+        let trimmed = line.trim();
+        if trimmed == "Warnings:" {
+            in_warnings = true;
+        } else if let Some(warning) = trimmed.strip_prefix("- ").filter(|_| in_warnings) {
+            reasons.push(warning.to_string());
+        } else {
+            in_warnings = false;
+            if trimmed.contains(" FAIL ") {
+                reasons.push(trimmed.split_whitespace().collect::<Vec<_>>().join(" "));
+            }
+        }
+    }
+    if reasons.is_empty() {
+        reasons.push("no report (see the captured output)".into());
+    }
+    reasons
 }
 
 /// The published configuration with this run's duration, a free metrics port and a report
@@ -96,4 +127,34 @@ fn config_for(template: &Path, dir: &Path) -> PathBuf {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The reasons are read from the report's layout: failed checks and warnings, not passed or
+/// advisory checks.
+#[test]
+fn a_failed_reports_reasons_are_read() {
+    let report = "\
+ Checks:
+   loss:queues                  PASS  0.0000%
+   latency:events_store         FAIL  p99 2301.0ms > 2000.0ms
+   memory                       WARN  growth 2.10x
+
+ Warnings:
+   - events_store: p99 latency 2301.0ms exceeds 2000.0ms
+   - queues: loss 0.1000% exceeds threshold 0.0000%
+
+ Resources:
+";
+    assert_eq!(
+        reasons(report),
+        [
+            "latency:events_store FAIL p99 2301.0ms > 2000.0ms",
+            "events_store: p99 latency 2301.0ms exceeds 2000.0ms",
+            "queues: loss 0.1000% exceeds threshold 0.0000%",
+        ]
+    );
+    assert_eq!(
+        reasons("no report"),
+        ["no report (see the captured output)"]
+    );
 }
