@@ -127,15 +127,6 @@ impl Args {
         self.rate as f64 / self.producers.max(1) as f64
     }
 
-    /// Deliveries the run waits for.
-    fn expected(&self) -> u64 {
-        if self.fanout {
-            self.messages * self.consumers as u64
-        } else {
-            self.messages
-        }
-    }
-
     /// Times each message must be received.
     fn copies(&self) -> u8 {
         if self.fanout {
@@ -424,12 +415,20 @@ type Stop = tokio::sync::watch::Receiver<()>;
 struct Seen {
     counts: Vec<u8>,
     latencies: Vec<u64>,
+    /// Times each message must be received.
+    copies: u8,
+    /// Messages received at least `copies` times: the run is complete when all are, however
+    /// many duplicates came (a redelivery must not end the run before the last message).
+    complete: u64,
 }
 
 impl Seen {
     fn record(&mut self, n: u64, latency_ns: u64) {
         if let Some(c) = self.counts.get_mut(n as usize) {
             *c = c.saturating_add(1);
+            if *c == self.copies {
+                self.complete += 1;
+            }
         }
         self.latencies.push(latency_ns);
     }
@@ -450,6 +449,8 @@ async fn main() {
     let seen = Arc::new(Mutex::new(Seen {
         counts: vec![0; args.messages as usize],
         latencies: Vec::with_capacity(args.messages as usize),
+        copies: args.copies(),
+        complete: 0,
     }));
     let (stop_all, stop) = tokio::sync::watch::channel(());
     let stages_before = match &args.stages {
@@ -513,8 +514,7 @@ async fn main() {
         consumers = start_consumers();
     }
     // Check every 10 ms (so the elapsed time is exact to that) and print progress once a second,
-    // until everything arrived or nothing moved for idle_timeout.
-    let expected = args.expected();
+    // until every message arrived or nothing moved for idle_timeout.
     let mut last = (0, Instant::now());
     let mut printed = Instant::now();
     loop {
@@ -523,7 +523,8 @@ async fn main() {
             tally.sent.load(Ordering::Relaxed),
             tally.received.load(Ordering::Relaxed),
         );
-        if r < expected && printed.elapsed() < Duration::from_secs(1) {
+        let done = seen.lock().unwrap_or_else(|e| e.into_inner()).complete >= args.messages;
+        if !done && printed.elapsed() < Duration::from_secs(1) {
             continue;
         }
         printed = Instant::now();
@@ -533,7 +534,7 @@ async fn main() {
             tally.accepted.load(Ordering::Relaxed),
             r as f64 / started.elapsed().as_secs_f64()
         );
-        if r >= expected {
+        if done {
             break;
         }
         if r > last.0 {

@@ -258,6 +258,16 @@ impl<B: Backend> Driver<B> {
                 };
                 self.machine.poll(now, &mut shown)
             };
+            // Every step at trace level: what a loop did and waited for, in order, is what
+            // explains a stall (a consumer's messages are left out: they can be large).
+            match &step {
+                Step::Act(Action::Tell(consumer, _)) => {
+                    tracing::trace!(channel = %self.key.channel, ?consumer, "Get loop tells a consumer");
+                }
+                other => {
+                    tracing::trace!(channel = %self.key.channel, step = ?other, "Get loop step")
+                }
+            }
             let (wait, idle) = match step {
                 Step::Act(a) => {
                     // Boxed: the loop's own future stays small while it waits, and a loop is
