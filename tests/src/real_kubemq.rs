@@ -28,15 +28,15 @@ pub struct RealKubemq {
     settings: Vec<(String, String)>,
 }
 
-/// A killed server's folder and gRPC port.
-pub struct KilledKubemq {
+/// A stopped (or killed) server's folder and gRPC port.
+pub struct StoppedKubemq {
     binary: PathBuf,
     grpc: SocketAddr,
     dir: tempfile::TempDir,
     settings: Vec<(String, String)>,
 }
 
-impl KilledKubemq {
+impl StoppedKubemq {
     /// Starts the server again on the same folder and gRPC port, as a restarted broker.
     pub fn start_again(self) -> RealKubemq {
         RealKubemq::start_in(&self.binary, self.dir, Some(self.grpc), self.settings)
@@ -133,11 +133,40 @@ impl RealKubemq {
     }
 
     /// Kills the server's process group, as a crash would, and waits for it; what it stored
-    /// stays for [`KilledKubemq::start_again`].
-    pub fn kill(mut self) -> KilledKubemq {
+    /// stays for [`StoppedKubemq::start_again`].
+    pub fn kill(mut self) -> StoppedKubemq {
         self.stop_group();
+        self.stopped()
+    }
+
+    /// Stops the server as an orderly shutdown does (SIGTERM, as Kubernetes stops a pod) and
+    /// waits until it has exited (killed after 30 s); what it stored stays for
+    /// [`StoppedKubemq::start_again`].
+    pub fn stop(mut self) -> StoppedKubemq {
+        let group = format!("-{}", self.group.id());
+        let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            // The shell that leads the group exits at once; reaped, it no longer counts.
+            let _ = self.group.try_wait();
+            let alive = Command::new("kill")
+                .args(["-0", "--", &group])
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            if !alive || Instant::now() > deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop_group();
+        self.stopped()
+    }
+
+    /// The folder and port of this server, whose processes are gone.
+    fn stopped(&mut self) -> StoppedKubemq {
         let placeholder = tempfile::tempdir().expect("scratch folder");
-        KilledKubemq {
+        StoppedKubemq {
             binary: self.binary.clone(),
             grpc: self.grpc,
             dir: std::mem::replace(&mut self.dir, placeholder),
@@ -147,8 +176,10 @@ impl RealKubemq {
 
     fn stop_group(&mut self) {
         let pid = self.group.id().to_string();
+        // (The group may be gone already: a stopped server's.)
         let _ = Command::new("kill")
             .args(["-KILL", "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
             .status();
         drop(self.group.stdin.take());
         let _ = self.group.wait();

@@ -17,7 +17,7 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use interop_tests::real_kubemq::{KilledKubemq, RealKubemq};
+use interop_tests::real_kubemq::{RealKubemq, StoppedKubemq};
 use interop_tests::{TestConnector, TestFacade};
 
 const EXECUTED: &str = "x-opt-kubemq-executed";
@@ -197,7 +197,7 @@ enum Broker {
 /// A broker that was stopped, to start again on the same port and data.
 enum Stopped {
     Facade(std::net::SocketAddr, tempfile::TempDir),
-    Real(KilledKubemq),
+    Real(StoppedKubemq),
 }
 
 impl Broker {
