@@ -37,6 +37,9 @@ const FIRST_EXCESS_PAUSE: Duration = Duration::from_secs(1);
 /// The longest such wait.
 const LAST_EXCESS_PAUSE: Duration = Duration::from_secs(32);
 
+/// How long Gets for messages counted as waiting come back short before the loop reports it.
+const PERSISTENT: Duration = Duration::from_secs(30);
+
 /// What the loop does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Look {
@@ -46,6 +49,14 @@ pub(super) enum Look {
     Watch(Option<Instant>),
     /// The view cannot tell: Get as if there were no watch.
     Blind,
+}
+
+/// Messages KubeMQ has counted as waiting, beyond what the loop holds, for over half a minute
+/// of Gets that did not return them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Persistent {
+    /// How many KubeMQ counted as waiting beyond what the loop held, at its last look.
+    pub counted: u64,
 }
 
 /// What the loop holds and knows when it looks.
@@ -72,6 +83,13 @@ pub(super) struct IdleWatch {
     excess_from: Option<Instant>,
     /// The next wait after such a Get comes back short.
     excess_pause: Duration,
+    /// When the current run of Gets that came back short began.
+    short_since: Option<Instant>,
+    /// That run was reported.
+    reported: bool,
+    /// The Get on the wire looks for what KubeMQ counts as waiting beyond what the loop holds,
+    /// this many.
+    counted_beyond: Option<u64>,
     /// The Get on the wire was sized by a look.
     looked: bool,
     /// The backend confirmed that the loop may read: no first Get is needed to learn it.
@@ -87,6 +105,9 @@ impl IdleWatch {
             answered: None,
             excess_from: None,
             excess_pause: FIRST_EXCESS_PAUSE,
+            short_since: None,
+            reported: false,
+            counted_beyond: None,
             looked: false,
             allowed: false,
         }
@@ -128,7 +149,11 @@ impl IdleWatch {
         }
         match self.excess_from {
             Some(from) if at.now < from => Look::Watch(Some(from)),
-            _ => self.get(excess),
+            _ => {
+                let look = self.get(excess);
+                self.counted_beyond = Some(excess);
+                look
+            }
         }
     }
 
@@ -145,24 +170,42 @@ impl IdleWatch {
 
     fn get(&mut self, n: u64) -> Look {
         self.looked = true;
+        self.counted_beyond = None;
         Look::Get(u32::try_from(n).unwrap_or(u32::MAX).max(1))
     }
 
     /// A Get for `asked` messages brought `got`, the highest sequence among them `last`.
-    pub(super) fn answered(&mut self, asked: u32, got: usize, last: Option<u64>, now: Instant) {
+    /// Returns the messages KubeMQ keeps counting as waiting that no Get has returned for
+    /// [`PERSISTENT`], once per such run: held unsettled elsewhere that long, or by members a
+    /// KubeMQ crash left behind, which keep them for good (KMQ-24) — worth an operator's look.
+    pub(super) fn answered(
+        &mut self,
+        asked: u32,
+        got: usize,
+        last: Option<u64>,
+        now: Instant,
+    ) -> Option<Persistent> {
         self.answered = Some(now);
         if let Some(last) = last {
             self.known_last = Some(self.known_last.map_or(last, |k| k.max(last)));
         }
         if !std::mem::take(&mut self.looked) {
-            return;
+            return None;
         }
+        let counted = self.counted_beyond.take();
         if got < asked as usize {
             self.excess_from = Some(now + self.excess_pause);
             self.excess_pause = (self.excess_pause * 2).min(LAST_EXCESS_PAUSE);
+            let since = *self.short_since.get_or_insert(now);
+            let counted = counted.filter(|_| !self.reported && now - since >= PERSISTENT)?;
+            self.reported = true;
+            Some(Persistent { counted })
         } else {
             self.excess_from = None;
             self.excess_pause = FIRST_EXCESS_PAUSE;
+            self.short_since = None;
+            self.reported = false;
+            None
         }
     }
 }
@@ -288,6 +331,23 @@ mod tests {
         assert_eq!(w.look(&seen(4, 0, t2), holding(0, t2)), Look::Watch(None));
     }
 
+    /// Gets for what this process itself sent that come back short (another consumer was
+    /// quicker) are no sign of hidden messages: never reported, however long that goes on.
+    #[test]
+    fn short_gets_for_own_sends_are_not_reported() {
+        let t0 = Instant::now();
+        let mut w = after_first_get(0, t0);
+        for i in 1..=10u64 {
+            let now = t0 + Duration::from_secs(10 * i);
+            let view = QueueView {
+                touched: i,
+                ..seen(i, 0, now)
+            };
+            assert_eq!(w.look(&view, holding(0, now)), Look::Get(1));
+            assert_eq!(w.answered(1, 0, None, now), None, "look {i}");
+        }
+    }
+
     /// Messages counted waiting with nothing new stored (returned by someone else, or hidden
     /// in a transaction) are looked for, and a look that finds nothing backs off, 1 s doubling
     /// to 32 s; one that finds them starts over.
@@ -297,9 +357,10 @@ mod tests {
         let mut w = after_first_get(0, t0);
         let mut now = t0;
         let mut pauses = Vec::new();
+        let mut reports = Vec::new();
         for _ in 0..8 {
             assert_eq!(w.look(&seen(5, 3, now), holding(1, now)), Look::Get(2));
-            w.answered(2, 0, None, now);
+            reports.push(w.answered(2, 0, None, now));
             let Look::Watch(Some(until)) = w.look(&seen(5, 3, now), holding(1, now)) else {
                 panic!("no back-off");
             };
@@ -307,10 +368,13 @@ mod tests {
             now = until;
         }
         assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 32, 32]);
+        // KMQ-24: reported once, by the short Get that comes 31 s after the first.
+        let once = Some(Persistent { counted: 2 });
+        assert_eq!(reports, [None, None, None, None, None, once, None, None]);
         assert_eq!(w.look(&seen(5, 3, now), holding(1, now)), Look::Get(2));
-        w.answered(2, 2, Some(5), now);
+        assert_eq!(w.answered(2, 2, Some(5), now), None);
         assert_eq!(w.look(&seen(5, 3, now), holding(1, now)), Look::Get(2));
-        w.answered(2, 0, None, now);
+        assert_eq!(w.answered(2, 0, None, now), None);
         assert_eq!(
             w.look(&seen(5, 3, now), holding(1, now)),
             Look::Watch(Some(now + FIRST_EXCESS_PAUSE))

@@ -605,7 +605,13 @@ impl GetLoop {
                         .iter()
                         .filter_map(|m| m.attributes.as_ref().map(|a| a.sequence))
                         .max();
-                    idle.answered(g.want, b.messages.len(), last, at.now);
+                    if let Some(p) = idle.answered(g.want, b.messages.len(), last, at.now) {
+                        tracing::warn!(
+                            channel = %self.channel,
+                            messages = p.counted,
+                            "KubeMQ has counted messages of this queue as waiting for over half a minute that no Get returns: held unsettled by another consumer, or kept for good by members a KubeMQ crash left behind (KMQ-24)"
+                        );
+                    }
                 }
                 self.take_batch(b, g.want, g.session, at);
             }
