@@ -1,6 +1,7 @@
 //! What the interop tests share: the real connector (driver, queues bridge, embedded store) on a
 //! loopback port, on each backend ([`TestConnector`]); the store's gRPC façade ([`TestFacade`]);
-//! the real KubeMQ server where its binary exists ([`real_kubemq`]);
+//! the real KubeMQ server where its binary exists ([`real_kubemq`]); a broker a test stops and
+//! starts again ([`restartable`]);
 //! running a client program's scenario against it ([`run_client_script`]); and the fe2o3-amqp
 //! links request/reply uses: a requester's reply node ([`reply_node`]) and a sender on the
 //! anonymous relay ([`relay_sender`]).
@@ -13,6 +14,7 @@ use connector::config::Settings;
 use connector::driver::{serve, ServeOptions};
 
 pub mod real_kubemq;
+pub mod restartable;
 
 /// A server running on its own runtime thread: the listener is bound before `spawn` returns; a
 /// stop signal ends it, and dropping its runtime cuts every connection.

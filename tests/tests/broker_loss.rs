@@ -7,7 +7,6 @@
 
 use std::time::Duration;
 
-use connector::config::Settings;
 use fe2o3_amqp::connection::ConnectionHandle;
 use fe2o3_amqp::link::{LinkStateError, RecvError};
 use fe2o3_amqp::session::SessionHandle;
@@ -17,8 +16,8 @@ use fe2o3_amqp::types::messaging::{
 };
 use fe2o3_amqp::types::primitives::{SimpleValue, Value};
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use interop_tests::real_kubemq::{RealKubemq, StoppedKubemq};
-use interop_tests::{TestConnector, TestFacade};
+use interop_tests::real_kubemq::RealKubemq;
+use interop_tests::restartable::{Broker, Stop};
 
 const EXECUTED: &str = "x-opt-kubemq-executed";
 const ERROR: &str = "x-opt-kubemq-error";
@@ -181,61 +180,17 @@ fn flag(m: &Message<Body<Value>>, key: &str) -> Option<SimpleValue> {
 /// the answers to the lost requests are accepted, and nothing is held afterwards.
 #[test]
 fn rpc_broker_loss_ends_pending_requests_and_recovers() {
-    let dir = tempfile::tempdir().unwrap();
-    broker_loss(Broker::Facade(TestFacade::start_at(dir.path(), None), dir));
+    broker_loss(Broker::facade());
     if let Some(binary) = interop_tests::real_kubemq::binary() {
         broker_loss(Broker::Real(RealKubemq::start(&binary)));
     }
 }
 
-/// The broker the connector loses: the store's façade (with its folder) or a real KubeMQ.
-enum Broker {
-    Facade(TestFacade, tempfile::TempDir),
-    Real(RealKubemq),
-}
-
-/// A broker that was stopped, to start again on the same port and data.
-enum Stopped {
-    Facade(std::net::SocketAddr, tempfile::TempDir),
-    Real(StoppedKubemq),
-}
-
-impl Broker {
-    fn connector(&self) -> TestConnector {
-        match self {
-            Broker::Facade(f, _) => TestConnector::start_over_facade(Settings::default(), f),
-            Broker::Real(k) => TestConnector::start_over_kubemq(Settings::default(), k),
-        }
-    }
-
-    /// Requests waiting at the broker for a response, where the broker can say.
-    fn requests_waiting(&self) -> Option<usize> {
-        match self {
-            Broker::Facade(f, _) => Some(f.store.requests().waiting()),
-            Broker::Real(_) => None,
-        }
-    }
-
-    fn stop(self) -> Stopped {
-        match self {
-            Broker::Facade(f, dir) => {
-                let addr = f.addr;
-                f.stop();
-                Stopped::Facade(addr, dir)
-            }
-            Broker::Real(k) => Stopped::Real(k.kill()),
-        }
-    }
-}
-
-impl Stopped {
-    fn start_again(self) -> Broker {
-        match self {
-            Stopped::Facade(addr, dir) => {
-                Broker::Facade(TestFacade::start_at(dir.path(), Some(addr)), dir)
-            }
-            Stopped::Real(k) => Broker::Real(k.start_again()),
-        }
+/// Requests waiting at the broker for a response, where the broker can say.
+fn requests_waiting(broker: &Broker) -> Option<usize> {
+    match broker {
+        Broker::Facade(f, _) => Some(f.store.requests().waiting()),
+        Broker::Real(_) => None,
     }
 }
 
@@ -259,10 +214,10 @@ fn broker_loss(broker: Broker) {
     testkit::eventually(
         "both requests wait at the broker",
         Duration::from_secs(10),
-        || broker.requests_waiting().unwrap_or(2) == 2 && c.rpc_held() == 4,
+        || requests_waiting(&broker).unwrap_or(2) == 2 && c.rpc_held() == 4,
     );
 
-    let stopped = broker.stop();
+    let stopped = broker.stop(Stop::Crash);
     rt.block_on(async {
         let reply = requester
             .reply(Duration::from_secs(20))

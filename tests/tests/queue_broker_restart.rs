@@ -12,12 +12,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use connector::config::Settings;
 use fe2o3_amqp::link::receiver::CreditMode;
 use fe2o3_amqp::types::messaging::Outcome;
 use fe2o3_amqp::{Connection, Receiver, Sender, Session};
-use interop_tests::real_kubemq::{RealKubemq, StoppedKubemq};
-use interop_tests::{TestConnector, TestFacade};
+use interop_tests::real_kubemq::RealKubemq;
+use interop_tests::restartable::{Broker, Stop};
 
 /// Messages sent in all.
 const MESSAGES: usize = 600;
@@ -26,60 +25,9 @@ const PACE: Duration = Duration::from_millis(5);
 
 #[test]
 fn q_4_a_busy_queue_loses_nothing_across_a_broker_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    across_a_restart(Broker::Facade(TestFacade::start_at(dir.path(), None), dir));
+    across_a_restart(Broker::facade());
     if let Some(binary) = interop_tests::real_kubemq::binary() {
         across_a_restart(Broker::Real(RealKubemq::start(&binary)));
-    }
-}
-
-/// The broker that restarts: the store's façade (with its folder) or a real KubeMQ.
-enum Broker {
-    Facade(TestFacade, tempfile::TempDir),
-    Real(RealKubemq),
-}
-
-/// A broker that was stopped, to start again on the same port and data.
-enum Stopped {
-    Facade(std::net::SocketAddr, tempfile::TempDir),
-    Real(StoppedKubemq),
-}
-
-impl Broker {
-    fn name(&self) -> &'static str {
-        match self {
-            Broker::Facade(..) => "the store's façade",
-            Broker::Real(_) => "a real KubeMQ",
-        }
-    }
-
-    fn connector(&self) -> TestConnector {
-        match self {
-            Broker::Facade(f, _) => TestConnector::start_over_facade(Settings::default(), f),
-            Broker::Real(k) => TestConnector::start_over_kubemq(Settings::default(), k),
-        }
-    }
-
-    fn stop(self) -> Stopped {
-        match self {
-            Broker::Facade(f, dir) => {
-                let addr = f.addr;
-                f.stop();
-                Stopped::Facade(addr, dir)
-            }
-            Broker::Real(k) => Stopped::Real(k.stop()),
-        }
-    }
-}
-
-impl Stopped {
-    fn start_again(self) -> Broker {
-        match self {
-            Stopped::Facade(addr, dir) => {
-                Broker::Facade(TestFacade::start_at(dir.path(), Some(addr)), dir)
-            }
-            Stopped::Real(k) => Broker::Real(k.start_again()),
-        }
     }
 }
 
@@ -102,7 +50,7 @@ fn across_a_restart(broker: Broker) {
         Duration::from_secs(30),
         || arrivals.lock().unwrap().len() >= MESSAGES / 3,
     );
-    let stopped = broker.stop();
+    let stopped = broker.stop(Stop::Graceful);
     std::thread::sleep(Duration::from_millis(500));
     let _broker = stopped.start_again();
 
