@@ -28,11 +28,18 @@ pub(super) fn refused(s: &Status) -> BackendError {
 
 /// A call's failure: the server or the connection to it gone, or a refusal (see [`refused`]).
 pub(super) fn failure(s: &Status) -> BackendError {
-    if retryable(s) {
+    if retryable(s) || connection_cut(s) {
         unavailable(s)
     } else {
         refused(s)
     }
+}
+
+/// Whether tonic reports the HTTP/2 connection cut under the call (a reset or GOAWAY with an
+/// error reason comes as `Internal`, "h2 protocol error: …"): the broker gone, not a refusal.
+/// Not retried as [`retryable`] calls are: the call may have reached KubeMQ.
+fn connection_cut(s: &Status) -> bool {
+    s.code() == Code::Internal && s.message().starts_with("h2 protocol error")
 }
 
 /// Whether a call may succeed when tried again: the server or the connection was away, not a
@@ -45,13 +52,14 @@ pub(super) fn retryable(s: &Status) -> bool {
 mod tests {
     use super::*;
 
-    /// A subscription lost with its connection (tonic reports the cut stream as Unknown or
-    /// Unavailable) is the broker being unavailable; KubeMQ's own refusals ("Error …") and a
+    /// A subscription lost with its connection (tonic reports the cut stream as Unknown,
+    /// Unavailable, or Internal with an HTTP/2 reason) is the broker being unavailable; KubeMQ's own refusals ("Error …") and a
     /// refused credential stay refusals.
     #[test]
     fn a_lost_subscription_is_unavailable_a_refusal_is_not() {
         let lost = [
             Status::unknown("h2 protocol error: error reading a body from connection"),
+            Status::internal("h2 protocol error: error reading a body from connection"),
             Status::unavailable("connection reset"),
         ];
         for s in lost {
