@@ -62,6 +62,9 @@ wait_for() { # what seconds command...
 # The node's address is the pods' gateway: the bridge the CNI plugin attaches pods to, made here
 # with its address so that the kubelet, CoreDNS and KubeMQ can bind to it before the first pod.
 ip link set lo up
+# KubeMQ's gRPC port is in the ephemeral range: kept out of it, so that no outgoing connection
+# of the node's components holds it when KubeMQ binds it.
+echo 50000 > /proc/sys/net/ipv4/ip_local_reserved_ports
 ip link add kmqa-br0 type bridge
 ip addr add "$NODE_IP/24" dev kmqa-br0
 ip link set kmqa-br0 up
