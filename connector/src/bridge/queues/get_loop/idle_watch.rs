@@ -197,7 +197,8 @@ impl IdleWatch {
             self.excess_from = Some(now + self.excess_pause);
             self.excess_pause = (self.excess_pause * 2).min(LAST_EXCESS_PAUSE);
             let since = *self.short_since.get_or_insert(now);
-            let counted = counted.filter(|_| !self.reported && now - since >= PERSISTENT)?;
+            let long = now.saturating_duration_since(since) >= PERSISTENT;
+            let counted = counted.filter(|_| !self.reported && long)?;
             self.reported = true;
             Some(Persistent { counted })
         } else {
