@@ -53,8 +53,8 @@ mod tests {
     use super::*;
 
     /// A subscription lost with its connection (tonic reports the cut stream as Unknown,
-    /// Unavailable, or Internal with an HTTP/2 reason) is the broker being unavailable; KubeMQ's own refusals ("Error …") and a
-    /// refused credential stay refusals.
+    /// Unavailable, or Internal with an HTTP/2 reason) is the broker being unavailable; KubeMQ's
+    /// own refusals ("Error …") and a refused credential stay refusals.
     #[test]
     fn a_lost_subscription_is_unavailable_a_refusal_is_not() {
         let lost = [

@@ -59,6 +59,15 @@ pub(super) struct Persistent {
     pub counted: u64,
 }
 
+/// What a look sized a Get for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SizedBy {
+    /// Messages sent or stored since the last look.
+    New,
+    /// This many that KubeMQ counts as waiting beyond what the loop holds, nothing new stored.
+    Counted(u64),
+}
+
 /// What the loop holds and knows when it looks.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Holding {
@@ -87,11 +96,8 @@ pub(super) struct IdleWatch {
     short_since: Option<Instant>,
     /// That run was reported.
     reported: bool,
-    /// The Get on the wire looks for what KubeMQ counts as waiting beyond what the loop holds,
-    /// this many.
-    counted_beyond: Option<u64>,
-    /// The Get on the wire was sized by a look.
-    looked: bool,
+    /// How a look sized the Get on the wire, if one did.
+    looked: Option<SizedBy>,
     /// The backend confirmed that the loop may read: no first Get is needed to learn it.
     allowed: bool,
 }
@@ -107,8 +113,7 @@ impl IdleWatch {
             excess_pause: FIRST_EXCESS_PAUSE,
             short_since: None,
             reported: false,
-            counted_beyond: None,
-            looked: false,
+            looked: None,
             allowed: false,
         }
     }
@@ -118,7 +123,7 @@ impl IdleWatch {
         let local = view.touched.wrapping_sub(self.touched);
         self.touched = view.touched;
         if local > 0 {
-            return self.get(local);
+            return self.get(local, SizedBy::New);
         }
         if self.answered.is_none() && !self.allowed {
             return Look::Blind;
@@ -141,7 +146,7 @@ impl IdleWatch {
         if last_sequence > known {
             self.known_last = Some(last_sequence);
             if excess > 0 {
-                return self.get((last_sequence - known).min(excess));
+                return self.get((last_sequence - known).min(excess), SizedBy::New);
             }
         }
         if excess == 0 {
@@ -149,11 +154,7 @@ impl IdleWatch {
         }
         match self.excess_from {
             Some(from) if at.now < from => Look::Watch(Some(from)),
-            _ => {
-                let look = self.get(excess);
-                self.counted_beyond = Some(excess);
-                look
-            }
+            _ => self.get(excess, SizedBy::Counted(excess)),
         }
     }
 
@@ -168,9 +169,8 @@ impl IdleWatch {
         self.touched = touched;
     }
 
-    fn get(&mut self, n: u64) -> Look {
-        self.looked = true;
-        self.counted_beyond = None;
+    fn get(&mut self, n: u64, sized: SizedBy) -> Look {
+        self.looked = Some(sized);
         Look::Get(u32::try_from(n).unwrap_or(u32::MAX).max(1))
     }
 
@@ -189,16 +189,18 @@ impl IdleWatch {
         if let Some(last) = last {
             self.known_last = Some(self.known_last.map_or(last, |k| k.max(last)));
         }
-        if !std::mem::take(&mut self.looked) {
-            return None;
-        }
-        let counted = self.counted_beyond.take();
+        let sized = self.looked.take()?;
         if got < asked as usize {
             self.excess_from = Some(now + self.excess_pause);
             self.excess_pause = (self.excess_pause * 2).min(LAST_EXCESS_PAUSE);
             let since = *self.short_since.get_or_insert(now);
             let long = now.saturating_duration_since(since) >= PERSISTENT;
-            let counted = counted.filter(|_| !self.reported && long)?;
+            let SizedBy::Counted(counted) = sized else {
+                return None;
+            };
+            if self.reported || !long {
+                return None;
+            }
             self.reported = true;
             Some(Persistent { counted })
         } else {
