@@ -13,6 +13,7 @@ use std::time::Duration;
 use connector::config::Settings;
 use connector::driver::{serve, ServeOptions};
 
+pub mod fleet;
 pub mod real_kubemq;
 pub mod restartable;
 

@@ -40,6 +40,30 @@ impl Broker {
         Broker::Facade(TestFacade::start_at(dir.path(), None), dir)
     }
 
+    /// The store's façade imitating KubeMQ v2.4's capture of messages by open transactions
+    /// ([`TestFacade::start_imitating_kubemq`]).
+    pub fn imitating_kubemq() -> Broker {
+        let dir = tempfile::tempdir().expect("scratch folder");
+        Broker::Facade(TestFacade::start_imitating_kubemq(), dir)
+    }
+
+    /// The brokers a KubeMQ-shaped test runs on: the façade imitating KubeMQ, then a real KubeMQ
+    /// where its binary exists, each started as it is reached.
+    pub fn kubemq_shaped() -> impl Iterator<Item = Broker> {
+        let real = crate::real_kubemq::binary();
+        std::iter::once(Broker::imitating_kubemq as fn() -> Broker)
+            .chain(real.map(|_| real_kubemq as fn() -> Broker))
+            .map(|start| start())
+    }
+
+    /// Its gRPC address, for a client that sends straight to it.
+    pub fn grpc(&self) -> std::net::SocketAddr {
+        match self {
+            Broker::Facade(f, _) => f.addr,
+            Broker::Real(k) => k.grpc,
+        }
+    }
+
     /// What the broker is, for messages.
     pub fn name(&self) -> &'static str {
         match self {
@@ -68,6 +92,12 @@ impl Broker {
             Broker::Real(k) => Stopped::Real(k.stop()),
         }
     }
+}
+
+/// A real KubeMQ from the binary the tier runs.
+fn real_kubemq() -> Broker {
+    let binary = crate::real_kubemq::binary().expect("the binary was found a moment ago");
+    Broker::Real(RealKubemq::start(&binary))
 }
 
 impl Stopped {

@@ -4,17 +4,22 @@
 //! published beside the harness (`burnin-config-run.yaml`), for three minutes, must print
 //! PASSED. The harness is not built by the suite (its module is not served by the Go module
 //! proxy): it runs where `BURNIN_BINARY` or `$HOME/.cache/kubemq-amqp/burnin` exists, with its
-//! configuration file beside it.
+//! configuration file beside it. Each run has 50 consumers beside it on other, empty queues of
+//! the same connector, as a deployment's idle queues have them (KMQ-21): they must cost the run
+//! nothing the harness's gates see, and receive nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use connector::config::Settings;
+use interop_tests::fleet::{Fleet, Settle};
 use interop_tests::real_kubemq;
 use interop_tests::TestConnector;
 
 /// How long each run lasts.
 const DURATION: &str = "3m";
+/// Consumers waiting on other, empty queues of the connector under test during each run.
+const IDLE_NEIGHBOURS: usize = 50;
 
 #[test]
 fn the_burn_in_harness_passes_on_every_backend() {
@@ -23,6 +28,7 @@ fn the_burn_in_harness_passes_on_every_backend() {
     };
     let template = binary.with_file_name("burnin-config-run.yaml");
     let connectors = TestConnector::on_every_backend(Settings::default());
+    let rt = interop_tests::runtime();
     let mut failed = Vec::new();
     // Two runs at a time: the harness, the connector under test and its broker share the
     // machine's two cores with the other run, and a starved run misses the harness's rate gate.
@@ -30,6 +36,13 @@ fn the_burn_in_harness_passes_on_every_backend() {
         let runs: Vec<_> = pair
             .iter()
             .map(|c| {
+                let idle = rt.block_on(Fleet::attach(
+                    &c.url(),
+                    &format!("burnin-idle.{}", connector::kubemq::new_id()),
+                    0..IDLE_NEIGHBOURS,
+                    10,
+                    Settle::Accept,
+                ));
                 let dir = tempfile::tempdir().unwrap();
                 let config = config_for(&template, dir.path());
                 let child = Command::new(&binary)
@@ -41,11 +54,18 @@ fn the_burn_in_harness_passes_on_every_backend() {
                     .stderr(std::fs::File::create(dir.path().join("err.txt")).unwrap())
                     .spawn()
                     .expect("the burn-in harness starts");
-                (c, dir, child)
+                (c, idle, dir, child)
             })
             .collect();
-        for (c, dir, mut child) in runs {
+        for (c, idle, dir, mut child) in runs {
             let status = child.wait().unwrap();
+            assert_eq!(
+                idle.received(),
+                0,
+                "nothing was sent to the idle neighbours ({})",
+                c.backend()
+            );
+            rt.block_on(idle.detach());
             let out = std::fs::read_to_string(dir.path().join("out.txt")).unwrap_or_default();
             let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();
             // The harness logs its verdict and prints its report; both say PASSED or FAILED.

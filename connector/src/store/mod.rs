@@ -707,17 +707,23 @@ impl Store {
 
     /// NAck of a locked copy shown with receive count `shown`: a copy at the tail with a new
     /// sequence and persisted count `shown`, or past MaxReceiveCount a dead-letter copy or a drop;
-    /// the original is acked (4.3.6). Durable when this returns.
+    /// the original is acked (4.3.6). Durable when this returns; a NAck that fails gives the
+    /// original back to the queue unchanged.
     pub async fn nack(self: &Arc<Self>, queue: &str, seq: Seq) -> Result<(), StoreError> {
         let (store, q) = (self.clone(), queue.to_string());
-        to_the_end(async move { store.nack_now(&q, seq).await })
-            .await
-            .unwrap_or_else(|| {
-                Err(StoreError::Nack {
-                    seq,
-                    why: "store stopped".into(),
-                })
+        to_the_end(async move {
+            store
+                .nack_now(&q, seq)
+                .await
+                .inspect_err(|_| store.release(&q, &[seq]))
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(StoreError::Nack {
+                seq,
+                why: "store stopped".into(),
             })
+        })
     }
 
     async fn nack_now(&self, queue: &str, seq: Seq) -> Result<(), StoreError> {
@@ -811,7 +817,8 @@ impl Store {
     }
 
     /// ReQueue of a locked copy: a fresh send of it to `channel` (policy re-applied, count 0),
-    /// then the original is acked (4.3.4).
+    /// then the original is acked (4.3.4); a ReQueue that fails gives the original back to the
+    /// queue unchanged.
     pub async fn requeue(
         self: &Arc<Self>,
         queue: &str,
@@ -819,14 +826,19 @@ impl Store {
         channel: &str,
     ) -> Result<(), StoreError> {
         let (store, q, to) = (self.clone(), queue.to_string(), channel.to_string());
-        to_the_end(async move { store.requeue_now(&q, seq, &to).await })
-            .await
-            .unwrap_or_else(|| {
-                Err(StoreError::Requeue {
-                    seq,
-                    why: "store stopped".into(),
-                })
+        to_the_end(async move {
+            store
+                .requeue_now(&q, seq, &to)
+                .await
+                .inspect_err(|_| store.release(&q, &[seq]))
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(StoreError::Requeue {
+                seq,
+                why: "store stopped".into(),
             })
+        })
     }
 
     async fn requeue_now(

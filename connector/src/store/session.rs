@@ -284,6 +284,12 @@ impl Session {
             Disposal::Nack | Disposal::Requeue { .. } => {
                 let mut done = HashSet::new();
                 for s in &seqs {
+                    // Out of the transaction before the write starts: a session dropped while
+                    // it runs must not give back the original beside its copy. The store gives
+                    // the message back itself if the write fails.
+                    if let Some(t) = self.txns.get_mut(txn) {
+                        t.unsettled.retain(|x| x != s);
+                    }
                     let result = match &disposal {
                         Disposal::Requeue { channel } => {
                             self.store.requeue(&queue, *s, channel).await

@@ -268,6 +268,34 @@ fn send_validation() {
     });
 }
 
+/// KMQ-11, KMQ-12: a downstream that ends while a NAck it sent is still being written leaves
+/// the NAck's copy alone in the queue: the original it NAcked does not come back beside it.
+#[test]
+fn a_stream_that_ends_during_a_nack_leaves_one_copy() {
+    Fixture::new().run(|_, store| async move {
+        for round in 0..10 {
+            store.send(vec![msg("q", "m")]).await;
+            let mut ds = Downstream::new(store.clone());
+            let r = ds.handle(get_req("q", 1, 1000)).await.unwrap();
+            let seq = r.messages[0].attributes.as_ref().unwrap().sequence as i64;
+            // Polled once, so the NAck's write is under way, then dropped with its stream.
+            let nack = ds.handle(settle(Op::NAckRange, &r.transaction_id, &[seq]));
+            let _ = tokio::time::timeout(Duration::ZERO, nack).await;
+            drop(ds);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let mut ds = Downstream::new(store.clone());
+            let r = ds.handle(get_req("q", 2, 300)).await.unwrap();
+            assert_eq!(
+                r.messages.len(),
+                1,
+                "round {round}: one message, not {:?}",
+                r.messages
+            );
+            ds.handle(settle(Op::AckAll, &r.transaction_id, &[])).await;
+        }
+    });
+}
+
 /// KMQ-11: NAck re-queues a copy at the tail with a new sequence and ReceiveCount + 1; with
 /// MaxReceiveCount 2 and a MaxReceiveQueue, the second NAck dead-letters it (count 0, ReRouted,
 /// ReRoutedFromQueue, policy zeroed).
