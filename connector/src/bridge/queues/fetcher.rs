@@ -432,7 +432,7 @@ impl<B: Backend> Driver<B> {
                         Outcome::Close => d.close(&transaction).await,
                     },
                 };
-                self.machine.settled(r);
+                self.machine.settled(r, loop_now());
             }
             Action::Fence {
                 session,
@@ -443,7 +443,7 @@ impl<B: Backend> Driver<B> {
                     Some(d) => d.handled(&transaction).await,
                 };
                 let r = r.map(|h| self.fences.push(h));
-                self.machine.settled(r);
+                self.machine.settled(r, loop_now());
             }
             Action::Returned { session, count } => {
                 if let Some(d) = self.streams.get_mut(&session) {

@@ -14,8 +14,9 @@
 //!    short makes the next such Get wait, from 1 s doubling to 32 s, since what it looked for
 //!    may be held by someone else.
 //!
-//! Counts asked before the loop's last Get was answered say nothing of what that Get left: the
-//! loop looks again once a newer answer is in. Where KubeMQ's counts cannot be read the loop
+//! Counts asked before the loop's last Get or settlement was answered say nothing of what that
+//! Get left or that settlement took away (KubeMQ counts a message sent to a consumer as waiting
+//! until it is settled): the loop looks again once a newer answer is in. Where KubeMQ's counts cannot be read the loop
 //! falls back to a Get that waits.
 //!
 //! A consumer that may not read its queue must be told so at once, not left waiting (AUTHZ-9),
@@ -85,9 +86,11 @@ pub(super) struct IdleWatch {
     /// The highest sequence known stored: fetched by the loop, or KubeMQ's last message when the
     /// loop looked.
     known_last: Option<u64>,
-    /// When the last Get was answered: counts asked before then are stale. `None` until the
-    /// loop's first Get is answered, which is how KubeMQ says whether the loop may read.
+    /// When the last Get was answered. `None` until the loop's first Get is answered, which is
+    /// how KubeMQ says whether the loop may read.
     answered: Option<Instant>,
+    /// When the loop's last Get or settlement was answered: counts asked before then are stale.
+    fresh_from: Option<Instant>,
     /// A Get for messages counted as waiting waits until then.
     excess_from: Option<Instant>,
     /// The next wait after such a Get comes back short.
@@ -109,6 +112,7 @@ impl IdleWatch {
             touched,
             known_last: None,
             answered: None,
+            fresh_from: None,
             excess_from: None,
             excess_pause: FIRST_EXCESS_PAUSE,
             short_since: None,
@@ -136,8 +140,8 @@ impl IdleWatch {
             BrokerCounts::Blind => return Look::Blind,
             BrokerCounts::Seen(c) => c,
         };
-        if let (Some(asked), Some(answered)) = (view.asked, self.answered) {
-            if asked < answered {
+        if let (Some(asked), Some(fresh_from)) = (view.asked, self.fresh_from) {
+            if asked < fresh_from {
                 return Look::Watch(Some(at.now + POLL_FLOOR));
             }
         }
@@ -156,6 +160,12 @@ impl IdleWatch {
             Some(from) if at.now < from => Look::Watch(Some(from)),
             _ => self.get(excess, SizedBy::Counted(excess)),
         }
+    }
+
+    /// A settlement of the loop's (an ack, a NAck, a close) was answered `now`: KubeMQ's counts
+    /// asked before then may still count what it settled as waiting.
+    pub(super) fn settled(&mut self, now: Instant) {
+        self.fresh_from = Some(self.fresh_from.map_or(now, |f| f.max(now)));
     }
 
     /// The backend confirmed that the loop may read its queue.
@@ -186,6 +196,7 @@ impl IdleWatch {
         now: Instant,
     ) -> Option<Persistent> {
         self.answered = Some(now);
+        self.settled(now);
         if let Some(last) = last {
             self.known_last = Some(self.known_last.map_or(last, |k| k.max(last)));
         }
@@ -332,6 +343,31 @@ mod tests {
         );
         let t2 = t1 + POLL_FLOOR;
         assert_eq!(w.look(&seen(4, 0, t2), holding(0, t2)), Look::Watch(None));
+    }
+
+    /// KMQ-21, KMQ-22: KubeMQ counts a message its consumer holds as waiting until it is
+    /// settled, so counts asked before the loop's settlement was answered still show it: the loop
+    /// does not Get for it (such a Get finds nothing and waits a second on one of KubeMQ's
+    /// shared clients), and looks again at counts asked after the settlement.
+    #[test]
+    fn counts_older_than_the_last_settlement_are_not_acted_on() {
+        let t0 = Instant::now();
+        let mut w = after_first_get(0, t0);
+        assert_eq!(w.look(&seen(1, 1, t0), holding(1, t0)), Look::Watch(None));
+        let t1 = t0 + Duration::from_millis(5);
+        w.settled(t1);
+        assert_eq!(
+            w.look(&seen(1, 1, t0), holding(0, t1)),
+            Look::Watch(Some(t1 + POLL_FLOOR)),
+            "asked before the ack was answered"
+        );
+        let t2 = t1 + POLL_FLOOR;
+        assert_eq!(w.look(&seen(1, 0, t2), holding(0, t2)), Look::Watch(None));
+        assert_eq!(
+            w.look(&seen(1, 1, t2), holding(0, t2)),
+            Look::Get(1),
+            "counted after the ack: given back by someone"
+        );
     }
 
     /// Gets for what this process itself sent that come back short (another consumer was

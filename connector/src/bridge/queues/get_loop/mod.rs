@@ -632,11 +632,14 @@ impl GetLoop {
         }
     }
 
-    /// The answer to the last [`Action::Settle`] or [`Action::Fence`].
-    pub(super) fn settled(&mut self, r: Result<(), BackendError>) {
+    /// The answer to the last [`Action::Settle`] or [`Action::Fence`], come `now`.
+    pub(super) fn settled(&mut self, r: Result<(), BackendError>, now: Instant) {
         let Some(awaiting) = self.plan.awaiting.take() else {
             return;
         };
+        if let (Ok(()), Some(idle)) = (&r, self.idle.as_mut()) {
+            idle.settled(now);
+        }
         match awaiting {
             Awaiting::Settle {
                 session,

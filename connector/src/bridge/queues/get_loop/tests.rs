@@ -111,7 +111,7 @@ fn until_wait(l: &mut GetLoop, now: Instant, shows: &mut Shows) -> (Vec<Action>,
         match l.poll(now, shows) {
             Step::Act(a) => {
                 match &a {
-                    Action::Settle { .. } | Action::Fence { .. } => l.settled(Ok(())),
+                    Action::Settle { .. } | Action::Fence { .. } => l.settled(Ok(()), now),
                     Action::Open(id) => l.opened(*id, Ok(()), now),
                     Action::Watch => l.watched(shows.view),
                     Action::CheckRead => l.read_checked(Ok(shows.read)),
@@ -540,7 +540,7 @@ fn without_consumers_the_buffer_goes_back_and_the_loop_idles() {
         match l.poll(t0, &mut shows) {
             Step::Act(a) => {
                 if matches!(a, Action::Settle { .. }) {
-                    l.settled(Ok(()));
+                    l.settled(Ok(()), t0);
                 }
                 acts.push(a);
             }
