@@ -59,12 +59,14 @@ fn the_burn_in_harness_passes_on_every_backend() {
             .collect();
         for (c, idle, dir, mut child) in runs {
             let status = child.wait().unwrap();
-            assert_eq!(
-                idle.received(),
-                0,
-                "nothing was sent to the idle neighbours ({})",
-                c.backend()
-            );
+            // Recorded, not asserted: the pair's other run is still to be waited for.
+            if idle.received() > 0 {
+                failed.push(format!(
+                    "{} backend: {} messages reached the idle neighbours, to which nothing was sent",
+                    c.backend(),
+                    idle.received()
+                ));
+            }
             rt.block_on(idle.detach());
             let out = std::fs::read_to_string(dir.path().join("out.txt")).unwrap_or_default();
             let err = std::fs::read_to_string(dir.path().join("err.txt")).unwrap_or_default();

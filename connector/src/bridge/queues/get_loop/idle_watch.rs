@@ -16,8 +16,8 @@
 //!
 //! Counts asked before the loop's last Get or settlement was answered say nothing of what that
 //! Get left or that settlement took away (KubeMQ counts a message sent to a consumer as waiting
-//! until it is settled): the loop looks again once a newer answer is in. Where KubeMQ's counts cannot be read the loop
-//! falls back to a Get that waits.
+//! until it is settled): the loop looks again once a newer answer is in. Where KubeMQ's counts
+//! cannot be read the loop falls back to a Get that waits.
 //!
 //! A consumer that may not read its queue must be told so at once, not left waiting (AUTHZ-9),
 //! and QueuesInfo is not checked against KubeMQ's access control: unless the backend confirmed
