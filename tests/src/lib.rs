@@ -109,8 +109,8 @@ impl TestFacade {
     }
 
     /// Like [`TestFacade::start`], with open transactions capturing messages as a real KubeMQ
-    /// v2.4's do (`Facade::imitating_kubemq`): a stand-in for the real broker, whose Go module
-    /// this project's machines cannot download.
+    /// v2.4's do (`Facade::imitating_kubemq`): a stand-in for the real broker wherever its binary
+    /// is absent, and a second, deterministic witness where it is present.
     pub fn start_imitating_kubemq() -> TestFacade {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut f = Self::serve_at(dir.path(), None, true);

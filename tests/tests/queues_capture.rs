@@ -1,6 +1,6 @@
-//! What KubeMQ v2.4's capture of messages by open transactions (KMQ-2) must not
-//! do to AMQP consumers, on every backend — the third being the façade imitating capture, a
-//! stand-in for the real broker, whose Go module this project's machines cannot download. Each
+//! What KubeMQ v2.4's capture of messages by open transactions (KMQ-2) must not do to AMQP
+//! consumers, on the store's backends — the third being the façade imitating capture — and, for
+//! the case that needs no look into the store, on the real KubeMQ where its binary exists. Each
 //! case delivers every message, once, without a consumer waiting out Gets for messages that exist
 //! (counted by the store as Gets that waited out their timeout short of MaxItems).
 
