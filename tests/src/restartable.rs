@@ -50,10 +50,13 @@ impl Broker {
     /// The brokers a KubeMQ-shaped test runs on: the façade imitating KubeMQ, then a real KubeMQ
     /// where its binary exists, each started as it is reached.
     pub fn kubemq_shaped() -> impl Iterator<Item = Broker> {
-        let real = crate::real_kubemq::binary();
-        std::iter::once(Broker::imitating_kubemq as fn() -> Broker)
-            .chain(real.map(|_| real_kubemq as fn() -> Broker))
-            .map(|start| start())
+        // `None` is the façade, `Some` the real KubeMQ's binary.
+        std::iter::once(None)
+            .chain(crate::real_kubemq::binary().map(Some))
+            .map(|binary| match binary {
+                None => Broker::imitating_kubemq(),
+                Some(binary) => Broker::Real(RealKubemq::start(&binary)),
+            })
     }
 
     /// Its gRPC address, for a client that sends straight to it.
@@ -92,12 +95,6 @@ impl Broker {
             Broker::Real(k) => Stopped::Real(k.stop()),
         }
     }
-}
-
-/// A real KubeMQ from the binary the tier runs.
-fn real_kubemq() -> Broker {
-    let binary = crate::real_kubemq::binary().expect("the binary was found a moment ago");
-    Broker::Real(RealKubemq::start(&binary))
 }
 
 impl Stopped {

@@ -298,8 +298,8 @@ impl Tally {
         let (mut l, mut sends) = (seen.latencies.clone(), seen.sends.clone());
         l.sort_unstable();
         sends.sort_unstable();
-        let at = |q: f64| l[((l.len() as f64 * q) as usize).min(l.len() - 1)].as_secs_f64() * 1e3;
-        let send_p99 = sends[(sends.len() * 99 / 100).min(sends.len() - 1)].as_secs_f64() * 1e3;
+        let at = |q: f64| quantile_ms(&l, q);
+        let send_p99 = quantile_ms(&sends, 0.99);
         format!(
             "{sent} messages ({} sent again after a send of unknown outcome), {:.0} msg/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (a send's answer: p99 {:.1} ms)",
             seen.resent.len(),
@@ -310,6 +310,12 @@ impl Tally {
             send_p99
         )
     }
+}
+
+/// The `q` quantile of `sorted` durations, in milliseconds.
+fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    let at = ((sorted.len() as f64 * q) as usize).min(sorted.len() - 1);
+    sorted[at].as_secs_f64() * 1e3
 }
 
 /// How long a producer sends.
