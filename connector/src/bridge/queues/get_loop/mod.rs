@@ -17,8 +17,9 @@
 //!    (`refill_wait.rs`);
 //! 4. no Get joins KubeMQ's queue group while a close before it may still be under way
 //!    (`close_fence.rs`, KMQ-17);
-//! 5. consumers that hold every open transaction and got nothing new for a while have those
-//!    transactions closed so that KubeMQ gives back what they hide (`rehome.rs`, KMQ-20);
+//! 5. consumers that hold every open transaction, beside which a Get for stored messages came
+//!    back short or that got nothing new for a while, have those transactions closed so that
+//!    KubeMQ gives back what they hide (`rehome.rs`, KMQ-20);
 //! 6. an idle queue is watched, not waited on with a Get (`idle_watch.rs`, KMQ-21);
 //! 7. a Get that would wait is held back while transactions are open (`get_gate.rs`, KMQ-17);
 //! 8. the Get goes on a session with no open transaction (`sessions.rs`, KMQ-5), sized by what
@@ -51,7 +52,7 @@ pub use self::handout::{
 };
 use self::idle_watch::{Holding, IdleWatch, Look};
 use self::plan::{Awaiting, Op, Plan};
-use self::rehome::{Arrival, Moved, StallWatch};
+use self::rehome::{Arrival, GivenBack, Hidden, Moved, StallWatch};
 pub(super) use self::sessions::SessionId;
 use self::sessions::{Lend, Sessions, Txn};
 use super::refill_wait::RefillWait;
@@ -259,8 +260,11 @@ pub(super) struct GetLoop {
     stall: StallWatch,
     /// Messages of transactions closed under their consumers, until they come back.
     moved: Moved<Outcome>,
-    /// Messages the next Get is to bring back on top of the demand (those just given back).
-    rehome_want: u32,
+    /// What the last round gave back, for the next Get to bring on top of the demand.
+    given_back: Option<GivenBack>,
+    /// Messages a Get for stored ones missed beside open transactions, until a round or until
+    /// those transactions closed.
+    hidden: Option<Hidden>,
     watching: Watching,
     /// Whether the backend was asked if the loop may read its queue (once, before it first
     /// watches instead of Getting).
@@ -297,7 +301,8 @@ impl GetLoop {
             fences: Fences::default(),
             stall: StallWatch::default(),
             moved: Moved::default(),
-            rehome_want: 0,
+            given_back: None,
+            hidden: None,
             watching: Watching::Off,
             read_checked: false,
             idle: None,
@@ -441,15 +446,26 @@ impl GetLoop {
             open: !self.sessions.txns.is_empty(),
             draining,
         };
-        // Consumers with credit that hold every open transaction and got nothing new for a
-        // while may be waiting for messages those transactions hide.
+        // Consumers with credit that hold every open transaction, and either a Get for stored
+        // messages came back short beside them or nothing new came for a while, may be waiting
+        // for messages those transactions hide.
         let stuck = at.captures && at.open && !at.draining;
-        if self.stall.due(stuck, now) {
+        if let Some(h) = &self.hidden {
+            if !h
+                .suspects
+                .iter()
+                .any(|t| self.sessions.txns.contains_key(t))
+            {
+                // Closed by their consumers since: what they hid went back with them.
+                self.hidden = None;
+            }
+        }
+        if self.stall.due(stuck, self.hidden.is_some(), now) {
             self.start_rehome(now);
             return None;
         }
         // An idle queue is watched, not waited on with a Get.
-        if self.looked.is_none() && !draining && self.rehome_want == 0 {
+        if self.looked.is_none() && !draining && self.given_back.is_none() {
             match self.look(now, sight) {
                 Some(Looked::Act(a)) => return Some(Step::Act(a)),
                 Some(Looked::At(Look::Watch(until))) => {
@@ -487,12 +503,22 @@ impl GetLoop {
             Some(n) => n.min(demand.min(self.limits.max_batch)).max(1),
             None => self.get_size(demand, sight),
         };
-        if self.rehome_want > 0 {
+        if let Some(back) = self.given_back.take() {
             // Everything the closed transactions held comes to this Get's member at once; what
-            // is beyond its MaxItems would stay hidden in it.
-            want = want
-                .saturating_add(std::mem::take(&mut self.rehome_want))
-                .min(self.limits.max_batch.max(1));
+            // is beyond its MaxItems would stay hidden in it. The backend counts what they
+            // held as ready again: only what it counts beyond that is new.
+            let new = match sight.ready().known() {
+                Some(ready) => {
+                    let beyond = ready.saturating_sub(u64::from(back.held));
+                    u32::try_from(beyond).unwrap_or(u32::MAX).min(demand)
+                }
+                None => want,
+            };
+            want = back
+                .held
+                .saturating_add(back.hidden)
+                .saturating_add(new)
+                .clamp(1, self.limits.max_batch.max(1));
         }
         if at.captures && at.open && stored > 0 {
             // Beside open transactions, a Get asks only for what is stored, so that it cannot
@@ -599,6 +625,19 @@ impl GetLoop {
         match r {
             Ok(b) => {
                 self.refill = RefillWait::after(b.messages.len(), g.demand as usize, at.now);
+                let got = u32::try_from(b.messages.len()).unwrap_or(u32::MAX);
+                if self.captures
+                    && u64::from(g.want) <= g.stored
+                    && got < g.want
+                    && !self.sessions.txns.is_empty()
+                {
+                    // Stored messages a Get could not find: on KubeMQ, hidden in a transaction
+                    // open beside it (KMQ-20).
+                    self.hidden = Some(Hidden {
+                        count: g.want - got,
+                        suspects: self.sessions.txns.keys().cloned().collect(),
+                    });
+                }
                 if let Some(idle) = self.idle.as_mut() {
                     let last = b
                         .messages

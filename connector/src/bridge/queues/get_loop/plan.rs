@@ -16,6 +16,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::rehome::GivenBack;
 use super::sessions::SessionId;
 use super::{Action, GetLoop, Outcome, Settlement};
 use crate::backend::BackendError;
@@ -137,13 +138,18 @@ impl GetLoop {
         }
         self.fresh = !self.settle.is_empty();
         self.handed.clear();
-        self.rehome_want = u32::try_from(held).unwrap_or(u32::MAX);
-        self.stall.rounded();
+        let hidden = self.hidden.take().map_or(0, |h| h.count);
+        self.given_back = Some(GivenBack {
+            held: u32::try_from(held).unwrap_or(u32::MAX),
+            hidden,
+        });
+        self.stall.rounded(now);
         tracing::info!(
             channel = %self.channel,
             transactions,
             messages = held,
-            "consumers with credit got nothing new while holding every open transaction: closing those so that KubeMQ gives back what they hide (KMQ-20)"
+            hidden,
+            "consumers with credit wait while holding every open transaction, and a Get missed stored messages beside them (hidden > 0) or nothing new came for a while: closing those transactions so that KubeMQ gives back what they hide (KMQ-20)"
         );
     }
 

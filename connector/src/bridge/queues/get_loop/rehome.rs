@@ -7,7 +7,9 @@
 //! messages before it settles the ones it holds (a client settling in batches, a credit window
 //! larger than its settle batch) then waits for ever.
 //!
-//! So when consumers have credit, every transaction of the loop is held by them, and no Get has
+//! So when consumers have credit, every transaction of the loop is held by them, and either a
+//! Get that asked only for messages known to be stored came back short while those
+//! transactions were open (the missing ones are hidden there: [`Hidden`]), or no Get has
 //! brought a new message for [`StallWatch`]'s time, the loop closes those transactions. KubeMQ
 //! gives back what they had, hidden messages included, and the next Get takes it all. The
 //! messages the consumers still hold come back too: each is bound to the delivery the consumer
@@ -17,7 +19,8 @@
 //! A message that does not come back (another process took it) is forgotten after
 //! [`MOVED_MEMORY`]; it is delivered there again, as at-least-once allows. Closing transactions
 //! that hid nothing costs one Get of the held messages, so rounds that bring no new message back
-//! off, from [`STALL_FIRST`] up to [`STALL_LONGEST`].
+//! off, from [`STALL_FIRST`] up to [`STALL_LONGEST`], and rounds on a short Get's word are at
+//! least an eighth of that apart.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,13 +35,16 @@ pub(super) const STALL_LONGEST: Duration = Duration::from_secs(32);
 /// How long a moved message that does not come back is remembered.
 pub(super) const MOVED_MEMORY: Duration = Duration::from_secs(300);
 
-/// When to close held transactions: after consumers with credit saw no new message for a while.
+/// When to close held transactions: after a Get for stored messages came back short beside
+/// them, or after consumers with credit saw no new message for a while.
 #[derive(Debug)]
 pub(super) struct StallWatch {
     /// Since when the loop is stuck; `None` while it is not.
     since: Option<Instant>,
     /// How long it may be stuck before a round.
     after: Duration,
+    /// When the last round was.
+    last_round: Option<Instant>,
 }
 
 impl Default for StallWatch {
@@ -46,20 +52,25 @@ impl Default for StallWatch {
         StallWatch {
             since: None,
             after: STALL_FIRST,
+            last_round: None,
         }
     }
 }
 
 impl StallWatch {
     /// Whether a round is due now, given whether the loop is `stuck` (consumers with credit,
-    /// nothing buffered, every open transaction held by consumers).
-    pub(super) fn due(&mut self, stuck: bool, now: Instant) -> bool {
+    /// nothing buffered, every open transaction held by consumers) and whether a short Get
+    /// showed messages hidden in those transactions (`evidence`).
+    pub(super) fn due(&mut self, stuck: bool, evidence: bool, now: Instant) -> bool {
         if !stuck {
             self.since = None;
             return false;
         }
         let since = *self.since.get_or_insert(now);
-        now.duration_since(since) >= self.after
+        let spaced = self
+            .last_round
+            .is_none_or(|last| now.duration_since(last) >= self.after / 8);
+        (evidence && spaced) || now.duration_since(since) >= self.after
     }
 
     /// The loop is not stuck (no credit, or messages waiting for it): the wait starts again.
@@ -73,12 +84,32 @@ impl StallWatch {
         self.after = STALL_FIRST;
     }
 
-    /// A round closed the held transactions: the next one waits twice as long unless a new
-    /// message comes meanwhile.
-    pub(super) fn rounded(&mut self) {
+    /// A round closed the held transactions at `now`: the next one waits twice as long unless
+    /// a new message comes meanwhile.
+    pub(super) fn rounded(&mut self, now: Instant) {
         self.since = None;
+        self.last_round = Some(now);
         self.after = (self.after * 2).min(STALL_LONGEST);
     }
+}
+
+/// Messages a Get asked for as known stored and did not get, while transactions of the loop
+/// were open: on KubeMQ those transactions may hide them (KMQ-20).
+#[derive(Debug)]
+pub(super) struct Hidden {
+    /// How many the Get missed.
+    pub count: u32,
+    /// The transactions open when it was answered.
+    pub suspects: Vec<Arc<str>>,
+}
+
+/// What a round gave back, for the next Get's size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct GivenBack {
+    /// Messages of the closed transactions (the backend counts them ready again).
+    pub held: u32,
+    /// Messages a short Get showed hidden in them (no count has them).
+    pub hidden: u32,
 }
 
 /// Where a moved message's delivery stands; `O` is how a delivery is settled.
@@ -274,27 +305,33 @@ mod tests {
     fn the_watch_fires_after_a_stall_and_backs_off_when_rounds_find_nothing() {
         let t0 = Instant::now();
         let mut w = StallWatch::default();
-        assert!(!w.due(true, t0));
-        assert!(!w.due(true, t0 + STALL_FIRST - Duration::from_millis(1)));
-        assert!(w.due(true, t0 + STALL_FIRST));
-        w.rounded();
+        assert!(!w.due(true, false, t0));
+        assert!(!w.due(true, false, t0 + STALL_FIRST - Duration::from_millis(1)));
+        assert!(w.due(true, false, t0 + STALL_FIRST));
         let t1 = t0 + STALL_FIRST;
-        assert!(!w.due(true, t1));
-        assert!(!w.due(true, t1 + STALL_FIRST));
-        assert!(w.due(true, t1 + STALL_FIRST * 2));
+        w.rounded(t1);
+        assert!(!w.due(true, false, t1));
+        assert!(!w.due(true, false, t1 + STALL_FIRST));
+        assert!(w.due(true, false, t1 + STALL_FIRST * 2));
         for _ in 0..10 {
-            w.rounded();
+            w.rounded(t1);
         }
-        assert!(!w.due(true, t1));
-        assert!(!w.due(true, t1 + STALL_LONGEST - Duration::from_millis(1)));
-        assert!(w.due(true, t1 + STALL_LONGEST), "never longer than this");
+        assert!(!w.due(true, false, t1));
+        assert!(!w.due(true, false, t1 + STALL_LONGEST - Duration::from_millis(1)));
+        assert!(
+            w.due(true, false, t1 + STALL_LONGEST),
+            "never longer than this"
+        );
         w.calm();
         assert!(
-            !w.due(true, t1 + STALL_LONGEST * 2),
+            !w.due(true, false, t1 + STALL_LONGEST * 2),
             "the wait starts again"
         );
         w.progressed();
-        assert!(!w.due(true, t1));
-        assert!(w.due(true, t1 + STALL_FIRST), "back to the first wait");
+        assert!(!w.due(true, false, t1));
+        assert!(
+            w.due(true, false, t1 + STALL_FIRST),
+            "back to the first wait"
+        );
     }
 }

@@ -496,6 +496,96 @@ fn held_transactions_are_closed_when_consumers_starve() {
     assert_eq!(moved, ["t2"], "the settlement follows its message");
 }
 
+/// KMQ-20 (rehome.rs): a Get for messages known to be stored that comes back short while a
+/// consumer holds an open transaction shows where the missing ones are: that transaction is
+/// closed at once, not after STALL_FIRST, and the next Get asks for what it held, the missing
+/// ones and nothing the backend's count holds twice.
+#[test]
+fn a_short_get_for_stored_messages_closes_held_transactions_at_once() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 100);
+    let _ = until_get(&mut l, t0, &mut shows);
+    let first: Vec<u64> = (1..=49).collect();
+    l.answered(Ok(batch("t1", &first)), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), first);
+    let held = txn_of(&acts);
+    // The consumer holds the 49 and waits for a 50th, which this process sent.
+    shows.stored = 1;
+    shows.ready = ReadyHint::Estimate(1);
+    let (_, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(want, 1, "just the stored one");
+    let later = t0 + Duration::from_secs(1);
+    l.answered(Ok(batch("t2", &[])), answered_at(later));
+    // The short Get reset the count; the round's give-back is counted ready again.
+    shows.stored = 49;
+    shows.ready = ReadyHint::Estimate(49);
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Settle { outcome: Outcome::Close, transaction, .. },
+                Action::Returned { count: 49, .. },
+                Action::Get { want: 50, .. },
+            ] if Arc::ptr_eq(transaction, &held)
+        ),
+        "closed at once; the next Get asks for the 49 held and the one missing: {acts:?}"
+    );
+    let back: Vec<u64> = (1..=50).collect();
+    l.answered(Ok(batch("t3", &back)), answered_at(later));
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert_eq!(
+        handed(&acts),
+        [50],
+        "the 49 held are bound, not handed out again"
+    );
+}
+
+/// A short Get beside a transaction its consumer closes right after is no reason for a round:
+/// what that transaction hid went back with it.
+#[test]
+fn a_short_get_is_forgotten_once_its_suspects_closed() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 100);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    let held = txn_of(&acts);
+    shows.stored = 1;
+    shows.ready = ReadyHint::Estimate(1);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.order(Order::Settle(vec![
+        Settlement {
+            transaction: held.clone(),
+            ..ack("", 1)
+        },
+        Settlement {
+            transaction: held,
+            ..ack("", 2)
+        },
+    ]));
+    l.answered(Ok(batch("t2", &[])), answered_at(t0));
+    shows.stored = 0;
+    shows.ready = ReadyHint::Estimate(0);
+    let (mut acts, _) = until_wait(&mut l, t0, &mut shows);
+    // The close's fence answers; the loop goes on to its next Get.
+    l.fence_answered();
+    let (more, _) = until_wait(&mut l, t0, &mut shows);
+    acts.extend(more);
+    assert!(
+        matches!(acts.last(), Some(Action::Get { want: 1, .. })),
+        "the next Get: {acts:?}"
+    );
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Returned { .. })),
+        "no round gave anything back: {acts:?}"
+    );
+    assert!(l.hidden.is_none());
+}
+
 /// A failed Get loses its session with its transactions (KubeMQ gives their messages back);
 /// the next Get waits GET_RETRY, on a new session. A refusal of the credential tells every
 /// consumer (AUTHZ-9).
