@@ -304,15 +304,16 @@ impl Tally {
         l.sort_unstable();
         sends.sort_unstable();
         let at = |q: f64| quantile_ms(&l, q);
-        let send_p99 = quantile_ms(&sends, 0.99);
+        let send = |q: f64| quantile_ms(&sends, q);
         format!(
-            "{sent} messages ({} sent again after a send of unknown outcome), {:.0} msg/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (a send's answer: p99 {:.1} ms)",
+            "{sent} messages ({} sent again after a send of unknown outcome), {:.0} msg/s, latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (a send's answer: p99 {:.1} ms, max {:.1} ms)",
             seen.resent.len(),
             sent as f64 / self.started.elapsed().as_secs_f64(),
             at(0.5),
             at(0.99),
             at(1.0),
-            send_p99
+            send(0.99),
+            send(1.0)
         )
     }
 }

@@ -28,6 +28,7 @@
 
 mod close_fence;
 mod consumers;
+mod gaps;
 mod get_gate;
 mod handout;
 mod idle_watch;
@@ -45,6 +46,7 @@ use std::time::{Duration, Instant};
 pub(super) use self::close_fence::FENCE_WAIT;
 use self::close_fence::{Fence, Fences};
 use self::consumers::{put_back, Consumers, Fetched};
+use self::gaps::Gaps;
 pub(super) use self::get_gate::OVERLAP_WAIT;
 use self::get_gate::{GetGate, Moment};
 pub use self::handout::{
@@ -265,6 +267,8 @@ pub(super) struct GetLoop {
     /// Messages a Get for stored ones missed beside open transactions, until a round or until
     /// those transactions closed.
     hidden: Option<Hidden>,
+    /// Sequences the loop's Gets skipped (where the backend captures).
+    gaps: Gaps,
     watching: Watching,
     /// Whether the backend was asked if the loop may read its queue (once, before it first
     /// watches instead of Getting).
@@ -303,6 +307,7 @@ impl GetLoop {
             moved: Moved::default(),
             given_back: None,
             hidden: None,
+            gaps: Gaps::default(),
             watching: Watching::Off,
             read_checked: false,
             idle: None,
@@ -460,7 +465,8 @@ impl GetLoop {
                 self.hidden = None;
             }
         }
-        if self.stall.due(stuck, self.hidden.is_some(), now) {
+        let evidence = self.hidden.is_some() || (stuck && self.gaps.due(now));
+        if self.stall.due(stuck, evidence, now) {
             self.start_rehome(now);
             return None;
         }
@@ -627,6 +633,7 @@ impl GetLoop {
                 self.refill = RefillWait::after(b.messages.len(), g.demand as usize, at.now);
                 let got = u32::try_from(b.messages.len()).unwrap_or(u32::MAX);
                 if self.captures
+                    && !self.gaps.shared()
                     && u64::from(g.want) <= g.stored
                     && got < g.want
                     && !self.sessions.txns.is_empty()
@@ -866,6 +873,9 @@ impl GetLoop {
         }
         if new > 0 {
             self.stall.progressed();
+        }
+        if self.captures {
+            self.gaps.fetched(&seqs, at.now);
         }
         let left = seqs.len();
         if left > 0 {

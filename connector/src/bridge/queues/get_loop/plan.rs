@@ -138,7 +138,11 @@ impl GetLoop {
         }
         self.fresh = !self.settle.is_empty();
         self.handed.clear();
-        let hidden = self.hidden.take().map_or(0, |h| h.count);
+        // A short Get and the gaps may count the same hidden messages: the larger count.
+        let short = self.hidden.take().map_or(0, |h| h.count);
+        let skipped = u32::try_from(self.gaps.overdue(now)).unwrap_or(u32::MAX);
+        let hidden = short.max(skipped);
+        self.gaps.rounded(now);
         self.given_back = Some(GivenBack {
             held: u32::try_from(held).unwrap_or(u32::MAX),
             hidden,
@@ -149,7 +153,7 @@ impl GetLoop {
             transactions,
             messages = held,
             hidden,
-            "consumers with credit wait while holding every open transaction, and a Get missed stored messages beside them (hidden > 0) or nothing new came for a while: closing those transactions so that KubeMQ gives back what they hide (KMQ-20)"
+            "consumers with credit wait while holding every open transaction, and a Get missed stored messages or skipped sequences beside them (hidden > 0), or nothing new came for a while: closing those transactions so that KubeMQ gives back what they hide (KMQ-20)"
         );
     }
 

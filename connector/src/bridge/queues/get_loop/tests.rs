@@ -543,6 +543,66 @@ fn a_short_get_for_stored_messages_closes_held_transactions_at_once() {
     );
 }
 
+/// KMQ-20 (gaps.rs): a sequence the loop's Gets skipped and that stays missing for GAP_WAIT
+/// while a consumer holds open transactions is hidden in them (it hops from one closing
+/// transaction into the next under a steady flow): they are closed, and the next Get asks for
+/// what they held and the skipped one.
+#[test]
+fn a_sequence_skipped_beside_held_transactions_brings_a_round() {
+    use super::gaps::GAP_WAIT;
+    let t0 = Instant::now();
+    let mut shows = Shows {
+        stored: 2,
+        ready: ReadyHint::Estimate(2),
+        ..Shows::default()
+    };
+    let mut l = with_consumer(true, 10);
+    let (_, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(want, 2);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    // Two more are stored meanwhile.
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [1, 2]);
+    assert!(
+        matches!(acts.last(), Some(Action::Get { want: 2, .. })),
+        "{acts:?}"
+    );
+    l.answered(Ok(batch("t2", &[4, 5])), answered_at(t0));
+    shows.stored = 0;
+    shows.ready = ReadyHint::Estimate(0);
+    let (acts, wait) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [4, 5], "3 skipped");
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Returned { .. })),
+        "no round before GAP_WAIT: {acts:?}"
+    );
+    assert!(wait.until.is_some());
+    let later = t0 + GAP_WAIT;
+    shows.stored = 4;
+    shows.ready = ReadyHint::Estimate(4);
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    let closed = acts
+        .iter()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::Settle {
+                    outcome: Outcome::Close,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(closed, 2, "both held transactions closed: {acts:?}");
+    assert!(
+        matches!(acts.last(), Some(Action::Get { want: 5, .. })),
+        "the four held and the skipped one: {acts:?}"
+    );
+    l.answered(Ok(batch("t3", &[1, 2, 3, 4, 5])), answered_at(later));
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert_eq!(handed(&acts), [3], "the held four are bound");
+}
+
 /// A short Get beside a transaction its consumer closes right after is no reason for a round:
 /// what that transaction hid went back with it.
 #[test]
