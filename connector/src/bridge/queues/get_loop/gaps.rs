@@ -19,8 +19,10 @@
 //! A round gives the messages the consumers hold back to the queue until the loop's next Get
 //! takes them again, and another consumer of the queue may take one first and deliver it a
 //! second time. Hidden messages are a handful in thousands; when more than one sequence in
-//! [`SHARED_SHARE`] is skipped, others consume the queue too ([`Gaps::shared`]) and neither a
-//! gap nor a short Get calls a round (the timed round still does).
+//! [`SHARED_SHARE`] is skipped, others consume the queue too, and until the loop fetched
+//! [`EXCLUSIVE_AFTER`] sequences it cannot tell: only a loop that is its queue's one consumer
+//! ([`Gaps::exclusive`]) takes a gap or a short Get as a reason for a round (the timed round
+//! applies to every loop).
 //!
 //! No clock and no I/O here: the loop passes the sequences it fetched and the instant.
 
@@ -41,6 +43,10 @@ pub(super) const ROUND_SPACING_LONGEST: Duration = Duration::from_secs(8);
 /// Above one skipped sequence in this many fetched (and at least [`SHARED_LEAST`] skipped), the
 /// queue has other consumers.
 const SHARED_SHARE: u64 = 10;
+
+/// The sequences a loop must have fetched before it can tell that it is its queue's one
+/// consumer.
+const EXCLUSIVE_AFTER: u64 = 64;
 
 /// The fewest skipped sequences that can say the queue has other consumers.
 const SHARED_LEAST: u64 = 8;
@@ -148,7 +154,7 @@ impl Gaps {
     /// Whether a gap open for [`GAP_WAIT`] or longer at `now` calls for a round: the last
     /// round's Get answered and its spacing passed.
     pub(super) fn due(&self, now: Instant) -> bool {
-        if self.shared() {
+        if !self.exclusive() {
             return false;
         }
         if let Some(r) = &self.round {
@@ -159,9 +165,18 @@ impl Gaps {
         self.overdue(now) > 0
     }
 
-    /// Whether others consume the queue too, as the share of sequences skipped recently says.
-    pub(super) fn shared(&self) -> bool {
-        self.skipped >= SHARED_LEAST && self.skipped * SHARED_SHARE > self.fetched
+    /// Whether the loop is its queue's one consumer, as far as the sequences it fetched
+    /// recently tell: enough of them, and few skipped.
+    pub(super) fn exclusive(&self) -> bool {
+        let shared = self.skipped >= SHARED_LEAST && self.skipped * SHARED_SHARE > self.fetched;
+        self.fetched >= EXCLUSIVE_AFTER && !shared
+    }
+
+    /// Counts the loop as having fetched enough sequences, none skipped, to know it is its
+    /// queue's one consumer (for tests that script a few sequences).
+    #[cfg(test)]
+    pub(super) fn assume_exclusive(&mut self) {
+        self.fetched = self.fetched.max(EXCLUSIVE_AFTER);
     }
 
     /// How many gaps are open for [`GAP_WAIT`] or longer at `now`.
@@ -196,6 +211,7 @@ mod tests {
     fn a_skipped_sequence_is_overdue_after_the_wait_unless_fetched() {
         let t0 = Instant::now();
         let mut g = Gaps::default();
+        g.assume_exclusive();
         g.fetched(&[1, 2], t0);
         g.fetched(&[4, 5], t0);
         g.fetched(&[8], t0);
@@ -209,6 +225,7 @@ mod tests {
     fn a_round_that_brings_nothing_back_forgets_its_gaps_and_spaces_the_next() {
         let t0 = Instant::now();
         let mut g = Gaps::default();
+        g.assume_exclusive();
         g.fetched(&[1, 3], t0);
         let t1 = t0 + GAP_WAIT;
         assert!(g.due(t1));
@@ -228,6 +245,7 @@ mod tests {
     fn a_round_that_brings_a_gap_back_keeps_rounds_close() {
         let t0 = Instant::now();
         let mut g = Gaps::default();
+        g.assume_exclusive();
         g.fetched(&[1, 3], t0);
         let t1 = t0 + GAP_WAIT;
         g.rounded(t1);
@@ -242,7 +260,7 @@ mod tests {
         // Every other sequence goes to another consumer.
         let mine: Vec<u64> = (1..=40).map(|n| n * 2).collect();
         g.fetched(&mine, t0);
-        assert!(g.shared());
+        assert!(!g.exclusive());
         assert!(
             !g.due(t0 + GAP_WAIT),
             "{} gaps, none hidden",
@@ -252,7 +270,7 @@ mod tests {
         let mut g = Gaps::default();
         let mine: Vec<u64> = (1..=1000).filter(|n| n % 100 != 0).collect();
         g.fetched(&mine, t0);
-        assert!(!g.shared());
+        assert!(g.exclusive());
         assert!(g.due(t0 + GAP_WAIT));
     }
 
@@ -260,6 +278,7 @@ mod tests {
     fn a_wide_jump_starts_afresh() {
         let t0 = Instant::now();
         let mut g = Gaps::default();
+        g.assume_exclusive();
         g.fetched(&[1, 3], t0);
         g.fetched(&[3 + MOST_GAPS + 1], t0);
         assert!(!g.due(t0 + GAP_WAIT));

@@ -55,11 +55,14 @@ impl GetGate {
             return None;
         }
         let until = *self.until.get_or_insert(now + OVERLAP_WAIT);
-        if now >= until {
-            self.until = None;
-            return None;
-        }
-        Some(until)
+        // An expired hold stays over until the Get goes (opening its session first must not
+        // start a new one).
+        (now < until).then_some(until)
+    }
+
+    /// The Get went: the next one is held afresh.
+    pub(super) fn went(&mut self) {
+        self.until = None;
     }
 }
 
@@ -108,6 +111,11 @@ mod tests {
             hold(&mut g, moment(true, true, false), false, until).is_none(),
             "over"
         );
+        assert!(
+            hold(&mut g, moment(true, true, false), false, until).is_none(),
+            "still over while the Get has not gone"
+        );
+        g.went();
         assert_eq!(
             hold(&mut g, moment(true, true, false), false, until),
             Some(until + OVERLAP_WAIT),

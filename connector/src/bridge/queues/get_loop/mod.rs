@@ -214,6 +214,9 @@ struct GetOut {
     demand: u32,
     /// Messages known stored when it went.
     stored: u64,
+    /// It asked only for messages known to be there: stored by this process, or counted
+    /// waiting by the broker beyond what the loop holds.
+    counted: bool,
     /// When it went.
     asked: Instant,
     /// Settlements wait for it until then (a Get for stored messages), or not at all.
@@ -465,7 +468,8 @@ impl GetLoop {
                 self.hidden = None;
             }
         }
-        let evidence = self.hidden.is_some() || (stuck && self.gaps.due(now));
+        let evidence =
+            self.hidden.as_ref().is_some_and(|h| h.alone) || (stuck && self.gaps.due(now));
         if self.stall.due(stuck, evidence, now) {
             self.start_rehome(now);
             return None;
@@ -505,6 +509,7 @@ impl GetLoop {
             Lend::On(session) => session,
             Lend::Open(id) => return Some(Step::Act(Action::Open(id))),
         };
+        let from_view = self.looked.is_some();
         let mut want = match self.looked.take() {
             Some(n) => n.min(demand.min(self.limits.max_batch)).max(1),
             None => self.get_size(demand, sight),
@@ -535,11 +540,13 @@ impl GetLoop {
         // out could stall it for 100 ms, so settlements wait for it, unless it turns out to be
         // waiting after all.
         let prompt = at.captures && u64::from(want) <= stored;
+        self.gate.went();
         self.get = Some(GetOut {
             session,
             want,
             demand,
             stored,
+            counted: from_view || u64::from(want) <= stored,
             asked: now,
             overlap_until: prompt.then(|| now + OVERLAP_WAIT),
             grace_until: now + DRAIN_GRACE,
@@ -632,16 +639,12 @@ impl GetLoop {
             Ok(b) => {
                 self.refill = RefillWait::after(b.messages.len(), g.demand as usize, at.now);
                 let got = u32::try_from(b.messages.len()).unwrap_or(u32::MAX);
-                if self.captures
-                    && !self.gaps.shared()
-                    && u64::from(g.want) <= g.stored
-                    && got < g.want
-                    && !self.sessions.txns.is_empty()
-                {
-                    // Stored messages a Get could not find: on KubeMQ, hidden in a transaction
-                    // open beside it (KMQ-20).
+                if self.captures && g.counted && got < g.want && !self.sessions.txns.is_empty() {
+                    // Messages known to be there that a Get could not find: on KubeMQ, hidden
+                    // in a transaction open beside it (KMQ-20).
                     self.hidden = Some(Hidden {
                         count: g.want - got,
+                        alone: self.gaps.exclusive(),
                         suspects: self.sessions.txns.keys().cloned().collect(),
                     });
                 }

@@ -138,9 +138,14 @@ impl GetLoop {
         }
         self.fresh = !self.settle.is_empty();
         self.handed.clear();
-        // A short Get and the gaps may count the same hidden messages: the larger count.
+        // A short Get and the gaps may count the same hidden messages: the larger count. Gaps
+        // count only for the queue's one consumer (others' are other consumers' messages).
         let short = self.hidden.take().map_or(0, |h| h.count);
-        let skipped = u32::try_from(self.gaps.overdue(now)).unwrap_or(u32::MAX);
+        let skipped = if self.gaps.exclusive() {
+            u32::try_from(self.gaps.overdue(now)).unwrap_or(u32::MAX)
+        } else {
+            0
+        };
         let hidden = short.max(skipped);
         self.gaps.rounded(now);
         self.given_back = Some(GivenBack {

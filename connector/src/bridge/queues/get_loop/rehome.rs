@@ -8,9 +8,11 @@
 //! larger than its settle batch) then waits for ever.
 //!
 //! So when consumers have credit, every transaction of the loop is held by them, and either a
-//! Get that asked only for messages known to be stored came back short while those
-//! transactions were open (the missing ones are hidden there: [`Hidden`]), or no Get has
-//! brought a new message for [`StallWatch`]'s time, the loop closes those transactions. KubeMQ
+//! Get that asked only for messages known to be there (stored by this process, or counted
+//! waiting by KubeMQ beyond what the loop holds) came back short while those transactions were
+//! open (the missing ones are hidden there: [`Hidden`]), a sequence the loop's Gets skipped
+//! stays missing (`gaps.rs`), or no Get has brought a new message for [`StallWatch`]'s time,
+//! the loop closes those transactions. KubeMQ
 //! gives back what they had, hidden messages included, and the next Get takes it all. The
 //! messages the consumers still hold come back too: each is bound to the delivery the consumer
 //! already has (not handed out again), and its settlement — given before or after it came
@@ -93,12 +95,15 @@ impl StallWatch {
     }
 }
 
-/// Messages a Get asked for as known stored and did not get, while transactions of the loop
-/// were open: on KubeMQ those transactions may hide them (KMQ-20).
+/// Messages a Get asked for as known to be there and did not get, while transactions of the
+/// loop were open: on KubeMQ those transactions may hide them (KMQ-20).
 #[derive(Debug)]
 pub(super) struct Hidden {
     /// How many the Get missed.
     pub count: u32,
+    /// Whether the loop knew itself its queue's one consumer (`gaps.rs`): only then is the
+    /// miss a reason for a round; otherwise it only sizes the next round's Get.
+    pub alone: bool,
     /// The transactions open when it was answered.
     pub suspects: Vec<Arc<str>>,
 }

@@ -505,6 +505,8 @@ fn a_short_get_for_stored_messages_closes_held_transactions_at_once() {
     let t0 = Instant::now();
     let mut shows = Shows::default();
     let mut l = with_consumer(true, 100);
+    // Its sequences have shown it to be the queue's one consumer (gaps.rs).
+    l.gaps.assume_exclusive();
     let _ = until_get(&mut l, t0, &mut shows);
     let first: Vec<u64> = (1..=49).collect();
     l.answered(Ok(batch("t1", &first)), answered_at(t0));
@@ -557,6 +559,8 @@ fn a_sequence_skipped_beside_held_transactions_brings_a_round() {
         ..Shows::default()
     };
     let mut l = with_consumer(true, 10);
+    // Its sequences have shown it to be the queue's one consumer (gaps.rs).
+    l.gaps.assume_exclusive();
     let (_, want) = until_get(&mut l, t0, &mut shows);
     assert_eq!(want, 2);
     l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
@@ -603,6 +607,117 @@ fn a_sequence_skipped_beside_held_transactions_brings_a_round() {
     assert_eq!(handed(&acts), [3], "the held four are bound");
 }
 
+/// KMQ-20 (rehome.rs): a Get for messages KubeMQ counts as waiting beyond what the loop holds
+/// that comes back short while a consumer holds an open transaction is evidence as a short Get
+/// for stored messages is: the round's Get asks for the held messages and the missing ones.
+#[test]
+fn a_short_get_for_counted_messages_closes_held_transactions_at_once() {
+    let t0 = Instant::now();
+    let mut shows = Shows {
+        ready: ReadyHint::Estimate(0),
+        view: Some(QueueView {
+            touched: 0,
+            broker: BrokerCounts::Seen(Counts::default()),
+            asked: Some(t0),
+        }),
+        read: ReadCheck::Allowed,
+        ..Shows::default()
+    };
+    let mut l = with_consumer(true, 10);
+    // Its sequences have shown it to be the queue's one consumer (gaps.rs).
+    l.gaps.assume_exclusive();
+    let (_, wait) = until_wait(&mut l, t0, &mut shows);
+    assert!(wait.view, "watching the idle queue");
+    // This process sent two: the view shows them.
+    if let Some(v) = shows.view.as_mut() {
+        v.touched = 2;
+    }
+    let (_, want) = until_get(&mut l, t0, &mut shows);
+    assert_eq!(want, 2);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert_eq!(handed(&acts), [1, 2]);
+    let held = txn_of(&acts);
+    // KubeMQ counts the two held and three more.
+    let later = t0 + Duration::from_millis(10);
+    shows.view = Some(QueueView {
+        touched: 2,
+        broker: BrokerCounts::Seen(Counts {
+            last_sequence: 5,
+            waiting: 5,
+        }),
+        asked: Some(later),
+    });
+    let (acts, wait) = until_wait(&mut l, later, &mut shows);
+    assert!(
+        acts.is_empty() && wait.ready,
+        "held back beside the open transaction"
+    );
+    // After the gate's wait the Get goes all the same, on a session of its own.
+    let (_, want) = until_get(&mut l, later + OVERLAP_WAIT * 2, &mut shows);
+    assert_eq!(want, 3);
+    let later = later + OVERLAP_WAIT * 2;
+    let answered = later + Duration::from_secs(1);
+    l.answered(Ok(batch("t2", &[])), answered_at(answered));
+    let (acts, _) = until_wait(&mut l, answered, &mut shows);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Settle { outcome: Outcome::Close, transaction, .. },
+                Action::Returned { count: 2, .. },
+                Action::Get { want: 5, .. },
+            ] if Arc::ptr_eq(transaction, &held)
+        ),
+        "closed at once; the next Get asks for the two held and the three missing: {acts:?}"
+    );
+}
+
+/// A loop whose sequences have not shown it to be its queue's one consumer takes a short Get
+/// as no reason for a round: another consumer may have taken what it missed, and a round would
+/// hand the messages its consumers hold to that one too (gaps.rs). The timed round's Get still
+/// asks for what the short Get missed on top of what the consumer held: asking for the held
+/// ones alone would leave a hidden one beyond the Get's size, hidden again in its transaction.
+#[test]
+fn a_short_get_calls_no_round_until_the_loop_knows_it_consumes_alone() {
+    let t0 = Instant::now();
+    let mut shows = Shows::default();
+    let mut l = with_consumer(true, 100);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
+    let _ = until_wait(&mut l, t0, &mut shows);
+    shows.stored = 1;
+    shows.ready = ReadyHint::Estimate(1);
+    let _ = until_get(&mut l, t0, &mut shows);
+    l.answered(Ok(batch("t2", &[])), answered_at(t0));
+    shows.stored = 0;
+    shows.ready = ReadyHint::Estimate(0);
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert!(l.hidden.as_ref().is_some_and(|h| !h.alone));
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Returned { .. })),
+        "no round: {acts:?}"
+    );
+    let later = t0 + STALL_FIRST;
+    shows.stored = 2;
+    shows.ready = ReadyHint::Estimate(2);
+    let (acts, _) = until_wait(&mut l, later, &mut shows);
+    assert!(
+        matches!(
+            &acts[..],
+            [
+                Action::Settle {
+                    outcome: Outcome::Close,
+                    ..
+                },
+                Action::Returned { count: 2, .. },
+                Action::Get { want: 3, .. },
+            ]
+        ),
+        "the timed round asks for the two held and the one missed: {acts:?}"
+    );
+}
+
 /// A short Get beside a transaction its consumer closes right after is no reason for a round:
 /// what that transaction hid went back with it.
 #[test]
@@ -610,6 +725,7 @@ fn a_short_get_is_forgotten_once_its_suspects_closed() {
     let t0 = Instant::now();
     let mut shows = Shows::default();
     let mut l = with_consumer(true, 100);
+    l.gaps.assume_exclusive();
     let _ = until_get(&mut l, t0, &mut shows);
     l.answered(Ok(batch("t1", &[1, 2])), answered_at(t0));
     let (acts, _) = until_wait(&mut l, t0, &mut shows);
