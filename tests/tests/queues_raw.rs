@@ -328,7 +328,8 @@ fn q_11_no_credit_no_delivery() {
 
 /// FLOW-5 / Q-16: a drain on an empty queue that the Get loop waits on (with a Get in process,
 /// watching it through gRPC after its first Get) completes at once (credit 0); a message sent later is not
-/// delivered without new credit, and is not lost: fresh credit delivers it.
+/// delivered without new credit, and is not lost: fresh credit delivers it. KMQ-21: through gRPC
+/// the drain ends on the broker's recent count of the watched queue, with no Get on the wire.
 #[test]
 fn q_16_drain_while_waiting() {
     TestConnector::each_store_backend(Settings::default(), |c| {
@@ -362,6 +363,14 @@ fn q_16_drain_while_waiting() {
         });
         let flow = flow.expect("drain completed promptly");
         assert_eq!((flow.link_credit, flow.delivery_count), (Some(0), Some(5)));
+        if c.backend() != "embedded" {
+            assert_eq!(
+                c.store().waiting_gets(),
+                0,
+                "the drain put a Get on the wire ({})",
+                c.backend()
+            );
+        }
         produce(&mut p, 0, 0, &data(b"after drain"));
         let (got, _) = p.read_all(NOTHING_WINDOW);
         assert!(

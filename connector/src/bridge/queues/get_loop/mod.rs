@@ -58,7 +58,7 @@ use self::rehome::{Arrival, GivenBack, Hidden, Moved, StallWatch};
 pub(super) use self::sessions::SessionId;
 use self::sessions::{Lend, Sessions, Txn};
 use super::refill_wait::RefillWait;
-use crate::backend::queue_watch::QueueView;
+use crate::backend::queue_watch::{BrokerCounts, QueueView};
 use crate::backend::{BackendError, Batch, ReadCheck, ReadyHint};
 use crate::kubemq::QueueMessage;
 
@@ -67,6 +67,11 @@ use crate::kubemq::QueueMessage;
 /// Get for messages that are there within a few milliseconds (KMQ-10: p99 2.4 ms); a Get
 /// still waiting after this is waiting for messages that do not exist yet.
 pub const DRAIN_GRACE: Duration = Duration::from_millis(50);
+
+/// How recent KubeMQ's count of a watched queue must be for a drain to end on its word, without
+/// a Get: QueuesInfo is asked every 50 ms while few queues are watched (less often with many),
+/// and a message another process stored since then waits for the consumer's next credit.
+pub(super) const DRAIN_VIEW_AGE: Duration = Duration::from_millis(250);
 
 /// How long the loop waits before it opens a session again after opening one failed.
 const OPEN_RETRY: Duration = Duration::from_millis(500);
@@ -280,6 +285,8 @@ pub(super) struct GetLoop {
     idle: Option<IdleWatch>,
     /// The size of the next Get as the view gave it, until that Get goes.
     looked: Option<u32>,
+    /// The view as the last look saw it.
+    last_view: Option<QueueView>,
     get: Option<GetOut>,
     /// Settlements, closes and fences under way.
     plan: Plan,
@@ -315,6 +322,7 @@ impl GetLoop {
             read_checked: false,
             idle: None,
             looked: None,
+            last_view: None,
             get: None,
             plan: Plan::default(),
             out: VecDeque::new(),
@@ -474,10 +482,18 @@ impl GetLoop {
             self.start_rehome(now);
             return None;
         }
-        // An idle queue is watched, not waited on with a Get.
-        if self.looked.is_none() && !draining && self.given_back.is_none() {
+        // An idle queue is watched, not waited on with a Get; a drain on it ends on a recent
+        // count's word that nothing is there (KMQ-21: a Get for one would hold one of KubeMQ's
+        // shared clients for its whole second).
+        if self.looked.is_none() && self.given_back.is_none() {
             match self.look(now, sight) {
                 Some(Looked::Act(a)) => return Some(Step::Act(a)),
+                Some(Looked::At(Look::Watch(None))) if draining && self.view_is_recent(now) => {
+                    self.end_drains(false);
+                    return None;
+                }
+                // Without a recent count, a drain Gets one as without a watch.
+                Some(Looked::At(Look::Watch(_))) if draining => {}
                 Some(Looked::At(Look::Watch(until))) => {
                     return Some(Step::Wait(Wait {
                         until,
@@ -796,9 +812,19 @@ impl GetLoop {
         }
         let held = self.sessions.txns.values().map(|t| t.left as u64).sum();
         let view = sight.view()?;
+        self.last_view = Some(view);
         Some(Looked::At(
             self.idle.as_mut()?.look(&view, Holding { held, now }),
         ))
+    }
+
+    /// Whether the last look saw KubeMQ's counts, asked within [`DRAIN_VIEW_AGE`] of `now`.
+    fn view_is_recent(&self, now: Instant) -> bool {
+        self.last_view.is_some_and(|v| {
+            matches!(v.broker, BrokerCounts::Seen(_))
+                && v.asked
+                    .is_some_and(|a| now.saturating_duration_since(a) <= DRAIN_VIEW_AGE)
+        })
     }
 
     /// With an exact count of ready messages, ask for just those (or 1 to wait for the next);

@@ -396,6 +396,52 @@ fn a_drain_ends_once_its_get_outlives_the_grace() {
     );
 }
 
+/// FLOW-5, KMQ-21: a drain on a watched queue whose count KubeMQ gave within DRAIN_VIEW_AGE,
+/// showing nothing beyond what the loop holds, ends at once and puts no Get on the wire (a Get
+/// of one would hold one of KubeMQ's shared clients for its second); with an older count it
+/// Gets one as without a watch.
+#[test]
+fn a_drain_on_a_watched_idle_queue_ends_on_a_recent_count() {
+    use super::DRAIN_VIEW_AGE;
+    let t0 = Instant::now();
+    let mut shows = Shows {
+        ready: ReadyHint::Estimate(0),
+        view: Some(QueueView {
+            touched: 0,
+            broker: BrokerCounts::Seen(Counts::default()),
+            asked: Some(t0),
+        }),
+        read: ReadCheck::Allowed,
+        ..Shows::default()
+    };
+    let mut l = with_consumer(true, 0);
+    let drain = |l: &mut GetLoop| {
+        l.order(Order::Drain(DemandReport {
+            consumer: ALICE,
+            credit: 5,
+            taken: 0,
+        }))
+    };
+    drain(&mut l);
+    let (acts, _) = until_wait(&mut l, t0, &mut shows);
+    assert!(
+        matches!(
+            acts.last(),
+            Some(Action::Tell(ALICE, ToConsumer::DrainDone(ALICE)))
+        ),
+        "{acts:?}"
+    );
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::Get { .. })),
+        "{acts:?}"
+    );
+    // KubeMQ's count is older now: the drain Gets one.
+    drain(&mut l);
+    let later = t0 + DRAIN_VIEW_AGE + Duration::from_millis(1);
+    let (_, want) = until_get(&mut l, later, &mut shows);
+    assert_eq!(want, 1);
+}
+
 /// AUTHZ-9, KMQ-21: where the backend cannot say whether the loop may read, the first Get on an
 /// idle queue goes on the wire; once it is answered the loop watches the queue instead, and Gets
 /// what this process sends.
