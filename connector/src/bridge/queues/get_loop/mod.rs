@@ -17,10 +17,12 @@
 //!    (`refill_wait.rs`);
 //! 4. no Get joins KubeMQ's queue group while a close before it may still be under way
 //!    (`close_fence.rs`, KMQ-17);
-//! 5. consumers that hold every open transaction, beside which a Get for stored messages came
-//!    back short or that got nothing new for a while, have those transactions closed so that
-//!    KubeMQ gives back what they hide (`rehome.rs`, KMQ-20);
-//! 6. an idle queue is watched, not waited on with a Get (`idle_watch.rs`, KMQ-21);
+//! 5. consumers that hold every open transaction, beside which a Get for messages known to be
+//!    there came back short or a sequence stays skipped (`gaps.rs`), or that got nothing new for
+//!    a while, have those transactions closed so that KubeMQ gives back what they hide
+//!    (`rehome.rs`, KMQ-20);
+//! 6. an idle queue is watched, not waited on with a Get, and a drain on it ends on a recent
+//!    count (`idle_watch.rs`, KMQ-21);
 //! 7. a Get that would wait is held back while transactions are open (`get_gate.rs`, KMQ-17);
 //! 8. the Get goes on a session with no open transaction (`sessions.rs`, KMQ-5), sized by what
 //!    is ready; while it is out, settlements wait for it unless it turns out to wait, and a
@@ -272,8 +274,8 @@ pub(super) struct GetLoop {
     moved: Moved<Outcome>,
     /// What the last round gave back, for the next Get to bring on top of the demand.
     given_back: Option<GivenBack>,
-    /// Messages a Get for stored ones missed beside open transactions, until a round or until
-    /// those transactions closed.
+    /// Messages a Get for ones known to be there missed beside open transactions, until a
+    /// round or until those transactions closed.
     hidden: Option<Hidden>,
     /// Sequences the loop's Gets skipped (where the backend captures).
     gaps: Gaps,
@@ -462,9 +464,9 @@ impl GetLoop {
             open: !self.sessions.txns.is_empty(),
             draining,
         };
-        // Consumers with credit that hold every open transaction, and either a Get for stored
-        // messages came back short beside them or nothing new came for a while, may be waiting
-        // for messages those transactions hide.
+        // Consumers with credit that hold every open transaction may be waiting for messages
+        // those transactions hide: a Get missed messages known to be there beside them, a
+        // sequence stays skipped (gaps.rs), or nothing new came for a while.
         let stuck = at.captures && at.open && !at.draining;
         if let Some(h) = &self.hidden {
             if !h
