@@ -155,6 +155,20 @@ fn txn_of(acts: &[Action]) -> Arc<str> {
         .expect("a hand-out")
 }
 
+/// A backend that lets the loop read and whose count, asked at `at`, shows an empty queue.
+fn watched_empty(at: Instant) -> Shows {
+    Shows {
+        ready: ReadyHint::Estimate(0),
+        view: Some(QueueView {
+            touched: 0,
+            broker: BrokerCounts::Seen(Counts::default()),
+            asked: Some(at),
+        }),
+        read: ReadCheck::Allowed,
+        ..Shows::default()
+    }
+}
+
 /// Q-12 as decided (docs/queues-consume-design.md): a Get never asks for more than the backend
 /// says is ready when it knows, exactly or by its own count; without a count it follows the
 /// adaptive batch, and while a drain is on it asks for one. Always within the demand and the
@@ -404,16 +418,7 @@ fn a_drain_ends_once_its_get_outlives_the_grace() {
 fn a_drain_on_a_watched_idle_queue_ends_on_a_recent_count() {
     use super::DRAIN_VIEW_AGE;
     let t0 = Instant::now();
-    let mut shows = Shows {
-        ready: ReadyHint::Estimate(0),
-        view: Some(QueueView {
-            touched: 0,
-            broker: BrokerCounts::Seen(Counts::default()),
-            asked: Some(t0),
-        }),
-        read: ReadCheck::Allowed,
-        ..Shows::default()
-    };
+    let mut shows = watched_empty(t0);
     let mut l = with_consumer(true, 0);
     let drain = |l: &mut GetLoop| {
         l.order(Order::Drain(DemandReport {
@@ -659,16 +664,7 @@ fn a_sequence_skipped_beside_held_transactions_brings_a_round() {
 #[test]
 fn a_short_get_for_counted_messages_closes_held_transactions_at_once() {
     let t0 = Instant::now();
-    let mut shows = Shows {
-        ready: ReadyHint::Estimate(0),
-        view: Some(QueueView {
-            touched: 0,
-            broker: BrokerCounts::Seen(Counts::default()),
-            asked: Some(t0),
-        }),
-        read: ReadCheck::Allowed,
-        ..Shows::default()
-    };
+    let mut shows = watched_empty(t0);
     let mut l = with_consumer(true, 10);
     // Its sequences have shown it to be the queue's one consumer (gaps.rs).
     l.gaps.assume_exclusive();
