@@ -55,13 +55,13 @@ impl GetGate {
             return None;
         }
         let until = *self.until.get_or_insert(now + OVERLAP_WAIT);
-        // An expired hold stays over until the Get goes (opening its session first must not
-        // start a new one).
+        // An expired hold stays over until the Get goes or settlements go (opening its
+        // session first must not start a new one).
         (now < until).then_some(until)
     }
 
-    /// The Get went: the next one is held afresh.
-    pub(super) fn went(&mut self) {
+    /// The Get went, or settlements changed what is open: the next Get is held afresh.
+    pub(super) fn restart(&mut self) {
         self.until = None;
     }
 }
@@ -115,7 +115,7 @@ mod tests {
             hold(&mut g, moment(true, true, false), false, until).is_none(),
             "still over while the Get has not gone"
         );
-        g.went();
+        g.restart();
         assert_eq!(
             hold(&mut g, moment(true, true, false), false, until),
             Some(until + OVERLAP_WAIT),

@@ -558,7 +558,7 @@ impl GetLoop {
         // out could stall it for 100 ms, so settlements wait for it, unless it turns out to be
         // waiting after all.
         let prompt = at.captures && u64::from(want) <= stored;
-        self.gate.went();
+        self.gate.restart();
         self.get = Some(GetOut {
             session,
             want,

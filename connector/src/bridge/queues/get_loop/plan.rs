@@ -78,6 +78,7 @@ impl GetLoop {
     /// Plans sending every pending settlement.
     pub(super) fn start_flush(&mut self) {
         self.fresh = false;
+        self.gate.restart();
         // One Arc per transaction (take_batch), so its address names it: sorted by it, a
         // transaction's settlements lie together without hashing its id for each.
         self.settle.sort_unstable_by_key(|s| {
