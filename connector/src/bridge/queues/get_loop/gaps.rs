@@ -181,20 +181,20 @@ impl Gaps {
 
     /// How many gaps are open for [`GAP_WAIT`] or longer at `now`.
     pub(super) fn overdue(&self, now: Instant) -> usize {
+        self.overdue_gaps(now).count()
+    }
+
+    /// The gaps open for [`GAP_WAIT`] or longer at `now`.
+    fn overdue_gaps(&self, now: Instant) -> impl Iterator<Item = u64> + '_ {
         self.open
-            .values()
-            .filter(|since| now.duration_since(**since) >= GAP_WAIT)
-            .count()
+            .iter()
+            .filter(move |(_, since)| now.duration_since(**since) >= GAP_WAIT)
+            .map(|(g, _)| *g)
     }
 
     /// A round closes the held transactions at `now`: the overdue gaps should come back.
     pub(super) fn rounded(&mut self, now: Instant) {
-        let overdue = self
-            .open
-            .iter()
-            .filter(|(_, since)| now.duration_since(**since) >= GAP_WAIT)
-            .map(|(g, _)| *g)
-            .collect();
+        let overdue = self.overdue_gaps(now).collect();
         self.round = Some(Round {
             at: now,
             overdue,

@@ -557,14 +557,15 @@ impl GetLoop {
         // A Get for stored messages answers within a few milliseconds; a close sent while it is
         // out could stall it for 100 ms, so settlements wait for it, unless it turns out to be
         // waiting after all.
-        let prompt = at.captures && u64::from(want) <= stored;
+        let for_stored = u64::from(want) <= stored;
+        let prompt = at.captures && for_stored;
         self.gate.restart();
         self.get = Some(GetOut {
             session,
             want,
             demand,
             stored,
-            counted: from_view || u64::from(want) <= stored,
+            counted: from_view || for_stored,
             asked: now,
             overlap_until: prompt.then(|| now + OVERLAP_WAIT),
             grace_until: now + DRAIN_GRACE,

@@ -12,8 +12,8 @@
 //! waiting by KubeMQ beyond what the loop holds) came back short while those transactions were
 //! open (the missing ones are hidden there: [`Hidden`]), a sequence the loop's Gets skipped
 //! stays missing (`gaps.rs`), or no Get has brought a new message for [`StallWatch`]'s time,
-//! the loop closes those transactions. KubeMQ
-//! gives back what they had, hidden messages included, and the next Get takes it all. The
+//! the loop closes those transactions. KubeMQ gives back what they had, hidden messages
+//! included, and the next Get takes it all. The
 //! messages the consumers still hold come back too: each is bound to the delivery the consumer
 //! already has (not handed out again), and its settlement — given before or after it came
 //! back — goes to the transaction it is in now. [`Moved`] keeps that bookkeeping.
@@ -21,8 +21,8 @@
 //! A message that does not come back (another process took it) is forgotten after
 //! [`MOVED_MEMORY`]; it is delivered there again, as at-least-once allows. Closing transactions
 //! that hid nothing costs one Get of the held messages, so rounds that bring no new message back
-//! off, from [`STALL_FIRST`] up to [`STALL_LONGEST`], and rounds on a short Get's word are at
-//! least an eighth of that apart.
+//! off, from [`STALL_FIRST`] up to [`STALL_LONGEST`], and rounds on evidence (a short Get, a
+//! skipped sequence) are at least an eighth of that apart.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,8 +37,8 @@ pub(super) const STALL_LONGEST: Duration = Duration::from_secs(32);
 /// How long a moved message that does not come back is remembered.
 pub(super) const MOVED_MEMORY: Duration = Duration::from_secs(300);
 
-/// When to close held transactions: after a Get for stored messages came back short beside
-/// them, or after consumers with credit saw no new message for a while.
+/// When to close held transactions: on evidence that they hide messages (a short Get, a
+/// skipped sequence), or after consumers with credit saw no new message for a while.
 #[derive(Debug)]
 pub(super) struct StallWatch {
     /// Since when the loop is stuck; `None` while it is not.
@@ -61,8 +61,8 @@ impl Default for StallWatch {
 
 impl StallWatch {
     /// Whether a round is due now, given whether the loop is `stuck` (consumers with credit,
-    /// nothing buffered, every open transaction held by consumers) and whether a short Get
-    /// showed messages hidden in those transactions (`evidence`).
+    /// nothing buffered, every open transaction held by consumers) and whether a short Get or a
+    /// skipped sequence showed messages hidden in those transactions (`evidence`).
     pub(super) fn due(&mut self, stuck: bool, evidence: bool, now: Instant) -> bool {
         if !stuck {
             self.since = None;
@@ -113,7 +113,8 @@ pub(super) struct Hidden {
 pub(super) struct GivenBack {
     /// Messages of the closed transactions (the backend counts them ready again).
     pub held: u32,
-    /// Messages a short Get showed hidden in them (no count has them).
+    /// Messages a short Get or the skipped sequences showed hidden in them (no count has
+    /// them).
     pub hidden: u32,
 }
 
